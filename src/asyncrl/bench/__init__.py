@@ -1,0 +1,1 @@
+"""asyncrl.bench (see DESIGN.md §2)."""

@@ -1,0 +1,1 @@
+"""asyncrl.controller (see DESIGN.md §2)."""

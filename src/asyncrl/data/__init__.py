@@ -1,0 +1,1 @@
+"""Prompt sources: synthetic tasks and real datasets."""

@@ -1,0 +1,1 @@
+"""asyncrl.launch (see DESIGN.md §2)."""

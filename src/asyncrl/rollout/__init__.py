@@ -1,0 +1,1 @@
+"""asyncrl.rollout (see DESIGN.md §2)."""

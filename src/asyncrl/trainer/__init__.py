@@ -1,0 +1,1 @@
+"""asyncrl.trainer (see DESIGN.md §2)."""
