@@ -1,0 +1,51 @@
+"""The algorithm library (DESIGN §5): advantages and losses as pure tensor functions.
+
+Owns nothing stateful: every function maps tensors to tensors (torch only, no sibling imports).
+- :mod:`asyncrl.algo.advantages`: GRPO / Dr.GRPO / RLOO / REINFORCE++ group estimators, batch
+  normalisation, GAE, dynamic-sampling and overlong-penalty helpers.
+- :mod:`asyncrl.algo.losses`: the decoupled PPO policy loss (with GSPO and CISPO variants) and
+  the clipped value loss.
+- :mod:`asyncrl.algo.logprobs`: KL penalties, entropy, the log-linear proximal approximation.
+- :mod:`asyncrl.algo.aggregation`: token/sequence aggregation with a global denominator.
+"""
+
+from asyncrl.algo.advantages import (
+    ESTIMATORS,
+    compute_advantages,
+    dr_grpo_advantages,
+    gae_advantages,
+    grpo_advantages,
+    informative_groups,
+    normalize_batch,
+    overlong_penalty,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
+from asyncrl.algo.aggregation import AGGREGATIONS, Segments, aggregate_loss
+from asyncrl.algo.logprobs import KL_KINDS, entropy_from_logits, kl_penalty, loglinear_prox_logp
+from asyncrl.algo.losses import BEHAV_CAP_LEVELS, BEHAV_CAP_MODES, LOSS_TYPES, policy_loss, value_loss
+
+__all__ = [
+    "AGGREGATIONS",
+    "BEHAV_CAP_LEVELS",
+    "BEHAV_CAP_MODES",
+    "ESTIMATORS",
+    "KL_KINDS",
+    "LOSS_TYPES",
+    "Segments",
+    "aggregate_loss",
+    "compute_advantages",
+    "dr_grpo_advantages",
+    "entropy_from_logits",
+    "gae_advantages",
+    "grpo_advantages",
+    "informative_groups",
+    "kl_penalty",
+    "loglinear_prox_logp",
+    "normalize_batch",
+    "overlong_penalty",
+    "policy_loss",
+    "reinforce_pp_advantages",
+    "rloo_advantages",
+    "value_loss",
+]

@@ -1,0 +1,307 @@
+"""Policy and value losses (DESIGN §5): the decoupled PPO objective and its variants.
+
+This module owns :func:`policy_loss` (decoupled PPO, GSPO, CISPO; behaviour-weight capping;
+dual clip; explicit aggregation with a global denominator) and :func:`value_loss` (the clipped
+critic loss). Per-token log-prob utilities live in :mod:`asyncrl.algo.logprobs` and are
+re-exported here (:func:`kl_penalty`, :func:`entropy_from_logits`, :func:`loglinear_prox_logp`),
+aggregation in :mod:`asyncrl.algo.aggregation` (:func:`aggregate_loss`).
+
+Naming (never "old"): ``logp`` are the *current* log-probs of the weights being optimised (the
+only input with a gradient), ``prox_logp`` the *proximal* ones (weights at the start of the
+training step), ``behav_logp`` the *behaviour* ones (the engine's, when the token was sampled).
+All of them are the log-probs of the sampled tokens, ``[B, T]`` with ``loss_mask`` 0/1 (or a
+packed row with ``cu_seqlens``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from asyncrl.algo.aggregation import AGGREGATIONS, Segments, aggregate, aggregate_loss, check_denominator
+from asyncrl.algo.logprobs import entropy_from_logits, kl_penalty, loglinear_prox_logp
+
+__all__ = [
+    "LOSS_TYPES",
+    "BEHAV_CAP_MODES",
+    "BEHAV_CAP_LEVELS",
+    "policy_loss",
+    "value_loss",
+    "aggregate_loss",
+    "kl_penalty",
+    "entropy_from_logits",
+    "loglinear_prox_logp",
+]
+
+LOSS_TYPES: tuple[str, ...] = ("ppo", "gspo", "cispo")
+BEHAV_CAP_MODES: tuple[str, ...] = ("mask", "clamp")
+BEHAV_CAP_LEVELS: tuple[str, ...] = ("token", "sequence")
+
+
+def _float_dtype(t: Tensor) -> torch.dtype:
+    """Compute in at least float32 (half/bf16 inputs are upcast), float64 stays float64."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def _clipped_surrogate(
+    ratio: Tensor, adv: Tensor, low: float, high: float, dual_clip: float | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """PPO's pessimistic per-token term ``max(-r·A, -clip(r)·A)``, with the optional dual clip
+    ``min(., -c·A)`` for A < 0. Returns (term, clip_active, dual_clip_active)."""
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(low, high)
+    term = torch.maximum(unclipped, clipped)
+    clip_active = (clipped > unclipped).detach()
+    dual_active = torch.zeros_like(clip_active)
+    if dual_clip is not None:
+        bound = -dual_clip * adv
+        negative = adv < 0
+        dual_active = (negative & (term > bound)).detach()
+        term = torch.where(negative, torch.minimum(term, bound), term)
+    return term, clip_active, dual_active
+
+
+def _behaviour_weight(
+    log_w: Tensor, mask: Tensor, cap: float | None, mode: str, level: str, segments: Segments | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Behaviour weight per token from ``log_w = prox - behav`` (zero off the mask, detached).
+
+    Returns (weight, dropped, capped): ``dropped`` tokens contribute nothing (but stay in the
+    denominator); ``capped`` marks the loss tokens the cap acted on (dropped or clamped)."""
+    none = torch.zeros_like(mask)
+    if cap is None:
+        return log_w.exp(), none, none
+    log_cap = math.log(cap)
+    if level == "token":
+        over = mask & (log_w > log_cap)
+        if mode == "mask":
+            return torch.where(over, 0.0, log_w).exp(), over, over
+        return log_w.clamp(max=log_cap).exp(), none, over
+    assert segments is not None
+    n_tok = segments.sum(mask.to(log_w.dtype)).clamp(min=1)
+    seq_log_w = segments.sum(log_w) / n_tok  # log of the geometric mean over the loss tokens
+    over = mask & segments.expand(seq_log_w > log_cap)
+    if mode == "mask":
+        return torch.where(over, 0.0, log_w).exp(), over, over
+    return segments.expand(seq_log_w.clamp(max=log_cap).exp()), none, over
+
+
+def policy_loss(
+    logp: Tensor,
+    prox_logp: Tensor,
+    behav_logp: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    *,
+    eps_clip: float = 0.2,
+    eps_clip_high: float | None = None,
+    dual_clip: float | None = None,
+    behav_cap: float | None = None,
+    behav_cap_mode: str = "mask",
+    behav_cap_level: str = "token",
+    aggregation: str = "token_mean",
+    loss_type: str = "ppo",
+    denominator: float | Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """The decoupled policy loss (DESIGN §5). Returns ``(loss, metrics)``.
+
+    Inputs are ``[B, T]`` (one sequence per row, right padding allowed) with ``loss_mask`` 0/1;
+    ``advantages`` may also be ``[B, 1]`` (broadcast). With ``cu_seqlens`` the inputs are one
+    packed row ``[N]`` / ``[1, N]`` and sequences are its ``cu_seqlens`` runs. ``loss`` is a scalar
+    whose gradient flows through ``logp`` only (``prox_logp``, ``behav_logp`` and ``advantages``
+    are detached). Positions where ``loss_mask`` is 0 are ignored entirely: NaN/inf there poison
+    neither the loss nor its gradient. Half-precision inputs are computed in float32.
+
+    Per loss token t (``r = exp(logp - prox_logp)``, ``w = exp(prox_logp - behav_logp)``,
+    ``clip(x) = clamp(x, 1 - eps_clip, 1 + eps_high)``, ``eps_high = eps_clip_high or eps_clip``):
+
+    - ``loss_type="ppo"``: ``term = max(-r·A, -clip(r)·A)``; ``loss_t = w · term``.
+      Standard PPO is ``prox_logp = behav_logp`` (then w ≡ 1).
+    - ``loss_type="gspo"`` (GSPO, plain sequence form with full gradient): the ratio of every
+      token of sequence i is the sequence ratio ``s_i = exp(mean_t(logp - prox_logp))`` over the
+      sequence's loss tokens; ``term = max(-s_i·A_t, -clip(s_i)·A_t)``, ``loss_t = w · term``.
+      The gradient flows into every token of the sequence through ``s_i`` (no stop-gradient
+      trick). With one advantage per sequence and ``aggregation="seq_mean_token_mean"`` this is
+      exactly the GSPO paper's objective (and then equals its GSPO-token form in value and
+      gradient). GSPO needs a much smaller ``eps_clip`` than PPO (the paper: 3e-4 / 4e-4).
+    - ``loss_type="cispo"`` (CISPO): ``loss_t = -sg(clip(r)) · w · A · logp`` -- the clipped
+      importance weight is a constant, so the gradient is ``-clip(r)·w·A·∇logp`` everywhere (no
+      token is ever cut off). Both bounds apply: ``[1 - eps_clip, 1 + eps_high]``; pass
+      ``eps_clip >= 1`` for the paper's setting with no lower bound. ``dual_clip`` is rejected.
+      The loss *value* is a surrogate (it depends on logp itself); its gradient is what counts.
+
+    ``dual_clip=c`` (c > 1, ppo/gspo): for A < 0 the term is ``min(max(-r·A, -clip(r)·A), -c·A)``.
+
+    Behaviour weight ``w`` (never silently dropped: with ``behav_cap=None`` it is applied
+    uncapped). ``behav_cap=C`` with ``behav_cap_mode`` / ``behav_cap_level``:
+
+    - ``mask``/``token``: tokens with ``w > C`` contribute 0.
+    - ``mask``/``sequence``: sequences whose geometric-mean weight
+      ``exp(mean_t(prox_logp - behav_logp))`` over their loss tokens exceeds C contribute 0; the
+      other sequences keep their per-token ``w``.
+    - ``clamp``/``token``: ``w_t -> min(w_t, C)``.
+    - ``clamp``/``sequence``: every token of sequence i uses the sequence weight
+      ``min(geomean_i(w), C)`` (sequence-level truncated importance sampling) instead of its own
+      ``w_t``.
+
+    Dropped tokens stay in the denominator (masking never up-weights the rest).
+
+    ``aggregation`` / ``denominator``: see :func:`asyncrl.algo.aggregation.aggregate_loss` (pass
+    the global denominator when micro-batching; then the micro-batch losses sum to the global
+    loss exactly; sequence-level quantities need whole sequences in a micro-batch).
+
+    ``metrics`` (floats, over this call's loss tokens; 0.0 when there are none):
+    ``n_loss_tokens``, ``clip_frac`` (tokens where the clipped branch is the active one; for
+    CISPO where the weight was clipped), ``dual_clip_frac``, ``ratio_mean`` (of r, or s_i for
+    GSPO), ``behav_weight_mean`` / ``behav_weight_max`` (of the raw w, before any cap),
+    ``behav_capped_frac`` (tokens dropped or clamped by the cap), ``approx_kl_prox`` /
+    ``approx_kl_behav`` (k3 estimates ``(ρ - 1) - log ρ`` with ``ρ = π_θ/π_prox`` resp.
+    ``π_θ/π_behav``, token means).
+    """
+    shape = logp.shape
+    for name, t in (("prox_logp", prox_logp), ("behav_logp", behav_logp), ("loss_mask", loss_mask)):
+        if t.shape != shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} != logp shape {tuple(shape)}")
+    if torch.broadcast_shapes(advantages.shape, shape) != shape:
+        raise ValueError(f"advantages shape {tuple(advantages.shape)} does not broadcast to {tuple(shape)}")
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"unknown loss_type {loss_type!r}; valid choices: {', '.join(LOSS_TYPES)}")
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}; valid choices: {', '.join(AGGREGATIONS)}")
+    if behav_cap_mode not in BEHAV_CAP_MODES:
+        raise ValueError(
+            f"unknown behav_cap_mode {behav_cap_mode!r}; valid choices: {', '.join(BEHAV_CAP_MODES)}"
+        )
+    if behav_cap_level not in BEHAV_CAP_LEVELS:
+        raise ValueError(
+            f"unknown behav_cap_level {behav_cap_level!r}; valid choices: {', '.join(BEHAV_CAP_LEVELS)}"
+        )
+    eps_high = eps_clip if eps_clip_high is None else eps_clip_high
+    if not (eps_clip >= 0 and eps_high >= 0):
+        raise ValueError(f"eps_clip ({eps_clip}) and eps_clip_high ({eps_clip_high}) must be >= 0")
+    if dual_clip is not None and not dual_clip > 1.0:
+        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    if dual_clip is not None and loss_type == "cispo":
+        raise ValueError("dual_clip does not apply to loss_type='cispo' (CISPO never cuts gradients)")
+    if behav_cap is not None and not behav_cap > 0.0:
+        raise ValueError(f"behav_cap must be > 0, got {behav_cap}")
+    check_denominator(denominator)
+
+    dtype = _float_dtype(logp)
+    device = logp.device
+    zero = torch.zeros((), dtype=dtype, device=device)
+    mask = loss_mask != 0
+    # Sanitise with torch.where (not multiplication): masked NaN/inf never reach exp or backward.
+    lp = torch.where(mask, logp.to(dtype), zero)
+    prox = torch.where(mask, prox_logp.detach().to(dtype), zero)
+    behav = torch.where(mask, behav_logp.detach().to(dtype), zero)
+    adv = torch.where(mask, advantages.detach().to(dtype), zero)
+
+    needs_segments = (
+        cu_seqlens is not None
+        or loss_type == "gspo"
+        or aggregation != "token_mean"
+        or (behav_cap is not None and behav_cap_level == "sequence")
+    )
+    segments = Segments(shape, device, cu_seqlens) if needs_segments else None
+
+    low, high = 1.0 - eps_clip, 1.0 + eps_high
+    log_ratio = lp - prox
+    dual_active = torch.zeros_like(mask)
+    match loss_type:
+        case "ppo":
+            ratio = log_ratio.exp()
+            term, clip_active, dual_active = _clipped_surrogate(ratio, adv, low, high, dual_clip)
+        case "gspo":
+            assert segments is not None
+            n_tok = segments.sum(mask.to(dtype)).clamp(min=1)
+            ratio = segments.expand((segments.sum(log_ratio) / n_tok).exp())
+            term, clip_active, dual_active = _clipped_surrogate(ratio, adv, low, high, dual_clip)
+        case "cispo":
+            ratio = log_ratio.exp()
+            r = ratio.detach()
+            term = -r.clamp(low, high) * adv * lp
+            clip_active = (r < low) | (r > high)
+        case _:  # unreachable: validated above
+            raise AssertionError(loss_type)
+
+    log_w = prox - behav
+    weight, dropped, capped = _behaviour_weight(
+        log_w, mask, behav_cap, behav_cap_mode, behav_cap_level, segments
+    )
+    keep = mask & ~dropped
+    per_token = torch.where(keep, weight * term, zero)
+    loss = aggregate(per_token, mask, aggregation, denominator, segments)
+
+    with torch.no_grad():
+        n = mask.sum()
+        n_f = n.clamp(min=1).to(dtype)
+
+        def mean(x: Tensor) -> Tensor:
+            return torch.where(mask, x.to(dtype), zero).sum() / n_f
+
+        raw_w = log_w.exp()
+        r_det = ratio.detach()
+        rho = lp.detach() - behav
+        stats = [
+            n.to(dtype),
+            mean(clip_active),
+            mean(dual_active),
+            mean(r_det),
+            mean(raw_w),
+            torch.where(mask, raw_w, zero).amax() if raw_w.numel() else zero,
+            mean(capped),
+            mean(torch.expm1(log_ratio.detach()) - log_ratio.detach()),
+            mean(torch.expm1(rho) - rho),
+        ]
+        values = torch.stack(stats).tolist()
+    keys = (
+        "n_loss_tokens",
+        "clip_frac",
+        "dual_clip_frac",
+        "ratio_mean",
+        "behav_weight_mean",
+        "behav_weight_max",
+        "behav_capped_frac",
+        "approx_kl_prox",
+        "approx_kl_behav",
+    )
+    return loss, dict(zip(keys, values, strict=True))
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip: float | None = 0.2,
+    *,
+    denominator: float | Tensor | None = None,
+) -> Tensor:
+    """Clipped critic loss (PPO), token mean over ``mask``.
+
+    Per token: ``0.5 · max((V - R)², (V_clip - R)²)`` with
+    ``V_clip = V_old + clamp(V - V_old, -clip, clip)``; ``clip=None`` gives ``0.5 · (V - R)²``.
+    ``values`` carries the gradient; ``old_values`` (the critic's values when the returns were
+    computed) and ``returns`` are detached. Masked positions are ignored (NaN-safe).
+    ``denominator`` as in :func:`aggregate_loss` (global loss-token count when micro-batching).
+    """
+    for name, t in (("old_values", old_values), ("returns", returns), ("mask", mask)):
+        if t.shape != values.shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} != values shape {tuple(values.shape)}")
+    if clip is not None and not clip >= 0:
+        raise ValueError(f"clip must be >= 0 or None, got {clip}")
+    dtype = _float_dtype(values)
+    zero = torch.zeros((), dtype=dtype, device=values.device)
+    m = mask != 0
+    v = torch.where(m, values.to(dtype), zero)
+    old = torch.where(m, old_values.detach().to(dtype), zero)
+    ret = torch.where(m, returns.detach().to(dtype), zero)
+    err = (v - ret).square()
+    if clip is not None:
+        v_clip = old + (v - old).clamp(-clip, clip)
+        err = torch.maximum(err, (v_clip - ret).square())
+    return aggregate(0.5 * err, m, "token_mean", denominator, None)
