@@ -197,9 +197,7 @@ def informative_groups(rewards: Tensor) -> Tensor:
     return ~_uniform(_groups(rewards)).squeeze(-1)
 
 
-def overlong_penalty(
-    lengths: Tensor, max_length: int, buffer_length: int, penalty: float = 1.0
-) -> Tensor:
+def overlong_penalty(lengths: Tensor, max_length: int, buffer_length: int, penalty: float = 1.0) -> Tensor:
     """DAPO's soft overlong punishment, added to the reward, per response length L:
 
     ``0`` if ``L <= max_length - buffer_length``; ``-penalty · (L - (max_length - buffer_length))

@@ -165,7 +165,11 @@ def policy_loss(
     for name, t in (("prox_logp", prox_logp), ("behav_logp", behav_logp), ("loss_mask", loss_mask)):
         if t.shape != shape:
             raise ValueError(f"{name} shape {tuple(t.shape)} != logp shape {tuple(shape)}")
-    if torch.broadcast_shapes(advantages.shape, shape) != shape:
+    try:
+        adv_ok = torch.broadcast_shapes(advantages.shape, shape) == shape
+    except RuntimeError:
+        adv_ok = False
+    if not adv_ok:
         raise ValueError(f"advantages shape {tuple(advantages.shape)} does not broadcast to {tuple(shape)}")
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"unknown loss_type {loss_type!r}; valid choices: {', '.join(LOSS_TYPES)}")
