@@ -79,6 +79,14 @@ def test_entropy_chunks_shapes_and_no_grad():
     probs = torch.softmax(logits.detach().double(), -1)
     direct = -(probs * probs.log()).sum(-1)
     torch.testing.assert_close(full.double(), direct, rtol=1e-5, atol=1e-6)
+    # a non-contiguous view (the usual logits[:, :-1]) gives the same values
+    shifted = logits.detach()[:, :-1]
+    assert not shifted.is_contiguous()
+    torch.testing.assert_close(entropy_from_logits(shifted, chunk_rows=2), full[:, :-1], rtol=0, atol=0)
+    torch.testing.assert_close(
+        entropy_from_logits(logits.detach()[0, :, ::2]),
+        entropy_from_logits(logits.detach()[0, :, ::2].contiguous()),
+    )
     low = entropy_from_logits(logits.detach().to(torch.bfloat16))
     assert low.dtype == torch.float32 and torch.isfinite(low).all()
 

@@ -53,18 +53,25 @@ def entropy_from_logits(logits: Tensor, *, chunk_rows: int | None = None) -> Ten
 
     Memory-aware: positions are processed in chunks of ``chunk_rows`` rows (default: about 16M
     vocabulary entries per chunk), so the temporaries never exceed a few chunk-sized buffers, no
-    matter how long the batch. Computed in float32 (float64 stays float64); logits of -inf
-    (masked vocabulary entries) are allowed and contribute 0.
+    matter how long the batch; a non-contiguous input (``logits[:, :-1]``) is walked slice by
+    slice along its first dimension instead of being copied whole. Computed in float32 (float64
+    stays float64); logits of -inf (masked vocabulary entries) are allowed and contribute 0.
     """
     if logits.dim() < 1 or logits.shape[-1] == 0:
         raise ValueError(f"logits need a non-empty vocabulary dimension, got shape {tuple(logits.shape)}")
     vocab = logits.shape[-1]
-    flat = logits.detach().reshape(-1, vocab)
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    out = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
     rows = chunk_rows if chunk_rows is not None else max(1, _ENTROPY_CHUNK_ELEMENTS // vocab)
     if rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    if logits.dim() <= 2:
+        flat = logits.detach().reshape(-1, vocab) if logits.dim() == 1 else logits.detach()
+    else:
+        try:
+            flat = logits.detach().view(-1, vocab)
+        except RuntimeError:  # e.g. logits[:, :-1]: walk the first dim rather than copy everything
+            return torch.stack([entropy_from_logits(x, chunk_rows=rows) for x in logits.unbind(0)])
+    out = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
     finite_min = torch.finfo(dtype).min
     for start in range(0, flat.shape[0], rows):
         logp = torch.log_softmax(flat[start : start + rows].to(dtype), dim=-1)
