@@ -171,8 +171,6 @@ def policy_loss(
         adv_ok = False
     if not adv_ok:
         raise ValueError(f"advantages shape {tuple(advantages.shape)} does not broadcast to {tuple(shape)}")
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"unknown loss_type {loss_type!r}; valid choices: {', '.join(LOSS_TYPES)}")
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; valid choices: {', '.join(AGGREGATIONS)}")
     if behav_cap_mode not in BEHAV_CAP_MODES:
@@ -229,8 +227,8 @@ def policy_loss(
             r = ratio.detach()
             term = -r.clamp(low, high) * adv * lp
             clip_active = (r < low) | (r > high)
-        case _:  # unreachable: validated above
-            raise AssertionError(loss_type)
+        case _:
+            raise ValueError(f"unknown loss_type {loss_type!r}; valid choices: {', '.join(LOSS_TYPES)}")
 
     log_w = prox - behav
     weight, dropped, capped = _behaviour_weight(
