@@ -1,0 +1,255 @@
+"""The model forward of ``LocalEngine``: a per-slot KV cache over a Hugging Face decoder's modules.
+
+Owns ``SlotKVForward``, which runs a Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) with its own
+code over the model's weights (``embed_tokens``, ``layers[i].self_attn.{q,k,v,o}_proj`` (+ biases,
++ ``q_norm``/``k_norm``), the two RMSNorms, the gated MLP, ``norm``, ``lm_head``) and the model's
+own rotary module, with a preallocated cache ``[layers, slots, kv_heads, max_seq_len, head_dim]``.
+
+- ``prefill(slots, prompts)``: right-padded batch of prompts, causal attention, K/V written into the
+  given slots at positions ``[0, len)``; returns the logits of each prompt's last token.
+- ``decode(tokens, positions, hi)``: one token for every slot in ``[0, hi)``; the K/V of the input
+  token is written at its position and attention covers positions ``<= position`` of its own slot.
+- ``copy_prefix(src, dsts, length)``: share a prompt's KV between the samples of one group.
+
+Numerics follow Hugging Face's eager path in fp32 (same op order for rotary and attention), so the
+log-probs agree with ``model(input_ids).logits`` to ~1e-6 on CPU. Weights are read from the model's
+parameters; ``refresh()`` rebuilds the fused q/k/v and gate/up copies after a weight update.
+Architectures outside the family raise ``UnsupportedModelError`` with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# Fusing q/k/v and gate/up into one matmul halves the per-layer op count (Python overhead dominates
+# small models) at the cost of a second copy of those weights; above this size it is not worth it.
+FUSE_MAX_PARAMS = 200_000_000
+
+
+class UnsupportedModelError(ValueError):
+    """The model is not a Llama-family decoder that ``SlotKVForward`` can run."""
+
+
+@dataclass
+class _Layer:
+    in_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv_w: list[torch.Tensor]  # fused [q;k;v] weight (one entry) or three separate weights
+    qkv_b: list[torch.Tensor | None]
+    o_w: torch.Tensor
+    o_b: torch.Tensor | None
+    gu_w: list[torch.Tensor]  # fused [gate;up] or two separate
+    down_w: torch.Tensor
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+
+
+def check_supported(model: Any, max_seq_len: int) -> None:
+    """Raise ``UnsupportedModelError`` unless ``SlotKVForward`` can run ``model`` exactly."""
+    cfg = getattr(model, "config", None)
+    mtype = getattr(cfg, "model_type", None)
+    if mtype not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"LocalEngine runs Llama-family decoders {SUPPORTED_MODEL_TYPES}; got model_type={mtype!r}. "
+            "Serve this model with SGLang and use RemoteEngine instead."
+        )
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
+        raise UnsupportedModelError(f"{type(model).__name__} lacks model.layers / lm_head")
+    act = getattr(cfg, "hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise UnsupportedModelError(f"hidden_act={act!r} is not supported (silu only)")
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type in ("dynamic", "longrope"):
+        raise UnsupportedModelError(f"rope_type={rope_type!r} depends on sequence length; not supported")
+    window = getattr(cfg, "sliding_window", None)
+    uses_window = getattr(cfg, "use_sliding_window", mtype == "mistral")
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if (uses_window or "sliding_attention" in layer_types) and window is not None and window < max_seq_len:
+        raise UnsupportedModelError(
+            f"sliding_window={window} < max_seq_len={max_seq_len}: windowed attention is not implemented"
+        )
+
+
+class SlotKVForward:
+    """Decoder forward with a slot KV cache (see module docstring)."""
+
+    def __init__(self, model: Any, *, max_slots: int, max_seq_len: int, device: str | torch.device) -> None:
+        check_supported(model, max_seq_len)
+        cfg = model.config
+        self.model = model
+        self.device = torch.device(device)
+        self.max_slots = max_slots
+        self.max_seq_len = max_seq_len
+        self.num_layers = cfg.num_hidden_layers
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.groups = self.num_heads // self.num_kv_heads
+        self.eps = float(cfg.rms_norm_eps)
+        attn0 = model.model.layers[0].self_attn
+        self.scale = float(getattr(attn0, "scaling", self.head_dim**-0.5))
+        self.dtype = next(model.parameters()).dtype
+        self.vocab_size = model.lm_head.weight.shape[0]
+        self.fuse = sum(p.numel() for p in model.parameters()) <= FUSE_MAX_PARAMS
+        shape = (self.num_layers, max_slots, self.num_kv_heads, max_seq_len, self.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        with torch.no_grad():
+            pos = torch.arange(max_seq_len, device=self.device)[None]
+            dummy = torch.zeros(1, dtype=self.dtype, device=self.device)
+            cos, sin = model.model.rotary_emb(dummy, pos)
+        half = self.head_dim // 2
+        self.cos = cos[0].to(self.dtype).contiguous()  # [L, D]
+        sin = sin[0].to(self.dtype)
+        # rotate_half(x) * sin == roll(x, half) * cat(-sin1, sin2): same products, one op fewer.
+        self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()
+        self.half = half
+        self.arange_len = torch.arange(max_seq_len, device=self.device)
+        self.refresh()
+
+    # ----------------------------------------------------------------------------------- weights
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """(Re)read the weights from the model's parameters (call after any in-place update)."""
+        m = self.model.model
+        self.embed = m.embed_tokens.weight
+        self.final_norm = m.norm.weight
+        self.lm_head = self.model.lm_head.weight
+        layers = []
+        for layer in m.layers:
+            a, mlp = layer.self_attn, layer.mlp
+            ws = [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
+            bs = [a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]
+            gu = [mlp.gate_proj.weight, mlp.up_proj.weight]
+            if self.fuse:
+                ws = [torch.cat(ws, 0)]
+                bs = [torch.cat(bs, 0)] if bs[0] is not None else [None]
+                gu = [torch.cat(gu, 0)]
+            layers.append(
+                _Layer(
+                    in_norm=layer.input_layernorm.weight,
+                    post_norm=layer.post_attention_layernorm.weight,
+                    qkv_w=ws,
+                    qkv_b=bs,
+                    o_w=a.o_proj.weight,
+                    o_b=a.o_proj.bias,
+                    gu_w=gu,
+                    down_w=mlp.down_proj.weight,
+                    q_norm=a.q_norm.weight if hasattr(a, "q_norm") else None,
+                    k_norm=a.k_norm.weight if hasattr(a, "k_norm") else None,
+                )
+            )
+        self.layers = layers
+
+    # ----------------------------------------------------------------------------------- helpers
+    def _qkv(self, ly: _Layer, h: torch.Tensor) -> torch.Tensor:
+        """Projected q|k|v as ``[..., heads + 2 * kv_heads, head_dim]`` (before norms/rotary)."""
+        if len(ly.qkv_w) == 1:
+            x = F.linear(h, ly.qkv_w[0], ly.qkv_b[0])
+        else:
+            x = torch.cat([F.linear(h, w, b) for w, b in zip(ly.qkv_w, ly.qkv_b, strict=True)], -1)
+        return x.view(*h.shape[:-1], self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+
+    def _rope_qk(self, ly: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Apply q/k norms (Qwen3) and rotary to the q and k heads of ``x``; returns (q, k, v)."""
+        nq, nkv = self.num_heads, self.num_kv_heads
+        if ly.q_norm is not None:
+            q = F.rms_norm(x[..., :nq, :], (self.head_dim,), ly.q_norm, self.eps)
+            k = F.rms_norm(x[..., nq : nq + nkv, :], (self.head_dim,), ly.k_norm, self.eps)
+            qk = torch.cat([q, k], dim=-2)
+        else:
+            qk = x[..., : nq + nkv, :]
+        qk = qk * cos + qk.roll(self.half, -1) * sin
+        return qk[..., :nq, :], qk[..., nq:, :], x[..., nq + nkv :, :]
+
+    def _mlp_block(self, ly: _Layer, x: torch.Tensor) -> torch.Tensor:
+        h = F.rms_norm(x, (x.shape[-1],), ly.post_norm, self.eps)
+        if len(ly.gu_w) == 1:
+            gate, up = F.linear(h, ly.gu_w[0]).chunk(2, dim=-1)
+        else:
+            gate, up = F.linear(h, ly.gu_w[0]), F.linear(h, ly.gu_w[1])
+        return x + F.linear(F.silu(gate) * up, ly.down_w)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.rms_norm(x, (x.shape[-1],), self.final_norm, self.eps)
+        return F.linear(x, self.lm_head)
+
+    # ----------------------------------------------------------------------------------- prefill
+    @torch.no_grad()
+    def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
+        """Run the prompts (one per slot) from position 0; fill the slots' KV; return last logits [B, V]."""
+        lens = [len(p) for p in prompts]
+        pmax = max(lens)
+        ids = torch.zeros(len(prompts), pmax, dtype=torch.long)
+        for b, p in enumerate(prompts):
+            ids[b, : len(p)] = torch.as_tensor(p, dtype=torch.long)
+        ids = ids.to(self.device)
+        slot_t = torch.as_tensor(slots, dtype=torch.long, device=self.device)
+        bsz = len(prompts)
+        x = F.embedding(ids, self.embed)  # [B, P, H]
+        cos = self.cos[:pmax][:, None, :]  # [P, 1, D]
+        sin = self.sin_signed[:pmax][:, None, :]
+        for li, ly in enumerate(self.layers):
+            h = F.rms_norm(x, (x.shape[-1],), ly.in_norm, self.eps)
+            q, k, v = self._rope_qk(ly, self._qkv(ly, h), cos, sin)  # [B, P, heads, D]
+            k = k.transpose(1, 2)  # [B, KVH, P, D]
+            v = v.transpose(1, 2)
+            self.k_cache[li, slot_t, :, :pmax] = k
+            self.v_cache[li, slot_t, :, :pmax] = v
+            # Right padding + causal mask: a real token only ever sees real tokens before it.
+            q = q.transpose(1, 2)  # [B, H, P, D]
+            if self.groups > 1:
+                k = k.repeat_interleave(self.groups, dim=1)
+                v = v.repeat_interleave(self.groups, dim=1)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+            o = o.transpose(1, 2).reshape(bsz, pmax, self.num_heads * self.head_dim)
+            x = x + F.linear(o, ly.o_w, ly.o_b)
+            x = self._mlp_block(ly, x)
+        last = torch.as_tensor([n - 1 for n in lens], device=self.device)
+        x_last = x[torch.arange(bsz, device=self.device), last]  # [B, H]
+        return self._logits(x_last).float()
+
+    @torch.no_grad()
+    def copy_prefix(self, src: int, dsts: list[int], length: int) -> None:
+        """Copy positions ``[0, length)`` of slot ``src``'s KV into each slot of ``dsts``."""
+        if not dsts:
+            return
+        d = torch.as_tensor(dsts, dtype=torch.long, device=self.device)
+        self.k_cache[:, d, :, :length] = self.k_cache[:, src : src + 1, :, :length]
+        self.v_cache[:, d, :, :length] = self.v_cache[:, src : src + 1, :, :length]
+
+    # ----------------------------------------------------------------------------------- decode
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, hi: int, max_pos: int) -> torch.Tensor:
+        """One decode step for slots ``[0, hi)``: ``tokens``/``positions`` are ``[hi]`` on the device
+        (idle slots pass any token at position 0); ``max_pos`` is ``positions.max()``. Returns [hi, V]."""
+        length = max_pos + 1
+        x = F.embedding(tokens, self.embed)  # [n, H]
+        cos = self.cos[positions][:, None, :]  # [n, 1, D]
+        sin = self.sin_signed[positions][:, None, :]
+        visible = self.arange_len[:length][None, :] <= positions[:, None]
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        mask = mask.masked_fill_(~visible, float("-inf"))[:, None, None, :]  # [n, 1, 1, L]
+        rows = self.arange_len[:hi]
+        n, nkv, g, d = hi, self.num_kv_heads, self.groups, self.head_dim
+        for li, ly in enumerate(self.layers):
+            h = F.rms_norm(x, (x.shape[-1],), ly.in_norm, self.eps)
+            q, k, v = self._rope_qk(ly, self._qkv(ly, h), cos, sin)  # q [n, H, D], k/v [n, KVH, D]
+            kc, vc = self.k_cache[li], self.v_cache[li]
+            kc[rows, :, positions] = k
+            vc[rows, :, positions] = v
+            # GQA without repeat_kv: the G query heads of one KV head form the "query length" axis.
+            # Same op order as HF eager attention: (q @ k^T) * scale + mask, softmax, @ v.
+            scores = torch.matmul(q.reshape(n, nkv, g, d), kc[:hi, :, :length].transpose(-1, -2))
+            probs = torch.softmax(scores * self.scale + mask, dim=-1)
+            o = torch.matmul(probs, vc[:hi, :, :length])
+            x = x + F.linear(o.reshape(n, nkv * g * d), ly.o_w, ly.o_b)
+            x = self._mlp_block(ly, x)
+        return self._logits(x).float()
