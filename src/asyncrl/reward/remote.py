@@ -1,0 +1,406 @@
+"""Rewards computed on another host: the ``asyncrl serve reward`` server and its client.
+
+Server (:class:`RewardServer`, :func:`serve_reward`): standard-library ``http.server`` in front of
+a :class:`~asyncrl.reward.service.RewardService`. Loopback only unless told otherwise.
+
+- ``POST /score`` with JSON ``{"verifier", "response", "reference", "prompt", "row"}`` (only
+  ``response`` and ``reference`` are required; ``verifier`` defaults to the server's) answers
+  ``{"reward", "failure", "latency_s", "cached"}``. ``failure`` has the service's meaning.
+- ``GET /health`` answers ``{"status": "ok", "metrics": {...}}``.
+- Malformed input gets a 4xx with ``{"error": ...}``: bad JSON or fields 400, unknown path 404,
+  missing length 411, body too large 413; ``remote:`` verifiers are refused (no relaying), and
+  ``custom:`` ones unless the server was started with ``allow_custom=True`` (it would import and
+  run any importable function the client names). A handler error is a 500, never a dead server.
+
+Client (:class:`RemoteRewardClient`): async (asyncio streams) and sync (urllib) calls. Network
+errors and 5xx raise :class:`~asyncrl.reward.InfrastructureError` (retried by the service);
+4xx raise ValueError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import signal
+import ssl
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from asyncrl.reward import InfrastructureError
+from asyncrl.reward.service import RemoteTarget, RewardService, resolve_verifier
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+class _BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RewardServer:
+    """An HTTP reward server running in background threads (``start()``/``close()``).
+
+    The RewardService lives on its own event loop thread; each HTTP request is handled in a
+    thread that submits to that loop and waits for the result.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        num_workers: int = 2,
+        timeout_s: float = 10.0,
+        *,
+        default_verifier: str = "math",
+        allow_custom: bool = False,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        **service_kwargs: Any,
+    ) -> None:
+        resolve_verifier(default_verifier)
+        self.host = host
+        self.port = port
+        self.default_verifier = default_verifier
+        self.allow_custom = allow_custom
+        self.max_body_bytes = max_body_bytes
+        self._service_args = dict(num_workers=num_workers, timeout_s=timeout_s, **service_kwargs)
+        self.request_timeout_s = timeout_s + 60.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._http: ThreadingHTTPServer | None = None
+        self._http_thread: threading.Thread | None = None
+        self.service: RewardService | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> RewardServer:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        self._loop_thread = threading.Thread(target=loop.run_forever, name="asyncrl-reward-loop", daemon=True)
+        self._loop_thread.start()
+
+        async def make() -> RewardService:
+            return RewardService(**self._service_args)
+
+        self.service = asyncio.run_coroutine_threadsafe(make(), loop).result()
+        self._http = ThreadingHTTPServer((self.host, self.port), _make_handler(self))
+        self._http.daemon_threads = True
+        self.port = self._http.server_address[1]
+        self._http_thread = threading.Thread(
+            target=self._http.serve_forever, name="asyncrl-reward-http", daemon=True
+        )
+        self._http_thread.start()
+        logger.info("reward server listening on %s", self.url)
+        return self
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+        if self._loop is not None:
+            if self.service is not None:
+                asyncio.run_coroutine_threadsafe(self.service.close(), self._loop).result(timeout=30)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._loop_thread is not None:
+                self._loop_thread.join(timeout=10)
+            self._loop.close()
+            self._loop = None
+
+    def __enter__(self) -> RewardServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # called from HTTP handler threads
+    def handle_score(self, payload: Any) -> dict[str, Any]:
+        if not isinstance(payload, dict):
+            raise _BadRequest(400, "the body must be a JSON object")
+        verifier = payload.get("verifier") or self.default_verifier
+        response, reference = payload.get("response"), payload.get("reference")
+        prompt, row = payload.get("prompt") or "", payload.get("row")
+        if not isinstance(verifier, str):
+            raise _BadRequest(400, "verifier must be a string")
+        if not isinstance(response, str) or not isinstance(reference, str):
+            raise _BadRequest(400, "response and reference are required strings")
+        if not isinstance(prompt, str):
+            raise _BadRequest(400, "prompt must be a string")
+        if row is not None and not isinstance(row, dict):
+            raise _BadRequest(400, "row must be an object or null")
+        try:
+            target = resolve_verifier(verifier)
+        except ValueError as e:
+            raise _BadRequest(400, str(e)) from None
+        if isinstance(target, RemoteTarget):
+            raise _BadRequest(400, "a reward server does not relay to another remote verifier")
+        if verifier.startswith("custom:") and not self.allow_custom:
+            raise _BadRequest(403, "custom verifiers are disabled on this server (allow_custom=False)")
+        assert self.service is not None and self._loop is not None
+        coro = self.service.score(verifier, response, reference, prompt=prompt, row=row)
+        result = asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=self.request_timeout_s)
+        return {
+            "reward": result.reward,
+            "failure": result.failure,
+            "latency_s": result.latency_s,
+            "cached": result.cached,
+        }
+
+    def handle_health(self) -> dict[str, Any]:
+        assert self.service is not None and self._loop is not None
+        service = self.service
+
+        async def metrics() -> dict[str, float]:
+            return service.metrics()
+
+        return {"status": "ok", "metrics": asyncio.run_coroutine_threadsafe(metrics(), self._loop).result(10)}
+
+
+def _make_handler(server: RewardServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "asyncrl-reward/1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            logger.debug("%s " + format, self.address_string(), *args)
+
+        def _reply(self, status: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if urlsplit(self.path).path != "/health":
+                self._reply(404, {"error": f"no such path {self.path!r}; use GET /health or POST /score"})
+                return
+            try:
+                self._reply(200, server.handle_health())
+            except Exception as e:  # noqa: BLE001
+                logger.exception("health check failed")
+                self._reply(500, {"error": f"{type(e).__name__}: {e}"})
+
+        def do_POST(self) -> None:
+            try:
+                if urlsplit(self.path).path != "/score":
+                    raise _BadRequest(404, f"no such path {self.path!r}; use POST /score")
+                length_header = self.headers.get("Content-Length")
+                if length_header is None:
+                    raise _BadRequest(411, "Content-Length is required")
+                try:
+                    length = int(length_header)
+                except ValueError:
+                    raise _BadRequest(400, "bad Content-Length") from None
+                if length < 0:
+                    raise _BadRequest(400, "bad Content-Length")
+                if length > server.max_body_bytes:
+                    raise _BadRequest(413, f"body over {server.max_body_bytes} bytes")
+                raw = self.rfile.read(length)
+                try:
+                    payload = json.loads(raw.decode("utf-8"))
+                except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                    raise _BadRequest(400, f"invalid JSON: {e}") from None
+                self._reply(200, server.handle_score(payload))
+            except _BadRequest as e:
+                self.close_connection = True
+                self._reply(e.status, {"error": str(e)})
+            except Exception as e:  # noqa: BLE001 - never let a request take the server down
+                logger.exception("reward request failed")
+                self.close_connection = True
+                self._reply(500, {"error": f"{type(e).__name__}: {e}"})
+
+    return Handler
+
+
+def serve_reward(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    num_workers: int = 2,
+    timeout_s: float = 10.0,
+    *,
+    default_verifier: str = "math",
+    allow_custom: bool = False,
+    on_ready: Callable[[str], None] | None = None,
+    stop: threading.Event | None = None,
+    **service_kwargs: Any,
+) -> None:
+    """Run a reward server until SIGINT/SIGTERM (or ``stop`` is set). Blocking.
+
+    Prints ``asyncrl reward server listening on http://HOST:PORT`` once ready (``port=0`` picks
+    a free port) and calls ``on_ready(url)``. Extra keyword arguments go to RewardService
+    (``max_retries``, ``cache_size``, ``code_timeout_s``, ...).
+    """
+    stop = stop or threading.Event()
+    server = RewardServer(
+        host,
+        port,
+        num_workers,
+        timeout_s,
+        default_verifier=default_verifier,
+        allow_custom=allow_custom,
+        **service_kwargs,
+    ).start()
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda *_: stop.set())
+    try:
+        print(f"asyncrl reward server listening on {server.url}", flush=True)
+        if on_ready is not None:
+            on_ready(server.url)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        server.close()
+
+
+class RemoteRewardClient:
+    """Client of a reward server: ``RemoteRewardClient("http://host:port#code")``.
+
+    The ``#verifier`` fragment (optional) names the verifier the server should run; without it
+    the server uses its default.
+    """
+
+    def __init__(self, url: str, *, timeout_s: float = 30.0) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"remote reward URL must be http(s)://host:port, got {url!r}")
+        self.scheme = parts.scheme
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.base_path = parts.path.rstrip("/")
+        self.verifier = parts.fragment or None
+        self.timeout_s = timeout_s
+
+    def _payload(
+        self, response: str, reference: str, prompt: str, row: dict | None, verifier: str | None
+    ) -> bytes:
+        body = {
+            "verifier": verifier or self.verifier,
+            "response": response,
+            "reference": reference,
+            "prompt": prompt,
+            "row": row,
+        }
+        return json.dumps(body, default=str).encode()
+
+    @staticmethod
+    def _result(status: int, data: bytes, where: str) -> tuple[float, str | None]:
+        try:
+            body = json.loads(data.decode("utf-8")) if data else {}
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            body = {"error": data[:200].decode("utf-8", "replace")}
+        if status >= 500:
+            raise InfrastructureError(f"reward server {where} answered {status}: {body.get('error')}")
+        if status != 200:
+            raise ValueError(f"reward server {where} refused the request ({status}): {body.get('error')}")
+        reward, failure = body.get("reward"), body.get("failure")
+        if not isinstance(reward, (int, float)) or isinstance(reward, bool) or not math.isfinite(reward):
+            raise InfrastructureError(f"reward server {where} sent a malformed reward {reward!r}")
+        if failure is not None and not isinstance(failure, str):
+            raise InfrastructureError(f"reward server {where} sent a malformed failure {failure!r}")
+        return float(reward), failure
+
+    async def score(
+        self,
+        response: str,
+        reference: str,
+        *,
+        prompt: str = "",
+        row: dict | None = None,
+        verifier: str | None = None,
+    ) -> tuple[float, str | None]:
+        """POST /score; returns (reward, failure)."""
+        status, data = await self._request(
+            "POST", "/score", self._payload(response, reference, prompt, row, verifier)
+        )
+        return self._result(status, data, f"{self.host}:{self.port}")
+
+    async def health(self) -> dict[str, Any]:
+        status, data = await self._request("GET", "/health", None)
+        if status != 200:
+            raise InfrastructureError(f"reward server health check answered {status}")
+        return json.loads(data.decode())
+
+    async def _request(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+        ssl_ctx = ssl.create_default_context() if self.scheme == "https" else None
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port, ssl=ssl_ctx), self.timeout_s
+            )
+        except (OSError, asyncio.TimeoutError) as e:
+            raise InfrastructureError(f"cannot reach reward server {self.host}:{self.port}: {e!r}") from e
+        try:
+            head = (
+                f"{method} {self.base_path}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body or b'')}\r\n"
+                "Connection: close\r\n\r\n"
+            )
+            writer.write(head.encode() + (body or b""))
+            await writer.drain()
+            status_line = await reader.readline()
+            fields = status_line.decode("latin-1").split()
+            if len(fields) < 2 or not fields[1].isdigit():
+                raise InfrastructureError(f"reward server sent a malformed status line {status_line[:100]!r}")
+            length = None
+            while True:
+                line = await reader.readline()
+                if line in (b"\r\n", b"\n", b""):
+                    break
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value.strip())
+            data = await (reader.readexactly(length) if length is not None else reader.read())
+            return int(fields[1]), data
+        except (OSError, asyncio.IncompleteReadError, ValueError) as e:
+            raise InfrastructureError(
+                f"reward server {self.host}:{self.port} connection failed: {e!r}"
+            ) from e
+        finally:
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass
+
+    def score_sync(
+        self,
+        response: str,
+        reference: str,
+        *,
+        prompt: str = "",
+        row: dict | None = None,
+        verifier: str | None = None,
+    ) -> tuple[float, str | None]:
+        """Blocking variant of :meth:`score` (urllib)."""
+        request = urllib.request.Request(
+            f"{self.scheme}://{self.host}:{self.port}{self.base_path}/score",
+            data=self._payload(response, reference, prompt, row, verifier),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
+                return self._result(resp.status, resp.read(), f"{self.host}:{self.port}")
+        except urllib.error.HTTPError as e:
+            return self._result(e.code, e.read(), f"{self.host}:{self.port}")
+        except (urllib.error.URLError, OSError) as e:
+            raise InfrastructureError(f"cannot reach reward server {self.host}:{self.port}: {e!r}") from e
+
+    async def close(self) -> None:
+        """Nothing persistent to release (one connection per request); kept for symmetry."""

@@ -1,0 +1,647 @@
+"""The reward service: verifiers in an isolated process pool with hard timeouts.
+
+Owns :class:`RewardService`, the async entry point the controller hands to workflows as their
+``score`` callable, and :class:`RewardResult`. It chooses a verifier by one explicit ``match``
+(:func:`resolve_verifier`), runs it in a pool of worker processes (started lazily with the
+``spawn`` method, so nothing of the parent's torch threads is inherited), kills and replaces a
+worker that exceeds the per-item deadline, retries only infrastructure failures (a dead worker, a
+sandbox that could not start, a network error), never a verdict, caches verdicts by
+(verifier, response, reference) and keeps metrics.
+
+A verifier that hangs, crashes or raises never turns into a reward of 0: the result carries a
+``failure`` reason ("timeout", "worker_died", "error: ..."), the event is counted in
+:meth:`RewardService.metrics` and logged, and the caller marks the sample (``Group.reward_failures``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ctypes
+import functools
+import hashlib
+import json
+import logging
+import math
+import multiprocessing.connection
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from asyncrl.reward import InfrastructureError, VerifierTimeout
+
+logger = logging.getLogger(__name__)
+
+CODE_GRACE_S = 5.0
+"""Extra time a code item gets over the sandbox's own limit (interpreter start, cleanup), so that
+a program that times out is a verdict of the sandbox, not a killed worker."""
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """Outcome of scoring one response."""
+
+    reward: float
+    """The verifier's reward (0.0 when ``failure`` is set: not a verdict, do not train on it)."""
+    failure: str | None
+    """None when the verifier reached a verdict; else "timeout", "worker_died" or "error: ..."."""
+    latency_s: float
+    """Wall time of this call (queueing included)."""
+    cached: bool
+    """The verdict came from the cache (or from an identical request in flight)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a worker needs to score one response."""
+
+    response: str
+    reference: str
+    prompt: str = ""
+    row: dict[str, Any] | None = None
+    math_timeout_s: float | None = 5.0
+    code_timeout_s: float = 10.0
+    code_limits: Any = None
+
+
+@dataclass(frozen=True)
+class RemoteTarget:
+    """A verifier computed by ``asyncrl serve reward`` on another host."""
+
+    url: str
+    """``http://host:port``; an optional ``#verifier`` suffix names the remote verifier."""
+
+
+WorkerFn = Callable[[Request], tuple[float, str]]
+
+
+def _score_math(req: Request) -> tuple[float, str]:
+    from asyncrl.reward.math import math_reward
+
+    return math_reward(req.response, req.reference, timeout_s=req.math_timeout_s), ""
+
+
+def _score_code(req: Request) -> tuple[float, str]:
+    from asyncrl.reward.code import build_program, run_code_tests
+
+    row = req.row or {}
+    entry_point = row.get("entry_point") if isinstance(row.get("entry_point"), str) else None
+    prefix = row.get("prompt", "") if entry_point and isinstance(row.get("prompt"), str) else ""
+    program = build_program(req.response, prefix=prefix, entry_point=entry_point)
+    result = run_code_tests(program, req.reference, timeout_s=req.code_timeout_s, limits=req.code_limits)
+    return (1.0 if result.passed else 0.0), result.status
+
+
+def _score_arithmetic(req: Request) -> tuple[float, str]:
+    from asyncrl.reward.arithmetic import arithmetic_reward
+
+    return arithmetic_reward(req.response, req.reference), ""
+
+
+def _score_custom(spec: str, req: Request) -> tuple[float, str]:
+    from asyncrl.reward.custom import call_custom_reward
+
+    row = dict(req.row) if req.row is not None else {}
+    row.setdefault("reference", req.reference)
+    return call_custom_reward(spec, req.prompt, req.response, row), ""
+
+
+def resolve_verifier(verifier: str) -> WorkerFn | RemoteTarget:
+    """The one place a verifier name is chosen: a function run in a worker, or a remote target.
+
+    ``math`` | ``code`` (reference = test code) | ``arithmetic`` | ``custom:pkg.module:function``
+    | ``remote:http://host:port[#verifier]``. Raises ValueError for anything else.
+    """
+    match verifier.split(":", 1):
+        case ["math"]:
+            return _score_math
+        case ["code"]:
+            return _score_code
+        case ["arithmetic"]:
+            return _score_arithmetic
+        case ["custom", spec] if spec.count(":") == 1 and all(spec.split(":")):
+            return functools.partial(_score_custom, spec)
+        case ["remote", url] if url.startswith(("http://", "https://")):
+            return RemoteTarget(url)
+        case _:
+            raise ValueError(
+                f"unknown verifier {verifier!r}: use math, code, arithmetic, custom:pkg.module:function "
+                "or remote:http://host:port"
+            )
+
+
+# ----------------------------------------------------------------------------------- worker side
+
+
+def _set_parent_death_signal() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _worker_main(conn: Any, preload: tuple[str, ...], parent_pid: int) -> None:
+    """Loop of one worker process: receive (function, request), reply with one message."""
+    _set_parent_death_signal()
+    if os.getppid() != parent_pid:
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    if "math" in preload:
+        try:
+            from asyncrl.reward.math import is_equivalent
+
+            is_equivalent("\\frac{1}{2}", "0.5")  # import math-verify and sympy, build the parser
+        except Exception:  # noqa: BLE001 - the first real request reports the problem
+            logger.exception("reward worker could not preload math-verify")
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        try:
+            fn, req = message
+            reward, note = fn(req)
+            reward = float(reward)
+            if not math.isfinite(reward):
+                raise ValueError(f"verifier returned a non-finite reward {reward!r}")
+            reply: tuple[Any, ...] = ("ok", reward, note)
+        except VerifierTimeout as e:
+            reply = ("timeout", str(e))
+        except InfrastructureError as e:
+            reply = ("infra", f"{type(e).__name__}: {e}"[:500])
+        except BaseException as e:  # noqa: BLE001 - anything else is the verifier's error
+            reply = ("error", f"{type(e).__name__}: {e}"[:500])
+        try:
+            conn.send(reply)
+        except (OSError, ValueError):
+            return
+
+
+# ----------------------------------------------------------------------------------- parent side
+
+
+class _Worker:
+    """One worker: a fresh interpreter (spawn semantics: nothing inherited from the parent's
+    memory or threads, and unlike multiprocessing's spawn it does not re-import the caller's
+    ``__main__``), connected by a socketpair carrying pickled messages."""
+
+    def __init__(self, preload: tuple[str, ...]) -> None:
+        parent_sock, child_sock = socket.socketpair()
+        self.conn = multiprocessing.connection.Connection(parent_sock.detach())
+        self._child_fd = child_sock.detach()
+        self._preload = preload
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _WORKER_BOOT, str(self._child_fd)],
+                pass_fds=(self._child_fd,),
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        finally:
+            os.close(self._child_fd)
+        self.conn.send({"sys_path": list(sys.path), "preload": self._preload, "parent_pid": os.getpid()})
+
+    def wait_exit(self, timeout: float) -> int | None:
+        """Exit code of a worker that closed its end (None if it is still running)."""
+        try:
+            return self.proc.wait(timeout=timeout) if self.proc is not None else None
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> None:
+        """SIGKILL the worker (its sandboxes die with it: they carry a parent-death signal)."""
+        if self.proc is not None:
+            try:
+                self.proc.kill()
+                self.proc.wait(timeout=1)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.conn.close()
+
+    def stop(self) -> None:
+        """Ask an idle worker to exit, then make sure it did."""
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+
+_WORKER_BOOT = "import sys; from asyncrl.reward.service import _worker_entry; _worker_entry(int(sys.argv[1]))"
+
+
+def _worker_entry(fd: int) -> None:
+    """Entry point of a worker interpreter: take the parent's sys.path, then serve requests."""
+    conn = multiprocessing.connection.Connection(fd)
+    try:
+        init = conn.recv()
+    except (EOFError, OSError):
+        return
+    sys.path[:] = init["sys_path"]
+    _worker_main(conn, tuple(init["preload"]), int(init["parent_pid"]))
+
+
+async def _recv(conn: Any, timeout: float) -> Any:
+    """Receive one message, waiting at most ``timeout`` s (TimeoutError) without blocking the loop."""
+    loop = asyncio.get_running_loop()
+    if not conn.poll():
+        ready = loop.create_future()
+        fd = conn.fileno()
+        loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+        try:
+            await asyncio.wait_for(ready, timeout)
+        finally:
+            loop.remove_reader(fd)
+    return conn.recv()
+
+
+class _LeaderGone(Exception):
+    """The request an identical one was waiting for was cancelled; compute it yourself."""
+
+
+@dataclass
+class _Stats:
+    requests: int = 0
+    verdicts: int = 0
+    failures: int = 0
+    cache_hits: int = 0
+    timeouts: int = 0
+    errors: int = 0
+    worker_deaths: int = 0
+    retries: int = 0
+    workers_started: int = 0
+    workers_killed: int = 0
+    notes: collections.Counter[str] = field(default_factory=collections.Counter)
+    latencies: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=10_000))
+
+
+class RewardService:
+    """Scores responses with a verifier in a pool of worker processes.
+
+    ``timeout_s`` is the hard per-item deadline once a worker has the item (queueing excluded);
+    ``code`` items get ``code_timeout_s`` (default ``timeout_s``) inside the sandbox plus
+    :data:`CODE_GRACE_S`; math-verify gets a soft timeout a little below ``timeout_s`` so a slow
+    check usually ends without killing the worker. ``max_retries`` applies to infrastructure
+    failures only. Usable as ``async with RewardService() as svc: ...``; all methods must be called
+    from one event loop.
+    """
+
+    def __init__(
+        self,
+        num_workers: int = 2,
+        timeout_s: float = 10.0,
+        max_retries: int = 2,
+        cache_size: int = 100_000,
+        *,
+        code_timeout_s: float | None = None,
+        code_limits: Any = None,
+        remote_timeout_s: float | None = None,
+        preload: tuple[str, ...] = ("math",),
+        startup_timeout_s: float = 120.0,
+    ) -> None:
+        if num_workers < 1:
+            raise ValueError("num_workers must be >= 1")
+        if timeout_s <= 0:
+            raise ValueError("timeout_s must be > 0")
+        self.num_workers = num_workers
+        self.timeout_s = float(timeout_s)
+        self.max_retries = max(0, int(max_retries))
+        self.cache_size = max(0, int(cache_size))
+        self.code_timeout_s = float(code_timeout_s if code_timeout_s is not None else timeout_s)
+        self.code_limits = code_limits
+        self.remote_timeout_s = float(
+            remote_timeout_s if remote_timeout_s is not None else self.code_timeout_s + CODE_GRACE_S + 5.0
+        )
+        self.math_timeout_s = max(self.timeout_s - 1.0, self.timeout_s * 0.8)
+        self.startup_timeout_s = startup_timeout_s
+        self._preload = tuple(preload)
+        self._idle: list[_Worker] = []
+        self._busy: set[_Worker] = set()
+        self._slots = 0  # workers alive or starting
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._cache: collections.OrderedDict[bytes, float] = collections.OrderedDict()
+        self._inflight: dict[bytes, asyncio.Future[RewardResult]] = {}
+        self._clients: dict[str, Any] = {}
+        self._stats = _Stats()
+        self._closed = False
+
+    # -------------------------------------------------------------------------------- public API
+
+    async def score(
+        self, verifier: str, response: str, reference: str, *, prompt: str = "", row: dict | None = None
+    ) -> RewardResult:
+        """Score ``response`` against ``reference`` with ``verifier`` (see :func:`resolve_verifier`).
+
+        Never raises for a verifier's problem (the result's ``failure`` says what went wrong);
+        raises ValueError for an unknown verifier and RuntimeError after :meth:`close`.
+        """
+        if self._closed:
+            raise RuntimeError("RewardService is closed")
+        start = time.monotonic()
+        target = resolve_verifier(verifier)
+        self._stats.requests += 1
+        key = self._key(verifier, response, reference, prompt, row, target)
+        while True:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                self._stats.cache_hits += 1
+                return self._finish(RewardResult(self._cache[key], None, 0.0, True), start)
+            leader = self._inflight.get(key)
+            if leader is None:
+                break
+            try:
+                shared = await asyncio.shield(leader)
+            except _LeaderGone:
+                continue
+            if shared.failure is None:
+                self._stats.cache_hits += 1
+                return self._finish(replace(shared, cached=True), start)
+            break  # the identical request failed: try on our own (it may have been transient)
+        mine: asyncio.Future[RewardResult] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = mine
+        try:
+            req = Request(
+                response=response,
+                reference=reference,
+                prompt=prompt,
+                row=row,
+                math_timeout_s=self.math_timeout_s,
+                code_timeout_s=self.code_timeout_s,
+                code_limits=self.code_limits,
+            )
+            result = await self._score_uncached(verifier, target, req)
+            if result.failure is None and self.cache_size:
+                self._cache[key] = result.reward
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+            mine.set_result(result)
+        except BaseException:
+            mine.set_exception(_LeaderGone())
+            mine.exception()  # retrieved: no "never retrieved" warning when nobody waited
+            raise
+        finally:
+            if self._inflight.get(key) is mine:
+                del self._inflight[key]
+        return self._finish(result, start)
+
+    def metrics(self) -> dict[str, float]:
+        """Counters and latency percentiles (seconds, over the last 10,000 scored requests)."""
+        s = self._stats
+        lat = sorted(s.latencies)
+
+        def pct(q: float) -> float:
+            return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else 0.0
+
+        out = {
+            "requests": float(s.requests),
+            "verdicts": float(s.verdicts),
+            "failures": float(s.failures),
+            "cache_hits": float(s.cache_hits),
+            "cache_hit_rate": s.cache_hits / s.requests if s.requests else 0.0,
+            "cache_size": float(len(self._cache)),
+            "timeouts": float(s.timeouts),
+            "errors": float(s.errors),
+            "worker_deaths": float(s.worker_deaths),
+            "retries": float(s.retries),
+            "workers_started": float(s.workers_started),
+            "workers_killed": float(s.workers_killed),
+            "workers_alive": float(len(self._idle) + len(self._busy)),
+            "workers_busy": float(len(self._busy)),
+            "queue_waiting": float(len(self._waiters)),
+            "latency_p50_s": pct(0.50),
+            "latency_p90_s": pct(0.90),
+            "latency_p99_s": pct(0.99),
+            "latency_max_s": lat[-1] if lat else 0.0,
+            "latency_mean_s": sum(lat) / len(lat) if lat else 0.0,
+        }
+        for note, n in sorted(s.notes.items()):
+            out[f"code_{note}"] = float(n)
+        return out
+
+    async def close(self) -> None:
+        """Stop all workers (idle ones cleanly, busy ones killed). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_exception(RuntimeError("RewardService is closed"))
+                fut.exception()
+        self._waiters.clear()
+        workers = list(self._idle) + list(self._busy)
+        self._idle.clear()
+        self._busy.clear()
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(None, w.stop) for w in workers))
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
+
+    async def __aenter__(self) -> RewardService:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -------------------------------------------------------------------------------- internals
+
+    def _finish(self, result: RewardResult, start: float) -> RewardResult:
+        latency = time.monotonic() - start
+        self._stats.latencies.append(latency)
+        if result.failure is None:
+            self._stats.verdicts += 1
+        else:
+            self._stats.failures += 1
+        return replace(result, latency_s=latency)
+
+    @staticmethod
+    def _key(
+        verifier: str, response: str, reference: str, prompt: str, row: dict | None, target: object
+    ) -> bytes:
+        h = hashlib.blake2b(digest_size=20)
+        parts = [verifier, response, reference]
+        if isinstance(target, (RemoteTarget, functools.partial)):
+            # custom and remote verifiers may read the prompt and the row as well
+            parts += [prompt, json.dumps(row, sort_keys=True, default=str)]
+        for part in parts:
+            data = part.encode("utf-8", "surrogatepass")
+            h.update(len(data).to_bytes(8, "little"))
+            h.update(data)
+        return h.digest()
+
+    async def _score_uncached(
+        self, verifier: str, target: WorkerFn | RemoteTarget, req: Request
+    ) -> RewardResult:
+        attempt = 0
+        while True:
+            if isinstance(target, RemoteTarget):
+                outcome = await self._run_remote(target, req)
+            else:
+                deadline = self.code_timeout_s + CODE_GRACE_S if target is _score_code else self.timeout_s
+                outcome = await self._run_in_worker(target, req, deadline)
+            kind = outcome[0]
+            if kind == "ok":
+                if outcome[2]:
+                    self._stats.notes[outcome[2]] += 1
+                return RewardResult(outcome[1], None, 0.0, False)
+            if kind in ("died", "infra") and attempt < self.max_retries and not self._closed:
+                attempt += 1
+                self._stats.retries += 1
+                logger.warning("reward %s: %s; retry %d/%d", verifier, outcome[1], attempt, self.max_retries)
+                continue
+            failure = {"timeout": "timeout", "died": "worker_died"}.get(kind, f"error: {outcome[1]}")
+            if kind == "timeout":
+                self._stats.timeouts += 1
+            elif kind != "died":
+                self._stats.errors += 1
+            logger.warning(
+                "reward %s failed (%s) after %d attempt(s); the sample is marked, not scored 0: %s",
+                verifier,
+                failure,
+                attempt + 1,
+                outcome[1],
+            )
+            return RewardResult(0.0, failure, 0.0, False)
+
+    async def _run_remote(self, target: RemoteTarget, req: Request) -> tuple[Any, ...]:
+        from asyncrl.reward.remote import RemoteRewardClient
+
+        client = self._clients.get(target.url)
+        if client is None:
+            client = self._clients[target.url] = RemoteRewardClient(
+                target.url, timeout_s=self.remote_timeout_s
+            )
+        try:
+            reward, failure = await asyncio.wait_for(
+                client.score(req.response, req.reference, prompt=req.prompt, row=req.row),
+                self.remote_timeout_s,
+            )
+        except asyncio.TimeoutError:
+            return (
+                "timeout",
+                f"remote verifier at {target.url} did not answer in {self.remote_timeout_s:g}s",
+            )
+        except InfrastructureError as e:
+            return ("infra", str(e))
+        except Exception as e:  # noqa: BLE001
+            return ("error", f"{type(e).__name__}: {e}")
+        if failure is None:
+            return ("ok", reward, "")
+        if failure == "timeout":
+            return ("timeout", f"remote: {failure}")
+        if failure == "worker_died":
+            return ("died", f"remote: {failure}")
+        return ("error", f"remote: {failure.removeprefix('error: ')}")
+
+    async def _run_in_worker(self, fn: WorkerFn, req: Request, deadline: float) -> tuple[Any, ...]:
+        try:
+            worker = await self._acquire()
+        except InfrastructureError as e:
+            return ("infra", str(e))
+        try:
+            worker.conn.send((fn, req))
+            reply = await _recv(worker.conn, deadline)
+        except asyncio.TimeoutError:
+            self._discard(worker, "timeout")
+            return ("timeout", f"no verdict within {deadline:g}s; worker killed and replaced")
+        except (EOFError, OSError) as e:
+            code = worker.wait_exit(0.5)
+            self._discard(worker, "died")
+            return ("died", f"worker process died (exit code {code}, {type(e).__name__})")
+        except BaseException:
+            self._discard(worker, "cancelled")  # it is mid-request: its reply would be misread later
+            raise
+        self._release(worker)
+        return reply
+
+    async def _acquire(self) -> _Worker:
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._closed:
+                raise RuntimeError("RewardService is closed")
+            if self._idle:
+                worker = self._idle.pop()
+                self._busy.add(worker)
+                return worker
+            if self._slots < self.num_workers:
+                self._slots += 1
+                try:
+                    worker = await self._start_worker(loop)
+                except BaseException:
+                    self._slots -= 1
+                    self._wake_one()
+                    raise
+                self._busy.add(worker)
+                return worker
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                    self._wake_one()  # we were woken but leave: pass the turn on
+                raise
+
+    async def _start_worker(self, loop: asyncio.AbstractEventLoop) -> _Worker:
+        worker = _Worker(self._preload)
+        try:
+            await loop.run_in_executor(None, worker.start)
+            hello = await _recv(worker.conn, self.startup_timeout_s)
+        except BaseException as e:
+            await loop.run_in_executor(None, worker.kill)
+            if isinstance(e, (asyncio.TimeoutError, EOFError, OSError)):
+                raise InfrastructureError(f"reward worker failed to start: {type(e).__name__}: {e}") from e
+            raise
+        if not (isinstance(hello, tuple) and hello and hello[0] == "ready"):
+            await loop.run_in_executor(None, worker.kill)
+            raise InfrastructureError(f"reward worker sent {hello!r} instead of ready")
+        self._stats.workers_started += 1
+        return worker
+
+    def _release(self, worker: _Worker) -> None:
+        self._busy.discard(worker)
+        if self._closed:
+            worker.kill()
+            return
+        self._idle.append(worker)
+        self._wake_one()
+
+    def _discard(self, worker: _Worker, why: str) -> None:
+        """Kill a worker (hung, dead or abandoned mid-request) and free its slot for a new one."""
+        self._busy.discard(worker)
+        if why == "died":
+            self._stats.worker_deaths += 1
+        else:
+            self._stats.workers_killed += 1
+        worker.kill()
+        self._slots -= 1
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
