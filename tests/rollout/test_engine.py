@@ -114,8 +114,7 @@ def test_seeded_sample_does_not_depend_on_batch_neighbours(engine, arun):
 
     async def crowded():
         others = [
-            engine.generate(prompt_of(engine, "Q:9*9=?\nA:"), SamplingParams(max_new_tokens=25))
-            for _ in range(6)
+            engine.generate(prompt_of(engine, "Q:9*9=?\nA:"), SamplingParams(max_new_tokens=25)) for _ in range(6)
         ]
         res = await asyncio.gather(engine.generate(p, sp), *others)
         return res[0][0]

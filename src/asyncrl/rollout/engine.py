@@ -176,9 +176,7 @@ class LocalEngine:
                 self._thread = threading.Thread(target=self._run, name="asyncrl-engine", daemon=True)
                 self._thread.start()
 
-    async def generate(
-        self, input_ids: Sequence[int], sampling: SamplingParams, n: int = 1
-    ) -> list[Completion]:
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, n: int = 1) -> list[Completion]:
         """Generate ``n`` samples of one prompt (sharing its prefill); returns when all have finished
         (``stop``/``length``) or were aborted by a weight update (``abort``, partial output)."""
         prompt = self._check_prompt(input_ids)
@@ -260,9 +258,7 @@ class LocalEngine:
         if not prompt:
             raise ValueError("input_ids is empty")
         if len(prompt) >= self.max_seq_len:
-            raise ValueError(
-                f"prompt has {len(prompt)} tokens; max_seq_len={self.max_seq_len} leaves no room"
-            )
+            raise ValueError(f"prompt has {len(prompt)} tokens; max_seq_len={self.max_seq_len} leaves no room")
         if min(prompt) < 0 or max(prompt) >= self.vocab_size:
             raise ValueError(f"input_ids must lie in [0, vocab_size={self.vocab_size})")
         return prompt
@@ -407,9 +403,7 @@ class LocalEngine:
         if not admits:
             return
         t0 = time.perf_counter()
-        to_prefill = [
-            (req, slots) for req, slots, _ in admits if req.first_epoch != self._epoch or not req.live
-        ]
+        to_prefill = [(req, slots) for req, slots, _ in admits if req.first_epoch != self._epoch or not req.live]
         self._prefill(to_prefill)
         rows, params, seeds, positions = [], [], [], []
         for req, slots, idxs in admits:
@@ -487,9 +481,7 @@ class LocalEngine:
         toks = [s.last if s else 0 for s in live]
         poss = [s.pos if s else 0 for s in live]
         pos_t = torch.tensor(poss, dtype=torch.long, device=self.device)
-        logits = self.fwd.decode(
-            torch.tensor(toks, dtype=torch.long, device=self.device), pos_t, hi, max(poss)
-        )
+        logits = self.fwd.decode(torch.tensor(toks, dtype=torch.long, device=self.device), pos_t, hi, max(poss))
         tok, lp = sample(logits, self._sp, pos_t + 1)
         tok_l, lp_l = tok.tolist(), lp.tolist()
         version = self._version
@@ -522,9 +514,7 @@ class LocalEngine:
         for name, value in tensors.items():
             dst = self._state[name]
             if tuple(dst.shape) != tuple(value.shape):
-                raise ValueError(
-                    f"weight update: {name} has shape {tuple(value.shape)}, want {tuple(dst.shape)}"
-                )
+                raise ValueError(f"weight update: {name} has shape {tuple(value.shape)}, want {tuple(dst.shape)}")
         with torch.no_grad():
             for name, value in tensors.items():
                 self._state[name].copy_(value)

@@ -54,9 +54,7 @@ async def resume_sample(
     )
 
 
-async def generate_group(
-    engine: Any, prompt_ids: Sequence[int], sampling: SamplingParams, n: int
-) -> list[Completion]:
+async def generate_group(engine: Any, prompt_ids: Sequence[int], sampling: SamplingParams, n: int) -> list[Completion]:
     """n samples of one prompt, each run to ``stop``/``length`` across any number of aborts."""
     prompt = tuple(int(t) for t in prompt_ids)
     if sampling.seed is None:
@@ -65,6 +63,4 @@ async def generate_group(
 
         sampling = replace(sampling, seed=random.getrandbits(31))
     first = await engine.generate(prompt, sampling, n)
-    return list(
-        await asyncio.gather(*(resume_sample(engine, prompt, sampling, c, i) for i, c in enumerate(first)))
-    )
+    return list(await asyncio.gather(*(resume_sample(engine, prompt, sampling, c, i) for i, c in enumerate(first))))

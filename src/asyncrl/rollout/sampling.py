@@ -99,9 +99,7 @@ class SlotParams:
             greedy.append(p.is_greedy)
             top_p.append(p.top_p)
             top_k.append(p.top_k if 0 < p.top_k < vocab else vocab)
-        live = [
-            (g, tp, tk) for p, g, tp, tk in zip(params, greedy, top_p, top_k, strict=True) if p is not None
-        ]
+        live = [(g, tp, tk) for p, g, tp, tk in zip(params, greedy, top_p, top_k, strict=True) if p is not None]
         return SlotParams(
             inv_temp=torch.tensor([1.0 / t for t in temps], dtype=torch.float32, device=device)[:, None],
             greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
@@ -115,9 +113,7 @@ class SlotParams:
         )
 
 
-def sample(
-    logits: torch.Tensor, sp: SlotParams, positions: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(logits: torch.Tensor, sp: SlotParams, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row of ``logits`` [n, V] (float32); ``positions`` [n] are the absolute
     positions of the tokens being sampled. Returns (tokens [n] int64, behaviour log-probs [n] float32)."""
     scaled = logits if sp.all_temp_one else logits * sp.inv_temp

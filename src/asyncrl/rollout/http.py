@@ -1,0 +1,144 @@
+"""Minimal HTTP/1.1 over asyncio streams (stdlib only), shared by the engine server and its client.
+
+Owns request/response framing with ``Content-Length`` bodies and keep-alive: enough for a JSON RPC
+protocol between our own processes (or an SGLang server), without a web framework dependency.
+Chunked transfer encoding is not supported (the server answers 411).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+MAX_HEADER_LINE = 16 * 1024
+MAX_HEADERS = 100
+
+
+class HTTPError(Exception):
+    """A request the server rejects with ``status`` (4xx) and a message for the client."""
+
+    def __init__(self, status: int, message: str, close: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.close = close
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    version: str
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+    @property
+    def keep_alive(self) -> bool:
+        conn = self.headers.get("connection", "").lower()
+        if self.version == "HTTP/1.0":
+            return conn == "keep-alive"
+        return conn != "close"
+
+
+async def _read_line(reader: asyncio.StreamReader) -> bytes:
+    try:
+        line = await reader.readuntil(b"\n")
+    except asyncio.LimitOverrunError:
+        raise HTTPError(431, "request line or header too long", close=True) from None
+    except asyncio.IncompleteReadError as e:
+        if e.partial:
+            raise HTTPError(400, "incomplete request line", close=True) from None
+        raise
+    if len(line) > MAX_HEADER_LINE:
+        raise HTTPError(431, "request line or header too long", close=True)
+    return line
+
+
+async def read_request(reader: asyncio.StreamReader, max_body: int) -> Request | None:
+    """Read one request; None on a clean EOF between requests. Raises ``HTTPError`` for bad framing."""
+    try:
+        line = await _read_line(reader)
+    except asyncio.IncompleteReadError:
+        return None
+    while line in (b"\r\n", b"\n"):  # tolerate stray blank lines between requests
+        try:
+            line = await _read_line(reader)
+        except asyncio.IncompleteReadError:
+            return None
+    parts = line.decode("latin-1").strip().split()
+    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        raise HTTPError(400, f"malformed request line: {line[:80]!r}", close=True)
+    method, target, version = parts
+    headers: dict[str, str] = {}
+    while True:
+        try:
+            h = await _read_line(reader)
+        except asyncio.IncompleteReadError:
+            raise HTTPError(400, "incomplete headers", close=True) from None
+        if h in (b"\r\n", b"\n"):
+            break
+        if len(headers) >= MAX_HEADERS:
+            raise HTTPError(431, "too many headers", close=True)
+        name, sep, value = h.decode("latin-1").partition(":")
+        if not sep:
+            raise HTTPError(400, f"malformed header line: {h[:80]!r}", close=True)
+        headers[name.strip().lower()] = value.strip()
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        raise HTTPError(411, "chunked transfer encoding is not supported; send Content-Length", close=True)
+    try:
+        length = int(headers.get("content-length", "0"))
+    except ValueError:
+        raise HTTPError(400, "invalid Content-Length", close=True) from None
+    if length < 0:
+        raise HTTPError(400, "invalid Content-Length", close=True)
+    if length > max_body:
+        raise HTTPError(413, f"request body of {length} bytes exceeds the limit of {max_body}", close=True)
+    try:
+        body = await reader.readexactly(length) if length else b""
+    except asyncio.IncompleteReadError:
+        raise HTTPError(400, "request body shorter than Content-Length", close=True) from None
+    path = target.split("?", 1)[0]
+    return Request(method.upper(), path, version, headers, body)
+
+
+def encode_response(status: int, payload: Any, keep_alive: bool) -> bytes:
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Status"
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+def encode_request(method: str, path: str, host: str, payload: Any | None) -> bytes:
+    body = b"" if payload is None else json.dumps(payload, separators=(",", ":")).encode()
+    head = f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: keep-alive\r\n"
+    head += f"Content-Length: {len(body)}\r\n"
+    if payload is not None:
+        head += "Content-Type: application/json\r\n"
+    return (head + "\r\n").encode("latin-1") + body
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """Read one response: (status, headers, body)."""
+    line = await reader.readuntil(b"\n")
+    parts = line.decode("latin-1").split(None, 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/"):
+        raise ConnectionError(f"malformed status line {line[:80]!r}")
+    status = int(parts[1])
+    headers: dict[str, str] = {}
+    while True:
+        h = await reader.readuntil(b"\n")
+        if h in (b"\r\n", b"\n"):
+            break
+        name, _, value = h.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
+    body = await reader.readexactly(length) if length else b""
+    return status, headers, body

@@ -1,0 +1,265 @@
+"""``RemoteEngine``: the HTTP client of an engine server, with ``LocalEngine``'s interface.
+
+Owns the client side of the SGLang-native protocol (see ``rollout.server``): the controller uses
+it exactly as it uses ``LocalEngine`` (``generate``, ``update_weights``, ``pause``/``resume``,
+``version``, ``stats``, ``close``). It speaks to ``asyncrl serve engine`` or to an SGLang server;
+the request/response shapes follow SGLang's native API as of v0.4.6 - v0.5.x (``/generate`` with
+``input_ids``, ``sampling_params`` incl. ``n``, ``sampling_seed``, ``ignore_eos``,
+``stop_token_ids``; ``return_logprob`` -> ``meta_info.output_token_logprobs``;
+``/pause_generation`` with ``mode`` (v0.5.x; older servers ignore the body);
+``/update_weights_from_disk`` with ``weight_version``).
+
+Per-token versions: taken from ``meta_info.output_token_versions`` (our server stamps every token);
+an SGLang server only reports ``meta_info.weight_version`` per response, which is stamped on all its
+tokens: exact when the server aborts running requests on an update (pause mode "abort", the
+AReaL flow), approximate otherwise. Requests always send ``ignore_eos: true`` with explicit
+``stop_token_ids`` so that stopping matches ``LocalEngine`` (stop only at the given ids).
+
+Transport: stdlib asyncio HTTP/1.1 with a keep-alive connection pool per event loop (at most
+``max_connections`` concurrent requests; more wait for a connection). A reused connection that the
+server closed while idle is retried once on a fresh one. 4xx answers raise ``ValueError`` with the
+server's message (as ``LocalEngine`` does for bad input); other failures raise ``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from asyncrl.rollout.http import encode_request, read_response
+from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.types import Completion, WeightUpdate
+
+__all__ = ["RemoteEngine", "completion_from_sglang"]
+
+
+def completion_from_sglang(item: dict[str, Any], prompt: Sequence[int], fallback_version: int) -> Completion:
+    """Turn one SGLang-native ``/generate`` result into a ``Completion``."""
+    meta = item.get("meta_info", {})
+    pairs = meta.get("output_token_logprobs") or []
+    ids = item.get("output_ids")
+    if ids is None:
+        ids = [int(p[1]) for p in pairs]
+    lps = [float(p[0]) if p[0] is not None else float("nan") for p in pairs]
+    if len(lps) != len(ids):
+        raise RuntimeError(f"server returned {len(ids)} output ids but {len(lps)} log-probs")
+    versions = meta.get("output_token_versions")
+    if versions is None:
+        try:
+            v = int(meta.get("weight_version", fallback_version))
+        except (TypeError, ValueError):
+            v = fallback_version
+        versions = [v] * len(ids)
+    finish = meta.get("finish_reason") or {}
+    kind = finish.get("type") if isinstance(finish, dict) else finish
+    reason = {"stop": "stop", "length": "length", "abort": "abort"}.get(kind or "length", "abort")
+    return Completion(
+        prompt_ids=tuple(int(t) for t in prompt),
+        output_ids=tuple(int(t) for t in ids),
+        behav_logprobs=tuple(lps),
+        versions=tuple(int(v) for v in versions),
+        finish_reason=reason,  # type: ignore[arg-type]
+        num_interruptions=int(meta.get("num_interruptions", 1 if reason == "abort" else 0)),
+    )
+
+
+class _Pool:
+    """Keep-alive connections of one event loop."""
+
+    def __init__(self, limit: int) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.sem = asyncio.Semaphore(limit)
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    def close(self) -> None:
+        for _, w in self.idle:
+            try:
+                w.close()
+            except Exception:
+                pass
+        self.idle.clear()
+
+
+class RemoteEngine:
+    """Client of an engine server with ``LocalEngine``'s interface (see module docstring)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        max_connections: int = 256,
+        timeout_s: float | None = None,
+        version: int = 0,
+    ) -> None:
+        url = urlparse(base_url if "://" in base_url else f"http://{base_url}")
+        if url.scheme != "http" or not url.hostname:
+            raise ValueError(f"RemoteEngine needs an http://host:port URL, got {base_url!r}")
+        self.base_url = base_url
+        self.host = url.hostname
+        self.port = url.port or 80
+        self.max_connections = max_connections
+        self.timeout_s = timeout_s
+        self._version = version
+        self._pool: _Pool | None = None
+        self._stats = dict.fromkeys(
+            ("requests", "generated_tokens", "errors", "http_s", "retries", "aborted_samples"), 0.0
+        )
+
+    # ------------------------------------------------------------------------------ LocalEngine API
+    @property
+    def version(self) -> int:
+        """Latest weight version this client has seen (from updates or responses)."""
+        return self._version
+
+    def start(self) -> None:
+        """Nothing to start (the server runs elsewhere); kept for interface parity."""
+
+    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, n: int = 1) -> list[Completion]:
+        prompt = [int(t) for t in input_ids]
+        params: dict[str, Any] = {
+            "max_new_tokens": sampling.max_new_tokens,
+            "temperature": 0.0 if sampling.is_greedy else sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k if sampling.top_k > 0 else -1,
+            "stop_token_ids": list(sampling.stop_token_ids),
+            "ignore_eos": True,
+            "n": n,
+        }
+        if sampling.seed is not None:
+            params["sampling_seed"] = sampling.seed
+        body = {"input_ids": prompt, "sampling_params": params, "return_logprob": True}
+        result = await self._call("POST", "/generate", body, timeout=self.timeout_s)
+        items = result if isinstance(result, list) else [result]
+        if len(items) != n:
+            raise RuntimeError(f"server returned {len(items)} results for n={n}")
+        out = [completion_from_sglang(it, prompt, self._version) for it in items]
+        for c in out:
+            self._stats["generated_tokens"] += len(c.output_ids)
+            self._stats["aborted_samples"] += c.finish_reason == "abort"
+            if c.versions:
+                self._version = max(self._version, c.max_version)
+        return out
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        """Disk updates go straight to ``/update_weights_from_disk``; in-process tensors are written to
+        a temporary safetensors dir first (the server must see this machine's filesystem)."""
+        if update.path is not None:
+            await self._update_from_disk(update.path, update.version)
+        else:
+            from safetensors.torch import save_file
+
+            with tempfile.TemporaryDirectory(prefix="asyncrl-weights-") as tmp:
+                tensors = {k: v.detach().contiguous().cpu() for k, v in (update.tensors or {}).items()}
+                await asyncio.to_thread(save_file, tensors, str(Path(tmp) / "model.safetensors"))
+                await self._update_from_disk(tmp, update.version)
+        self._version = update.version
+
+    async def pause(self) -> None:
+        """Stop decoding; running requests keep their KV (SGLang mode "in_place")."""
+        await self._call("POST", "/pause_generation", {"mode": "in_place"})
+
+    async def resume(self) -> None:
+        await self._call("POST", "/continue_generation", {})
+
+    async def abort_all(self) -> int:
+        """Abort the running requests (they return partial output) and keep decoding."""
+        out = await self._call("POST", "/pause_generation", {"mode": "abort"})
+        await self._call("POST", "/continue_generation", {})
+        return int(out.get("aborted", 0)) if isinstance(out, dict) else 0
+
+    def stats(self) -> dict[str, float]:
+        """Client-side counters (``server_stats()`` fetches the server's)."""
+        return dict(self._stats)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    # ------------------------------------------------------------------------------ extras
+    async def health(self) -> bool:
+        try:
+            await self._call("GET", "/health", None, timeout=10)
+            return True
+        except (RuntimeError, ValueError, OSError):
+            return False
+
+    async def model_info(self) -> dict[str, Any]:
+        info = await self._call("GET", "/model_info", None)
+        try:
+            self._version = int(info.get("weight_version", self._version))
+        except (TypeError, ValueError):
+            pass
+        return info
+
+    async def server_stats(self) -> dict[str, Any]:
+        return await self._call("GET", "/stats", None)
+
+    # ------------------------------------------------------------------------------ transport
+    async def _update_from_disk(self, path: str, version: int) -> None:
+        body = {"model_path": str(path), "weight_version": str(version)}
+        out = await self._call("POST", "/update_weights_from_disk", body)
+        if isinstance(out, dict) and out.get("success") is False:
+            raise RuntimeError(f"update_weights_from_disk failed: {out.get('message')}")
+
+    def _get_pool(self) -> _Pool:
+        loop = asyncio.get_running_loop()
+        if self._pool is None or self._pool.loop is not loop:
+            if self._pool is not None:
+                self._pool.close()
+            self._pool = _Pool(self.max_connections)
+        return self._pool
+
+    async def _call(self, method: str, path: str, body: Any, timeout: float | None = 60.0) -> Any:
+        pool = self._get_pool()
+        t0 = time.perf_counter()
+        self._stats["requests"] += 1
+        data = encode_request(method, path, f"{self.host}:{self.port}", body)
+        async with pool.sem:
+            for attempt in range(2):
+                reused = bool(pool.idle)
+                reader, writer = pool.idle.pop() if reused else await self._connect()
+                try:
+                    writer.write(data)
+                    await writer.drain()
+                    status, headers, raw = await asyncio.wait_for(read_response(reader), timeout)
+                except (ConnectionError, asyncio.IncompleteReadError, OSError) as e:
+                    writer.close()
+                    if reused and attempt == 0:  # the server dropped an idle keep-alive connection
+                        self._stats["retries"] += 1
+                        continue
+                    self._stats["errors"] += 1
+                    raise RuntimeError(f"{method} {path} on {self.base_url} failed: {e!r}") from e
+                except BaseException:
+                    writer.close()
+                    raise
+                if headers.get("connection", "").lower() == "close":
+                    writer.close()
+                else:
+                    pool.idle.append((reader, writer))
+                break
+        self._stats["http_s"] += time.perf_counter() - t0
+        try:
+            payload = json.loads(raw) if raw else {}
+        except json.JSONDecodeError:
+            payload = {"message": raw[:200].decode("utf-8", "replace")}
+        if status >= 400:
+            self._stats["errors"] += 1
+            msg = payload.get("message", payload) if isinstance(payload, dict) else payload
+            if 400 <= status < 500:
+                raise ValueError(f"{method} {path}: HTTP {status}: {msg}")
+            raise RuntimeError(f"{method} {path}: HTTP {status}: {msg}")
+        return payload
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        try:
+            return await asyncio.open_connection(self.host, self.port, limit=16 * 1024 * 1024)
+        except OSError as e:
+            self._stats["errors"] += 1
+            raise RuntimeError(f"cannot connect to engine server {self.base_url}: {e}") from e

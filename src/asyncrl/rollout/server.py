@@ -1,0 +1,524 @@
+"""``asyncrl serve engine``: a ``LocalEngine`` behind the SGLang-native HTTP protocol (subset).
+
+Owns the HTTP front end (stdlib asyncio, see ``rollout.http``). Endpoints, request and response
+shapes follow SGLang's native API (``sglang/srt/entrypoints/http_server.py``, v0.4.6 - v0.5.x):
+
+- ``POST /generate``: ``input_ids`` (a list of ints, or a batch: list of lists) or ``text``;
+  ``sampling_params`` {max_new_tokens, temperature, top_p, top_k (<=0 off), stop_token_ids, n,
+  sampling_seed, ignore_eos, ...}; ``return_logprob``; ``rid``. Returns one object (or a list for a
+  batch or n > 1): ``text``, ``output_ids``, ``meta_info`` {id, finish_reason {type, matched |
+  length | message}, prompt_tokens, completion_tokens, weight_version, output_token_logprobs
+  [[logprob, token_id, null], ...] when ``return_logprob``, and our extension
+  ``output_token_versions`` (exact per-token versions stamped by the engine)}.
+  Like SGLang, generation stops at the tokenizer's EOS unless ``ignore_eos`` is true.
+- ``POST /pause_generation`` {mode: "abort" (default, as SGLang) | "in_place"}: stop decoding;
+  ``abort`` also ends the running requests with finish_reason "abort" and their partial output.
+- ``POST /continue_generation``; ``POST /update_weights_from_disk`` {model_path, weight_version,
+  abort_all_requests}; ``GET /health``, ``GET /model_info`` (and ``/get_model_info``),
+  ``GET /get_weight_version``, ``GET /stats`` (engine counters; ours).
+
+Robustness: malformed JSON, wrong types, unknown or unsupported sampling options, out-of-vocab ids
+and over-long inputs get a 4xx with a message (SGLang's error object); an unexpected exception in
+a handler answers 500 and the server keeps serving. Binds to 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from asyncrl.rollout.engine import LocalEngine
+from asyncrl.rollout.http import HTTPError, Request, encode_response, read_request
+from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.types import WeightUpdate
+
+__all__ = ["EngineServer", "GenerateRequest", "ServerThread", "serve_engine", "parse_generate"]
+
+log = logging.getLogger(__name__)
+
+# Options we accept only at their neutral value (clients such as AReaL's send them by default).
+_NEUTRAL = {
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+    "min_p": 0.0,
+}
+_IGNORED = {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"}
+_SUPPORTED = {
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop_token_ids",
+    "n",
+    "sampling_seed",
+    "seed",
+}
+_SUPPORTED |= {"ignore_eos", "stop"} | set(_NEUTRAL) | _IGNORED
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _bad(msg: str) -> HTTPError:
+    return HTTPError(400, msg)
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """A validated ``/generate`` body."""
+
+    prompts: list[list[int]]
+    sampling: SamplingParams
+    n: int
+    return_logprob: bool
+    rid: str | None
+    batched: bool
+    """The input was a list of prompts: answer with a list even for one result."""
+
+
+def parse_generate(
+    body: Any, *, max_slots: int, max_seq_len: int, vocab_size: int, eos_ids: tuple[int, ...], tokenizer: Any
+) -> GenerateRequest:
+    """Validate a ``/generate`` body. Raises ``HTTPError`` (400) with the reason."""
+    if not isinstance(body, dict):
+        raise _bad("request body must be a JSON object")
+    if body.get("stream"):
+        raise _bad("stream=true is not supported by this server")
+    ids, text = body.get("input_ids"), body.get("text")
+    if (ids is None) == (text is None):
+        raise _bad("give exactly one of 'input_ids' or 'text'")
+    if text is not None:
+        texts = [text] if isinstance(text, str) else text
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise _bad("'text' must be a string or a non-empty list of strings")
+        if tokenizer is None:
+            raise _bad("this server has no tokenizer; send 'input_ids'")
+        prompts = [list(tokenizer(t)["input_ids"]) for t in texts]
+        batched = not isinstance(text, str)
+    else:
+        if not isinstance(ids, list) or not ids:
+            raise _bad("'input_ids' must be a non-empty list of ints (or a list of such lists)")
+        batched = isinstance(ids[0], list)
+        prompts = ids if batched else [ids]
+        for p in prompts:
+            if not isinstance(p, list) or not p or not all(_is_int(t) for t in p):
+                raise _bad("'input_ids' must be a non-empty list of ints (or a list of such lists)")
+    for p in prompts:
+        if len(p) >= max_seq_len:
+            raise _bad(f"input too long: {len(p)} tokens; the server's context (max_seq_len) is {max_seq_len} tokens")
+        if min(p) < 0 or max(p) >= vocab_size:
+            raise _bad(f"input_ids must lie in [0, {vocab_size})")
+    sp = body.get("sampling_params", {})
+    if sp is None:
+        sp = {}
+    if not isinstance(sp, dict):
+        raise _bad("'sampling_params' must be an object")
+    unknown = sorted(set(sp) - _SUPPORTED)
+    if unknown:
+        raise _bad(f"unsupported sampling_params {unknown}; supported: {sorted(_SUPPORTED)}")
+    for key, neutral in _NEUTRAL.items():
+        if key in sp and sp[key] is not None and sp[key] != neutral:
+            raise _bad(f"sampling_params.{key}={sp[key]!r} is not supported (only {neutral!r})")
+    if sp.get("stop"):
+        raise _bad("string stop sequences ('stop') are not supported; use 'stop_token_ids'")
+    max_new = sp.get("max_new_tokens", 128)
+    if not _is_int(max_new) or max_new < 1:
+        raise _bad("sampling_params.max_new_tokens must be an int >= 1")
+    temperature = sp.get("temperature", 1.0)
+    if not _is_num(temperature) or temperature < 0:
+        raise _bad("sampling_params.temperature must be a number >= 0")
+    top_p = sp.get("top_p", 1.0)
+    if not _is_num(top_p) or not 0 < top_p <= 1:
+        raise _bad("sampling_params.top_p must be a number in (0, 1]")
+    top_k = sp.get("top_k", -1)
+    if not _is_int(top_k):
+        raise _bad("sampling_params.top_k must be an int (-1 or 0 = off)")
+    stop_ids = sp.get("stop_token_ids") or []
+    if not isinstance(stop_ids, list) or not all(_is_int(t) for t in stop_ids):
+        raise _bad("sampling_params.stop_token_ids must be a list of ints")
+    n = sp.get("n", 1)
+    if not _is_int(n) or not 1 <= n <= max_slots:
+        raise _bad(f"sampling_params.n must be an int in [1, {max_slots}]")
+    seed = sp.get("sampling_seed", sp.get("seed"))
+    if seed is not None and not _is_int(seed):
+        raise _bad("sampling_params.sampling_seed must be an int")
+    ignore_eos = sp.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise _bad("sampling_params.ignore_eos must be a bool")
+    stops = tuple(dict.fromkeys(list(stop_ids) + ([] if ignore_eos else list(eos_ids))))
+    return_logprob = body.get("return_logprob", False)
+    if not isinstance(return_logprob, bool):
+        raise _bad("'return_logprob' must be a bool")
+    rid = body.get("rid")
+    if rid is not None and not isinstance(rid, str):
+        raise _bad("'rid' must be a string")
+    sampling = SamplingParams(
+        max_new_tokens=max_new,
+        temperature=float(temperature),
+        top_p=float(top_p),
+        top_k=max(top_k, 0),
+        greedy=temperature == 0,
+        stop_token_ids=stops,
+        seed=None if seed is None else seed % (1 << 31),
+    )
+    return GenerateRequest(prompts, sampling, n, return_logprob, rid, batched)
+
+
+class EngineServer:
+    """HTTP front end of one ``LocalEngine`` (see module docstring)."""
+
+    def __init__(
+        self,
+        engine: LocalEngine,
+        *,
+        model_path: str = "",
+        max_body_bytes: int = 8 * 1024 * 1024,
+        eos_ids: tuple[int, ...] = (),
+    ) -> None:
+        self.engine = engine
+        self.model_path = model_path
+        self.max_body_bytes = max_body_bytes
+        self.eos_ids = eos_ids
+        self._server: asyncio.base_events.Server | None = None
+        self._conns: set[asyncio.Task] = set()
+        self.port = 0
+        self.requests_served = 0
+        self.errors_4xx = 0
+        self.errors_5xx = 0
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen; returns the bound port (``port=0`` picks a free one)."""
+        self.engine.start()
+        self._server = await asyncio.start_server(self._handle, host, port, backlog=4096, limit=2 * 1024 * 1024)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop listening and close every open connection (in-flight requests are cancelled)."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        tasks = [t for t in self._conns if not t.done()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._conns.add(task)
+        try:
+            while True:
+                try:
+                    req = await read_request(reader, self.max_body_bytes)
+                except HTTPError as e:
+                    self.errors_4xx += 1
+                    writer.write(encode_response(e.status, _error(e.status, e.message), keep_alive=False))
+                    await writer.drain()
+                    return
+                if req is None:
+                    return
+                status, payload = await self._dispatch(req)
+                writer.write(encode_response(status, payload, req.keep_alive))
+                await writer.drain()
+                if not req.keep_alive:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except Exception:  # never let one connection take the server down
+            log.exception("engine server: connection handler failed")
+        finally:
+            if task is not None:
+                self._conns.discard(task)
+            try:
+                writer.close()
+            except Exception:
+                pass
+
+    async def _dispatch(self, req: Request) -> tuple[int, Any]:
+        routes = {
+            ("GET", "/health"): self._health,
+            ("GET", "/health_generate"): self._health,
+            ("GET", "/model_info"): self._model_info,
+            ("GET", "/get_model_info"): self._model_info,
+            ("GET", "/get_weight_version"): self._weight_version,
+            ("GET", "/stats"): self._stats,
+            ("GET", "/get_server_info"): self._stats,
+            ("POST", "/generate"): self._generate,
+            ("PUT", "/generate"): self._generate,
+            ("POST", "/pause_generation"): self._pause,
+            ("POST", "/continue_generation"): self._continue,
+            ("POST", "/update_weights_from_disk"): self._update_from_disk,
+        }
+        handler = routes.get((req.method, req.path))
+        try:
+            if handler is None:
+                if any(path == req.path for _, path in routes):
+                    raise HTTPError(405, f"method {req.method} not allowed on {req.path}")
+                raise HTTPError(404, f"no route {req.path}")
+            body: Any = None
+            if req.body:
+                try:
+                    body = json.loads(req.body)
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    raise HTTPError(400, f"malformed JSON body: {e}") from None
+            result = await handler(body)
+            self.requests_served += 1
+            return 200, result
+        except HTTPError as e:
+            self.errors_4xx += 1
+            return e.status, _error(e.status, e.message)
+        except ValueError as e:  # engine-side validation
+            self.errors_4xx += 1
+            return 400, _error(400, str(e))
+        except Exception as e:
+            self.errors_5xx += 1
+            log.exception("engine server: %s %s failed", req.method, req.path)
+            return 500, _error(500, f"{type(e).__name__}: {e}")
+
+    # ------------------------------------------------------------------------------ handlers
+    async def _health(self, body: Any) -> dict[str, Any]:
+        return {"status": "ok"}
+
+    async def _model_info(self, body: Any) -> dict[str, Any]:
+        e = self.engine
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.model_path,
+            "is_generation": True,
+            "weight_version": str(e.version),
+            "max_slots": e.max_slots,
+            "max_seq_len": e.max_seq_len,
+            "vocab_size": e.vocab_size,
+            "interrupt_mode": e.interrupt_mode,
+            "eos_token_ids": list(self.eos_ids),
+            "protocol": "sglang-native subset (v0.4.6-v0.5.x) + output_token_versions",
+        }
+
+    async def _weight_version(self, body: Any) -> dict[str, Any]:
+        return {"weight_version": str(self.engine.version)}
+
+    async def _stats(self, body: Any) -> dict[str, Any]:
+        return {
+            **self.engine.stats(),
+            "http_requests_served": self.requests_served,
+            "http_errors_4xx": self.errors_4xx,
+            "http_errors_5xx": self.errors_5xx,
+            "paused": self.engine.paused,
+        }
+
+    async def _generate(self, body: Any) -> Any:
+        e = self.engine
+        g = parse_generate(
+            body,
+            max_slots=e.max_slots,
+            max_seq_len=e.max_seq_len,
+            vocab_size=e.vocab_size,
+            eos_ids=self.eos_ids,
+            tokenizer=e.tokenizer,
+        )
+        t0 = time.perf_counter()
+        groups = await asyncio.gather(*(e.generate(p, g.sampling, g.n) for p in g.prompts))
+        latency = time.perf_counter() - t0
+        rid = g.rid or uuid.uuid4().hex
+        single = not g.batched and g.n == 1
+        out = [
+            self._render(c, g.return_logprob, rid if single else f"{rid}-{gi}-{si}", latency)
+            for gi, group in enumerate(groups)
+            for si, c in enumerate(group)
+        ]
+        return out[0] if single else out
+
+    def _render(self, c: Any, return_logprob: bool, rid: str, latency: float) -> dict:
+        match c.finish_reason:
+            case "stop":
+                finish = {"type": "stop", "matched": c.output_ids[-1]}
+            case "length":
+                finish = {"type": "length", "length": len(c.output_ids)}
+            case _:
+                finish = {
+                    "type": "abort",
+                    "message": "aborted by a weight update or pause_generation(mode=abort)",
+                }
+        meta: dict[str, Any] = {
+            "id": rid,
+            "finish_reason": finish,
+            "prompt_tokens": len(c.prompt_ids),
+            "completion_tokens": len(c.output_ids),
+            "cached_tokens": 0,
+            "weight_version": str(c.versions[-1] if c.versions else self.engine.version),
+            "output_token_versions": list(c.versions),
+            "num_interruptions": c.num_interruptions,
+            "e2e_latency": latency,
+        }
+        if return_logprob:
+            meta["output_token_logprobs"] = [
+                [lp, t, None] for lp, t in zip(c.behav_logprobs, c.output_ids, strict=True)
+            ]
+        tok = self.engine.tokenizer
+        text = tok.decode(list(c.output_ids)) if tok is not None else ""
+        return {"text": text, "output_ids": list(c.output_ids), "meta_info": meta}
+
+    async def _pause(self, body: Any) -> dict[str, Any]:
+        mode = "abort"
+        if body is not None:
+            if not isinstance(body, dict):
+                raise _bad("body must be a JSON object")
+            mode = body.get("mode", "abort")
+        if mode not in ("abort", "in_place"):
+            raise _bad(f"pause mode {mode!r} is not supported; use 'abort' or 'in_place'")
+        await self.engine.pause()
+        aborted = await self.engine.abort_all() if mode == "abort" else 0
+        return {
+            "message": "Generation paused successfully.",
+            "status": "ok",
+            "mode": mode,
+            "aborted": aborted,
+        }
+
+    async def _continue(self, body: Any) -> dict[str, Any]:
+        await self.engine.resume()
+        return {"message": "Generation continued successfully.", "status": "ok"}
+
+    async def _update_from_disk(self, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
+            raise _bad("body must be an object with a string 'model_path'")
+        version = body.get("weight_version")
+        if version is None:
+            version = self.engine.version + 1
+        else:
+            try:
+                version = int(version)
+            except (TypeError, ValueError):
+                raise _bad("'weight_version' must be an integer (or its string)") from None
+        abort_all = body.get("abort_all_requests", False)
+        if not isinstance(abort_all, bool):
+            raise _bad("'abort_all_requests' must be a bool")
+        if abort_all:
+            await self.engine.abort_all()
+        try:
+            await self.engine.update_weights(WeightUpdate(version=version, path=body["model_path"]))
+        except (FileNotFoundError, KeyError, ValueError, OSError) as e:
+            raise HTTPError(400, f"update_weights_from_disk failed: {e}") from None
+        return {
+            "success": True,
+            "message": f"Succeeded to update model weights. Weight version updated to {version}.",
+            "num_paused_requests": 0,
+        }
+
+
+def _error(status: int, message: str) -> dict[str, Any]:
+    """SGLang's error object."""
+    return {"object": "error", "message": message, "type": _phrase(status), "param": None, "code": status}
+
+
+def _phrase(status: int) -> str:
+    from http import HTTPStatus
+
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def serve_engine(
+    model: str,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    *,
+    max_slots: int = 64,
+    max_seq_len: int = 1024,
+    interrupt_mode: str = "abort",
+    device: str = "cpu",
+    version: int = 0,
+) -> None:
+    """Load ``model`` (a local HF checkpoint dir), start a LocalEngine and serve it until interrupted."""
+    from asyncrl.models import load_policy, stop_token_ids
+
+    policy, tokenizer = load_policy(model, device=device)
+    engine = LocalEngine(
+        policy,
+        tokenizer,
+        max_slots=max_slots,
+        max_seq_len=max_seq_len,
+        interrupt_mode=interrupt_mode,
+        device=device,
+        version=version,
+    )
+    server = EngineServer(engine, model_path=str(model), eos_ids=stop_token_ids(tokenizer, policy))
+
+    async def main() -> None:
+        bound = await server.start(host, port)
+        print(f"asyncrl engine server: http://{host}:{bound} (model {model}, {max_slots} slots)", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await server.stop()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        engine.close()
+
+
+class ServerThread:
+    """Run an ``EngineServer`` on its own event loop in a daemon thread (tests, benches, notebooks).
+
+    ``with ServerThread(engine) as srv: RemoteEngine(srv.url)``; ``port=0`` picks a free port."""
+
+    def __init__(self, engine: LocalEngine, host: str = "127.0.0.1", port: int = 0, **server_kw: Any) -> None:
+        import threading
+
+        self.server = EngineServer(engine, **server_kw)
+        self.host = host
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            try:
+                self._loop.run_until_complete(self.server.start(host, port))
+            except BaseException as e:  # surface bind errors to the constructor
+                self._error = e
+                ready.set()
+                return
+            ready.set()
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="asyncrl-engine-server", daemon=True)
+        self._thread.start()
+        ready.wait(30)
+        if self._error is not None:
+            raise self._error
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.server.port}"
+
+    def stop(self) -> None:
+        if not self._loop.is_running():
+            return
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+
+    def __enter__(self) -> ServerThread:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
