@@ -1,0 +1,320 @@
+"""The config tree: typed dataclasses, YAML loading, ``--set key=value`` overrides, validation.
+
+Every field has a default, so ``Config()`` is the embedded default run (tiny model, synthetic
+arithmetic task, asynchronous RL on CPU). A YAML file overrides any subset; ``--set a.b=v``
+overrides single fields (the value is parsed as YAML: ``4``, ``0.5``, ``true``, ``null``,
+``[1, 2]``). Unknown keys and values of the wrong type are errors that name the key and the
+valid choices. This module imports no torch and no sibling module.
+
+Batch-size semantics, stated once (a known confusion in peers): one training step consumes
+``controller.batch_size`` prompt *groups*, each of ``rollout.group_size`` samples, so
+``batch_size * group_size`` sequences; ``trainer.ppo_minibatches`` optimizer updates are made
+from them, each over packed micro-batches of at most ``trainer.max_tokens_per_micro_batch``
+tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be applied (unknown key, wrong type, bad value)."""
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = None
+    """A local Hugging Face causal-LM directory. None: the tiny default, built and warm-started
+    (``asyncrl sft``) into ``sft.cache_dir`` on first use and reused afterwards."""
+    dtype: str = "float32"
+    """float32 | bfloat16 | float16 (CPU: keep float32)."""
+    device: str = "cpu"
+    """cpu | cuda | cuda:N."""
+
+
+@dataclass
+class TaskConfig:
+    name: str = "arithmetic"
+    """arithmetic (synthetic, embedded default) | gsm8k | jsonl."""
+    seed: int = 1234
+    """Seed of the synthetic generator and of the train/held-out split."""
+    train_size: int = 20000
+    eval_size: int = 256
+    """Held-out prompts used for accuracy_before / accuracy_after."""
+    max_terms: int = 8
+    """Synthetic arithmetic: most operands in one problem (the long tail of response lengths)."""
+    length_tail: float = 0.5
+    """Synthetic arithmetic: P(one more operand). 0.5 gives many short and a few long problems."""
+    max_operand: int = 20
+    path: str | None = None
+    """Dataset file for gsm8k/jsonl tasks (default: ../shared/data for gsm8k)."""
+    verifier: str = "arithmetic"
+    """Which verifier scores a response (see reward.service): arithmetic | math | code | custom:mod:fn."""
+
+
+@dataclass
+class SFTConfig:
+    steps: int = 600
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup_steps: int = 30
+    seed: int = 0
+    cache_dir: str = ".cache/asyncrl"
+    """Where the built tiny model and its warm start are cached (keyed by the SFT settings)."""
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = 8
+    """G: samples per prompt."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 160
+    max_slots: int = 128
+    """Engine concurrency (decode slots)."""
+    interrupt_mode: str = "abort"
+    """abort (AReaL: stop, re-prefill under new weights) | keep (swap weights, keep KV cache)."""
+    num_engines: int = 1
+
+
+@dataclass
+class AlgoConfig:
+    advantage: str = "grpo"
+    """grpo | dr_grpo | rloo | reinforce_pp."""
+    reward_scale: float = 1.0
+    reward_bias: float = 0.0
+    batch_normalize: bool = False
+    """Normalise advantages over the whole batch after the group estimator."""
+    loss_type: str = "ppo"
+    """ppo (decoupled when prox_mode != behav) | gspo | cispo."""
+    prox_mode: str = "recompute"
+    """recompute (extra forward pass with pre-update weights: decoupled PPO) | loglinear
+    (approximate from stored versions) | behav (naive PPO: the behaviour policy is the clip centre)."""
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None
+    dual_clip: float | None = None
+    behav_cap: float | None = 5.0
+    behav_cap_mode: str = "mask"
+    behav_cap_level: str = "token"
+    aggregation: str = "token_mean"
+    """token_mean | seq_mean_token_mean | seq_mean_token_sum."""
+    filter_equal_rewards: bool = True
+    """Dynamic sampling: drop groups whose rewards are all equal (no learning signal)."""
+
+
+@dataclass
+class TrainerConfig:
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    grad_clip: float = 1.0
+    warmup_steps: int = 2
+    ppo_minibatches: int = 1
+    max_tokens_per_micro_batch: int = 8192
+    seed: int = 0
+
+
+@dataclass
+class ControllerConfig:
+    batch_size: int = 16
+    """Prompt groups per training step."""
+    max_staleness: int = 4
+    """η: a sample trained at step i has min_version >= i - η. 0 is synchronous training."""
+    max_concurrent: int = 64
+    """Cap on prompt groups in flight (admitted, not yet in the buffer)."""
+    total_steps: int = 60
+    eval_every: int = 0
+    """Evaluate held-out accuracy every N steps (0: only before and after)."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every N steps (0: only at the end)."""
+
+
+@dataclass
+class EvalConfig:
+    greedy: bool = True
+    """Held-out accuracy with greedy decoding (False: sample at rollout temperature)."""
+    max_new_tokens: int = 160
+
+
+@dataclass
+class RunConfig:
+    run_dir: str | None = None
+    """Output directory; None -> runs/<timestamp>."""
+    seed: int = 0
+    torch_threads: int = 0
+    """0: leave torch's default."""
+    progress: bool = True
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    controller: ControllerConfig = field(default_factory=ControllerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "task.name": ("arithmetic", "gsm8k", "jsonl"),
+    "rollout.interrupt_mode": ("abort", "keep"),
+    "algo.advantage": ("grpo", "dr_grpo", "rloo", "reinforce_pp"),
+    "algo.loss_type": ("ppo", "gspo", "cispo"),
+    "algo.prox_mode": ("recompute", "loglinear", "behav"),
+    "algo.behav_cap_mode": ("mask", "clamp"),
+    "algo.behav_cap_level": ("token", "sequence"),
+    "algo.aggregation": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"),
+}
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """The config as plain nested dicts (for YAML/JSON dumps)."""
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML (tuples as lists)."""
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def _coerce(value: Any, annotation: Any, key: str) -> Any:
+    """Check/convert ``value`` against a field annotation; raise ConfigError naming the key."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise ConfigError(f"{key}: expected a list of {len(args)} values, got {value!r}")
+        return tuple(_coerce(v, a, key) for v, a in zip(value, args, strict=True))
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise ConfigError(f"{key}: unsupported field type {annotation!r}")
+
+
+def _apply(node: Any, data: dict[str, Any], prefix: str) -> None:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(type(node))
+    names = [f.name for f in dataclasses.fields(node)]
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(f"unknown config key '{dotted}'. Valid keys here: {', '.join(prefix + n for n in names)}")
+        current = getattr(node, key)
+        if dataclasses.is_dataclass(current):
+            _apply(current, value, f"{dotted}.")
+        else:
+            setattr(node, key, _coerce(value, hints[key], dotted))
+
+
+def validate(cfg: Config) -> Config:
+    """Check choices and ranges; raise ConfigError with the key and what is allowed."""
+    for dotted, choices in _CHOICES.items():
+        section, name = dotted.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value not in choices:
+            raise ConfigError(f"{dotted}: '{value}' is not one of {', '.join(choices)}")
+    positive = {
+        "rollout.group_size": cfg.rollout.group_size,
+        "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+        "rollout.max_slots": cfg.rollout.max_slots,
+        "controller.batch_size": cfg.controller.batch_size,
+        "controller.max_concurrent": cfg.controller.max_concurrent,
+        "trainer.ppo_minibatches": cfg.trainer.ppo_minibatches,
+        "trainer.max_tokens_per_micro_batch": cfg.trainer.max_tokens_per_micro_batch,
+        "task.eval_size": cfg.task.eval_size,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(f"{key} must be > 0, got {value}")
+    if cfg.controller.max_staleness < 0:
+        raise ConfigError(f"controller.max_staleness must be >= 0, got {cfg.controller.max_staleness}")
+    if cfg.controller.total_steps < 0:
+        raise ConfigError("controller.total_steps must be >= 0")
+    if cfg.rollout.temperature <= 0:
+        raise ConfigError("rollout.temperature must be > 0 (use eval.greedy for argmax decoding)")
+    if cfg.algo.advantage == "rloo" and cfg.rollout.group_size < 2:
+        raise ConfigError("algo.advantage=rloo needs rollout.group_size >= 2")
+    if cfg.task.max_terms < 2:
+        raise ConfigError("task.max_terms must be >= 2")
+    return cfg
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse ``a.b=value`` (value as YAML) into ``("a.b", value)``."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' is not of the form key=value (e.g. controller.max_staleness=2)")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override '{text}': cannot parse value: {exc}") from exc
+    return key, value
+
+
+def _nest(key: str, value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    cursor = out
+    parts = key.split(".")
+    for part in parts[:-1]:
+        cursor = cursor.setdefault(part, {})
+    cursor[parts[-1]] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults, then the YAML file (if any), then each ``key=value`` override; validated."""
+    cfg = Config()
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
+        _apply(cfg, data, "")
+    for text in overrides:
+        key, value = parse_override(text)
+        _apply(cfg, _nest(key, value), "")
+    return validate(cfg)

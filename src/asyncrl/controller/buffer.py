@@ -1,0 +1,101 @@
+"""The buffer of finished prompt groups and the batcher that turns them into train batches.
+
+- ``GroupBuffer``: FIFO of accepted groups, in the order they finished.
+- ``make_batch``: at training step i, takes the oldest ``batch_size`` groups whose samples obey
+  the staleness bound (``i - min_version <= max_staleness``), drops (and returns, for the
+  ledger) older ones, and turns groups into ``TrainSample``s with per-token advantages from the
+  group estimator of ``algo`` (rewards scaled and biased first).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from asyncrl.algo.advantages import compute_advantages, normalize_batch
+from asyncrl.config import AlgoConfig
+from asyncrl.types import Group, TrainSample
+
+
+class GroupBuffer:
+    """Accepted groups waiting to be trained (oldest first)."""
+
+    def __init__(self) -> None:
+        self._groups: deque[Group] = deque()
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def put(self, group: Group) -> None:
+        self._groups.append(group)
+
+    def drain(self) -> list[Group]:
+        """Remove and return everything (shutdown / checkpoint)."""
+        out = list(self._groups)
+        self._groups.clear()
+        return out
+
+    def take_fresh(self, step: int, max_staleness: int, count: int) -> tuple[list[Group], list[Group]]:
+        """Up to ``count`` groups (oldest first) fresh enough for ``step``, and the stale groups met
+        on the way (removed: the caller records them as dropped)."""
+        fresh: list[Group] = []
+        stale: list[Group] = []
+        kept: deque[Group] = deque()
+        while self._groups:
+            group = self._groups.popleft()
+            if step - group.min_version > max_staleness:
+                stale.append(group)
+            elif len(fresh) < count:
+                fresh.append(group)
+            else:
+                kept.append(group)
+        self._groups = kept
+        return fresh, stale
+
+    def count_fresh(self, step: int, max_staleness: int) -> int:
+        return sum(1 for g in self._groups if step - g.min_version <= max_staleness)
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    reward_mean: float
+    accuracy: float
+    num_groups: int
+    num_samples: int
+
+
+def groups_to_samples(groups: Sequence[Group], algo: AlgoConfig) -> list[TrainSample]:
+    """Per-token training samples of ``groups`` with advantages from the configured estimator."""
+    if not groups:
+        return []
+    sizes = {len(g.completions) for g in groups}
+    if len(sizes) != 1:
+        raise ValueError(f"all groups of a batch must have the same size, got {sorted(sizes)}")
+    rewards = torch.tensor([list(g.rewards) for g in groups], dtype=torch.float64)
+    scaled = (rewards + algo.reward_bias) * algo.reward_scale
+    adv = compute_advantages(scaled, algo.advantage)
+    if algo.batch_normalize:
+        adv = normalize_batch(adv)
+    samples = []
+    for gi, group in enumerate(groups):
+        for si, comp in enumerate(group.completions):
+            a = float(adv[gi, si])
+            n_prompt, n_out = len(comp.prompt_ids), len(comp.output_ids)
+            samples.append(
+                TrainSample(
+                    prompt_id=group.prompt.prompt_id,
+                    sample_idx=si,
+                    token_ids=tuple(comp.prompt_ids) + tuple(comp.output_ids),
+                    loss_mask=(0,) * n_prompt + (1,) * n_out,
+                    behav_logprobs=(0.0,) * n_prompt + tuple(comp.behav_logprobs),
+                    advantages=(0.0,) * n_prompt + (a,) * n_out,
+                    versions=(-1,) * n_prompt + tuple(comp.versions),
+                    min_version=comp.min_version,
+                    max_version=comp.max_version,
+                    reward=float(group.rewards[si]),
+                )
+            )
+    return samples

@@ -1,0 +1,46 @@
+"""Held-out accuracy: generate one answer per prompt with the engine and score it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from asyncrl.rollout.interruptible import generate_group
+from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.rollout.workflow import ScoreFn
+from asyncrl.types import Prompt
+
+
+async def evaluate(
+    engine: Any,
+    prompts: Sequence[Prompt],
+    score: ScoreFn,
+    *,
+    greedy: bool = True,
+    temperature: float = 1.0,
+    max_new_tokens: int = 256,
+    stop_token_ids: tuple[int, ...] = (),
+    seed: int = 0,
+) -> dict[str, float]:
+    """Accuracy (fraction of reward 1.0), mean reward and mean response length on ``prompts``."""
+    sampling = SamplingParams(
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        greedy=greedy,
+        stop_token_ids=stop_token_ids,
+        seed=seed,
+    )
+
+    async def one(prompt: Prompt) -> tuple[float, int]:
+        (completion,) = await generate_group(engine, prompt.token_ids, sampling, 1)
+        reward, _failure = await score(prompt, completion)
+        return reward, len(completion.output_ids)
+
+    results = await asyncio.gather(*(one(p) for p in prompts))
+    n = max(1, len(results))
+    return {
+        "accuracy": sum(1 for r, _ in results if r >= 1.0) / n,
+        "reward": sum(r for r, _ in results) / n,
+        "response_len": sum(n_tok for _, n_tok in results) / n,
+    }

@@ -1,0 +1,130 @@
+"""The run directory (DESIGN §7): resolved config, metrics, the ledger, summary, TensorBoard.
+
+- ``config.yaml``: the resolved config of the run;
+- ``metrics.jsonl``: one JSON line per training step;
+- ``trajectories.jsonl`` (the ledger): one line per sample once its fate is known (trained,
+  filtered, dropped as stale) and, at the end of a run, for samples still unused or in flight;
+- ``summary.json``: written at the end;
+- ``tb/``: TensorBoard events of the per-step metrics (when tensorboard is installed).
+Lines are flushed as they are written so a killed run keeps everything up to the kill.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config import Config, dump_yaml
+from asyncrl.types import Group
+
+
+def default_run_dir(root: str = "runs") -> Path:
+    return Path(root) / time.strftime("%Y%m%d-%H%M%S")
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class RunDir:
+    """Writers for one run directory (append-only; safe to reopen on resume)."""
+
+    def __init__(self, path: str | Path, cfg: Config | None = None, *, tensorboard: bool = True) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        if cfg is not None:
+            dump_yaml(cfg, self.path / "config.yaml")
+        self._metrics = open(self.path / "metrics.jsonl", "a", encoding="utf-8")
+        self._ledger = open(self.path / "trajectories.jsonl", "a", encoding="utf-8")
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.path / "tb"))
+            except Exception:  # tensorboard missing or broken: metrics.jsonl still has everything
+                self._tb = None
+
+    def log_step(self, record: dict[str, Any]) -> None:
+        """Append one step's metrics (and mirror the numeric ones to TensorBoard)."""
+        clean = {k: _clean(v) for k, v in record.items()}
+        self._metrics.write(json.dumps(clean) + "\n")
+        self._metrics.flush()
+        if self._tb is not None:
+            step = int(record.get("step", 0))
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    self._tb.add_scalar(key, value, step)
+
+    def log_group(
+        self,
+        group: Group,
+        *,
+        trained_step: int | None,
+        dropped: str | None,
+        status: str,
+        tokenizer: Any | None = None,
+    ) -> None:
+        """One ledger line per sample of ``group``. ``status``: trained | filtered | stale |
+        unused | in_flight; ``dropped`` is the reason when it was not trained."""
+        for idx, comp in enumerate(group.completions):
+            line = {
+                "prompt_id": group.prompt.prompt_id,
+                "sample_idx": idx,
+                "status": status,
+                "start_version": group.start_version,
+                "min_version": comp.min_version,
+                "max_version": comp.max_version,
+                "reward": group.rewards[idx],
+                "response_len": len(comp.output_ids),
+                "finish_reason": comp.finish_reason,
+                "num_interruptions": comp.num_interruptions,
+                "trained_step": trained_step,
+                "dropped": dropped,
+                "reward_failure": group.reward_failures[idx] if group.reward_failures else None,
+            }
+            if tokenizer is not None and idx == 0:
+                line["response"] = tokenizer.decode(list(comp.output_ids), skip_special_tokens=True)
+            self._ledger.write(json.dumps(line) + "\n")
+        self._ledger.flush()
+
+    def log_in_flight(self, prompt_id: str, start_version: int) -> None:
+        """A prompt admitted but not finished when the run ended."""
+        line = {
+            "prompt_id": prompt_id,
+            "sample_idx": None,
+            "status": "in_flight",
+            "start_version": start_version,
+            "trained_step": None,
+            "dropped": "in_flight_at_end",
+        }
+        self._ledger.write(json.dumps(line) + "\n")
+        self._ledger.flush()
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        (self.path / "summary.json").write_text(json.dumps({k: _clean(v) for k, v in summary.items()}, indent=2))
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._ledger.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """All complete JSON lines of a file (a torn last line from a kill is skipped)."""
+    out = []
+    p = Path(path)
+    if not p.exists():
+        return out
+    for raw in p.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(raw))
+        except json.JSONDecodeError:
+            continue
+    return out

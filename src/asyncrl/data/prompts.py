@@ -1,0 +1,111 @@
+"""Prompt rendering and the prompt source of a run.
+
+- ``render_prompt``: a question -> prompt token ids through the tokenizer's chat template (the
+  tiny tokenizer brings a minimal one; real models bring theirs); never re-tokenised later.
+- ``PromptSource``: an endless, seeded stream of ``Prompt``s over a split, epoch after epoch,
+  with a position (``state_dict``) so a resumed run continues where it stopped.
+- ``build_task``: the train and held-out prompt lists of the configured task.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from asyncrl.config import TaskConfig
+from asyncrl.data.synthetic import make_splits
+from asyncrl.types import Prompt
+
+
+def render_prompt(tokenizer: Any, question: str) -> tuple[int, ...]:
+    """Token ids of a one-turn user prompt ready for generation."""
+    messages = [{"role": "user", "content": question}]
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    else:
+        text = f"Question: {question}\nAnswer:"
+    return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+
+def build_task(task: TaskConfig, tokenizer: Any) -> tuple[list[Prompt], list[Prompt], list[tuple[str, str]]]:
+    """``(train_prompts, held_out_prompts, demonstrations)`` for the configured task.
+
+    Demonstrations are (question, worked solution) pairs for the warm start (empty where the
+    task has none)."""
+    match task.name:
+        case "arithmetic":
+            train, held_out = make_splits(
+                task.seed,
+                task.train_size,
+                task.eval_size,
+                max_terms=task.max_terms,
+                tail=task.length_tail,
+                max_operand=task.max_operand,
+            )
+
+            def to_prompt(p: Any) -> Prompt:
+                return Prompt(
+                    prompt_id=p.problem_id,
+                    token_ids=render_prompt(tokenizer, p.question),
+                    answer=p.answer,
+                    meta={"question": p.question, "num_terms": p.num_terms},
+                )
+
+            demos = [(p.question, p.solution) for p in train]
+            return [to_prompt(p) for p in train], [to_prompt(p) for p in held_out], demos
+        case "gsm8k":
+            from asyncrl.data.gsm8k import default_data_dir, load_gsm8k
+
+            path = task.path or str(default_data_dir() / "gsm8k_test.jsonl")
+            rows = load_gsm8k(path)
+            rng = random.Random(task.seed)
+            rng.shuffle(rows)
+            held, rest = rows[: task.eval_size], rows[task.eval_size :][: task.train_size]
+
+            def row_prompt(row: dict[str, Any]) -> Prompt:
+                return Prompt(
+                    prompt_id=str(row["id"]),
+                    token_ids=render_prompt(tokenizer, row["question"]),
+                    answer=str(row["answer"]),
+                    meta={"question": row["question"]},
+                )
+
+            return [row_prompt(r) for r in rest], [row_prompt(r) for r in held], []
+        case other:
+            raise ValueError(f"task.name={other!r} is not supported here (choose arithmetic or gsm8k)")
+
+
+class PromptSource:
+    """Endless seeded stream over ``prompts``: each epoch is a fresh shuffle."""
+
+    def __init__(self, prompts: Sequence[Prompt], seed: int = 0) -> None:
+        if not prompts:
+            raise ValueError("PromptSource needs at least one prompt")
+        self._prompts = list(prompts)
+        self._seed = seed
+        self.position = 0
+        """How many prompts have been handed out (the data position saved in checkpoints)."""
+        self._order: list[int] = []
+        self._epoch = -1
+
+    def _order_for(self, epoch: int) -> list[int]:
+        if epoch != self._epoch:
+            order = list(range(len(self._prompts)))
+            random.Random(f"{self._seed}-{epoch}").shuffle(order)
+            self._order, self._epoch = order, epoch
+        return self._order
+
+    def next(self) -> Prompt:
+        epoch, index = divmod(self.position, len(self._prompts))
+        prompt = self._prompts[self._order_for(epoch)[index]]
+        self.position += 1
+        if epoch > 0:  # ids stay unique across epochs
+            prompt = Prompt(f"{prompt.prompt_id}@{epoch}", prompt.token_ids, prompt.answer, prompt.meta)
+        return prompt
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = int(state["position"])

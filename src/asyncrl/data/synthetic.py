@@ -1,0 +1,73 @@
+"""The synthetic verifiable reasoning task of the embedded default: multi-step arithmetic.
+
+A problem is a chain of additions and subtractions, ``12+7-5+3``; the response writes one
+scratchpad step per operation and the final answer after ``#``::
+
+    12+7=19;19-5=14;14+3=17;#17
+
+The number of operands is drawn from a long-tailed distribution (2 plus a geometric number of
+extra operands, capped at ``max_terms``), so most responses are short and a few are long, like
+the outputs of reasoning models. Running totals stay in ``[0, 10 * max_operand]``. Problems are
+generated from a fixed seed; the train and held-out splits are disjoint by construction (the
+held-out split is drawn from a separate seed stream and any problem text that also occurs in
+train is skipped).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ArithmeticProblem:
+    """One problem: the question text, the worked response and the final answer."""
+
+    problem_id: str
+    question: str
+    solution: str
+    answer: str
+    num_terms: int
+
+
+def _make_problem(
+    rng: random.Random, problem_id: str, max_terms: int, tail: float, max_operand: int
+) -> ArithmeticProblem:
+    num_terms = 2
+    while num_terms < max_terms and rng.random() < tail:
+        num_terms += 1
+    ceiling = 10 * max_operand
+    total = rng.randint(0, max_operand)
+    question = str(total)
+    steps = []
+    for _ in range(num_terms - 1):
+        operand = rng.randint(0, max_operand)
+        if total - operand >= 0 and (total + operand > ceiling or rng.random() < 0.5):
+            new_total, op = total - operand, "-"
+        else:
+            new_total, op = total + operand, "+"
+        question += f"{op}{operand}"
+        steps.append(f"{total}{op}{operand}={new_total};")
+        total = new_total
+    solution = "".join(steps) + f"#{total}"
+    return ArithmeticProblem(problem_id, question, solution, str(total), num_terms)
+
+
+def make_splits(
+    seed: int, train_size: int, eval_size: int, *, max_terms: int = 8, tail: float = 0.5, max_operand: int = 20
+) -> tuple[list[ArithmeticProblem], list[ArithmeticProblem]]:
+    """Deterministic (train, held_out) splits; no held-out question appears in train."""
+    train_rng = random.Random(f"{seed}-train")
+    train = [_make_problem(train_rng, f"train-{i}", max_terms, tail, max_operand) for i in range(train_size)]
+    seen = {p.question for p in train}
+    eval_rng = random.Random(f"{seed}-eval")
+    held_out: list[ArithmeticProblem] = []
+    index = 0
+    while len(held_out) < eval_size:
+        problem = _make_problem(eval_rng, f"eval-{index}", max_terms, tail, max_operand)
+        index += 1
+        if problem.question in seen:
+            continue
+        seen.add(problem.question)
+        held_out.append(problem)
+    return train, held_out

@@ -1,0 +1,83 @@
+"""Supervised fine-tuning on demonstrations (the warm start before RL).
+
+Packs (prompt, response) pairs padding-free like the RL trainer and minimises the token-mean
+negative log-likelihood of the response tokens (prompt tokens are context only).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from asyncrl.config import SFTConfig
+from asyncrl.trainer.packing import pack, split_micro_batches, token_logprobs
+
+
+def sft_train(
+    model: Any,
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    cfg: SFTConfig,
+    *,
+    device: str = "cpu",
+    max_tokens_per_micro_batch: int = 8192,
+    progress: bool = True,
+) -> dict[str, float]:
+    """Train ``model`` in place for ``cfg.steps`` steps of ``cfg.batch_size`` examples.
+
+    ``examples`` are (prompt_ids, response_ids) with EOS already at the end of the response.
+    Returns the final smoothed loss, the token count and the wall time."""
+    if not examples:
+        raise ValueError("sft_train needs at least one example")
+    rng = random.Random(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    warmup = max(1, cfg.warmup_steps)
+
+    def lr_factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        remaining = max(1, cfg.steps - warmup)
+        return max(0.05, 1.0 - (step - warmup) / remaining)
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    model.train()
+    order = list(range(len(examples)))
+    rng.shuffle(order)
+    cursor = 0
+    smoothed = None
+    tokens = 0
+    t0 = time.perf_counter()
+    bar = tqdm(range(cfg.steps), desc="sft", disable=not progress, dynamic_ncols=True)
+    for _ in bar:
+        if cursor + cfg.batch_size > len(order):
+            rng.shuffle(order)
+            cursor = 0
+        chosen = [examples[i] for i in order[cursor : cursor + cfg.batch_size]]
+        cursor += cfg.batch_size
+        seqs = [list(p) + list(r) for p, r in chosen]
+        n_target = sum(len(r) for _, r in chosen)
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for group in split_micro_batches([len(s) for s in seqs], max_tokens_per_micro_batch):
+            micro = pack([seqs[i] for i in group], group, device=device)
+            logits = model(
+                input_ids=micro.input_ids, position_ids=micro.position_ids, attention_mask=micro.attention_mask
+            ).logits[0]
+            logp = micro.gather_token_values(token_logprobs(logits, micro.input_ids[0]))
+            mask = micro.pad_rows([[0] * len(chosen[i][0]) + [1] * len(chosen[i][1]) for i in group])
+            loss = -(logp * mask).sum() / n_target
+            loss.backward()
+            total += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        tokens += sum(len(s) for s in seqs)
+        smoothed = total if smoothed is None else 0.95 * smoothed + 0.05 * total
+        bar.set_postfix(loss=f"{smoothed:.3f}")
+    model.eval()
+    return {"sft_loss": float(smoothed or 0.0), "sft_tokens": float(tokens), "sft_wall_s": time.perf_counter() - t0}
