@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_engine_bench", "long_tailed_lengths"]
+__all__ = ["run_engine_bench", "run_interrupt_cost", "long_tailed_lengths"]
 
 # (share of requests, min length, max length): many short answers, a few very long ones.
 DEFAULT_MIX = ((0.70, 4, 32), (0.25, 32, 96), (0.05, 128, 256))
@@ -203,3 +203,159 @@ def format_table(result: dict[str, Any]) -> str:
         f"slot utilisation x{r['slot_utilisation']}"
     )
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# Cost of in-flight weight updates: abort (re-prefill) vs keep (stale KV)
+
+
+def run_interrupt_cost(
+    json_path: str | None = None,
+    *,
+    model_dir: str | None = None,
+    num_prompts: int = 96,
+    group_size: int = 4,
+    slots: int = 32,
+    update_every_steps: int = 25,
+    weight_noise: float = 0.01,
+    check_samples: int = 24,
+    seed: int = 0,
+    print_table: bool = True,
+) -> dict[str, Any]:
+    """The same long-tailed workload of groups with a weight update every ``update_every_steps``
+    decode steps, in ``abort`` and ``keep`` mode, plus a no-update baseline.
+
+    Reports per mode: wall time and useful tokens/s; ``reprefill_tokens`` (prompt + partial output
+    tokens prefilled again after aborts: abort's cost); ``stale_kv_tokens`` (tokens sampled with part
+    of their context's KV computed by older weights: keep's change) and the log-prob gap between
+    the engine's behaviour log-prob and a fresh forward under the token's own version (mean/max
+    over ``check_samples`` samples). Each update adds ``weight_noise`` x (tensor std) Gaussian noise to
+    every weight (a stand-in for one optimizer step)."""
+    import torch
+
+    from asyncrl.models import build_tiny_policy, load_policy
+    from asyncrl.rollout.engine import LocalEngine
+    from asyncrl.rollout.interruptible import generate_group
+    from asyncrl.rollout.sampling import SamplingParams
+    from asyncrl.types import WeightUpdate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(model_dir) if model_dir else build_tiny_policy(Path(tmp) / "tiny")
+        base_model, tokenizer = load_policy(path)
+        ref_model, _ = load_policy(path)
+        models = {mode: load_policy(path)[0] for mode in ("none", "abort", "keep")}
+    rng = random.Random(seed)
+    prompts = _prompts(tokenizer, num_prompts, rng)
+    lengths = long_tailed_lengths(num_prompts, rng)
+    base = {k: v.clone() for k, v in base_model.state_dict().items()}
+    gen = torch.Generator().manual_seed(seed)
+    states = [base]
+
+    def state(v: int) -> dict[str, torch.Tensor]:
+        while len(states) <= v:
+            prev = states[-1]
+            states.append(
+                {k: t + weight_noise * t.std() * torch.randn(t.shape, generator=gen) for k, t in prev.items()}
+            )
+        return states[v]
+
+    max_len = max(len(p) for p in prompts) + max(lengths)
+    rows = []
+    samples: dict[str, list] = {}
+    for mode in ("none", "abort", "keep"):
+        eng = LocalEngine(models[mode], tokenizer, max_slots=slots, max_seq_len=max_len,
+                          interrupt_mode="keep" if mode == "none" else mode)  # fmt: skip
+
+        async def go(eng: LocalEngine = eng, mode: str = mode) -> tuple[list, int]:
+            jobs = [
+                asyncio.ensure_future(
+                    generate_group(eng, p, SamplingParams(max_new_tokens=n, seed=1000 * i), group_size)
+                )
+                for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))
+            ]
+            version = 0
+            while mode != "none" and not all(j.done() for j in jobs):
+                mark = eng.stats()["decode_steps"]
+                while eng.stats()["decode_steps"] < mark + update_every_steps and not all(j.done() for j in jobs):
+                    await asyncio.sleep(0.005)
+                if all(j.done() for j in jobs):
+                    break
+                version += 1
+                update = {k: t.clone() for k, t in state(version).items()}
+                await eng.update_weights(WeightUpdate(version=version, tensors=update))
+            return await asyncio.gather(*jobs), version
+
+        t0 = time.perf_counter()
+        try:
+            groups, updates = asyncio.run(go())
+        finally:
+            eng.close()
+        wall = time.perf_counter() - t0
+        st = eng.stats()
+        comps = [c for g in groups for c in g]
+        useful = sum(len(c.output_ids) for c in comps)
+        first_prefill = sum(len(p) for p in prompts)
+        stale = sum(sum(1 for v in c.versions if v != c.versions[0]) for c in comps) if mode == "keep" else 0
+        samples[mode] = comps
+        rows.append(
+            {
+                "mode": mode,
+                "weight_updates": updates,
+                "useful_tokens": useful,
+                "wall_s": round(wall, 3),
+                "useful_tokens_per_s": round(useful / wall, 1),
+                "prefill_tokens": int(st["prefill_tokens"]),
+                "reprefill_tokens": int(st["prefill_tokens"] - first_prefill),
+                "reprefill_per_useful_token": round((st["prefill_tokens"] - first_prefill) / useful, 4),
+                "interrupted_samples": sum(1 for c in comps if c.num_interruptions),
+                "mean_interruptions": round(sum(c.num_interruptions for c in comps) / len(comps), 3),
+                "stale_kv_tokens": stale,
+                "stale_kv_fraction": round(stale / useful, 4),
+                "decode_steps": int(st["decode_steps"]),
+                "slot_utilisation": round(st["slot_utilisation"], 4),
+                "prefill_s": round(st["prefill_s"], 3),
+                "decode_s": round(st["decode_s"], 3),
+                "update_s": round(st["update_s"], 3),
+            }
+        )
+
+    # What each mode changes: behaviour log-prob vs a fresh forward under the token's own version.
+    prompt_of = {}
+    for p in prompts:
+        prompt_of.setdefault(tuple(p), p)
+    for row in rows:
+        comps = [c for c in samples[row["mode"]] if len(set(c.versions)) > 1][:check_samples]
+        gaps: list[float] = []
+        with torch.no_grad():
+            for c in comps:
+                ids = torch.tensor([list(c.prompt_ids) + list(c.output_ids)])
+                for v in sorted(set(c.versions)):
+                    ref_model.load_state_dict(state(v))
+                    lp = torch.log_softmax(ref_model(ids).logits[0, len(c.prompt_ids) - 1 : -1], -1)
+                    lp = lp.gather(1, torch.tensor(c.output_ids)[:, None])[:, 0]
+                    gaps += [abs(lp[t].item() - c.behav_logprobs[t]) for t, vt in enumerate(c.versions) if vt == v]
+        row["checked_samples"] = len(comps)
+        row["logprob_gap_mean"] = round(sum(gaps) / len(gaps), 6) if gaps else 0.0
+        row["logprob_gap_max"] = round(max(gaps), 6) if gaps else 0.0
+    none_tps = rows[0]["useful_tokens_per_s"]
+    result = {
+        "rows": rows,
+        "ratios": {f"{r['mode']}_tokens_per_s_vs_none": round(r["useful_tokens_per_s"] / none_tps, 3) for r in rows},
+        "workload": {
+            "prompts": num_prompts,
+            "group_size": group_size,
+            "slots": slots,
+            "update_every_steps": update_every_steps,
+            "weight_noise": weight_noise,
+            "mean_len": round(sum(lengths) / len(lengths), 1),
+        },
+    }
+    if print_table:
+        cols = ("mode", "weight_updates", "useful_tokens_per_s", "reprefill_tokens", "reprefill_per_useful_token",
+                "stale_kv_fraction", "logprob_gap_mean", "logprob_gap_max")  # fmt: skip
+        print("  ".join(f"{c:>18}" for c in cols))
+        for r in rows:
+            print("  ".join(f"{r[c]!s:>18}" for c in cols))
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+    return result

@@ -481,7 +481,7 @@ class LocalEngine:
         toks = [s.last if s else 0 for s in live]
         poss = [s.pos if s else 0 for s in live]
         pos_t = torch.tensor(poss, dtype=torch.long, device=self.device)
-        logits = self.fwd.decode(torch.tensor(toks, dtype=torch.long, device=self.device), pos_t, hi, max(poss))
+        logits = self.fwd.decode(torch.tensor(toks, dtype=torch.long, device=self.device), pos_t, poss)
         tok, lp = sample(logits, self._sp, pos_t + 1)
         tok_l, lp_l = tok.tolist(), lp.tolist()
         version = self._version

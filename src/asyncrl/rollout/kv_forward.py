@@ -112,6 +112,7 @@ class SlotKVForward:
         self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()
         self.half = half
         self.arange_len = torch.arange(max_seq_len, device=self.device)
+        self.split_min_keys = 48  # see plan_split
         self.refresh()
 
     # ----------------------------------------------------------------------------------- weights
@@ -226,17 +227,36 @@ class SlotKVForward:
         self.v_cache[:, d, :, :length] = self.v_cache[:, src : src + 1, :, :length]
 
     # ----------------------------------------------------------------------------------- decode
+    def plan_split(self, pos_list: list[int]) -> tuple[int, list[int]]:
+        """Choose the attention split of a decode step: every slot attends over ``[0, short)`` in one
+        batched matmul; the few slots past ``short`` (``long_rows``) redo their attention over their full
+        length with gathered K/V. Long-tailed batches (a few long sequences among many short ones)
+        then stop paying the longest length for every slot. Returns ``(length, [])`` for no split."""
+        length = max(pos_list) + 1
+        n = len(pos_list)
+        if n < 8 or length < 2 * self.split_min_keys:
+            return length, []
+        k = max(1, n // 8)  # at most 1/8 of the slots take the long path
+        short = -(-(sorted(pos_list)[-k - 1] + 1) // 16) * 16
+        short = max(short, self.split_min_keys)
+        if length - short < self.split_min_keys:
+            return length, []
+        return short, [i for i, p in enumerate(pos_list) if p >= short]
+
     @torch.no_grad()
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, hi: int, max_pos: int) -> torch.Tensor:
-        """One decode step for slots ``[0, hi)``: ``tokens``/``positions`` are ``[hi]`` on the device
-        (idle slots pass any token at position 0); ``max_pos`` is ``positions.max()``. Returns [hi, V]."""
-        length = max_pos + 1
+    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, pos_list: list[int]) -> torch.Tensor:
+        """One decode step for slots ``[0, len(pos_list))``: ``tokens``/``positions`` are on the device,
+        ``pos_list`` the same positions on the host (idle slots: any token at position 0). Returns [n, V]."""
+        hi = len(pos_list)
+        short, long_rows = self.plan_split(pos_list)
         x = F.embedding(tokens, self.embed)  # [n, H]
         cos = self.cos[positions][:, None, :]  # [n, 1, D]
         sin = self.sin_signed[positions][:, None, :]
-        visible = self.arange_len[:length][None, :] <= positions[:, None]
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        mask = mask.masked_fill_(~visible, float("-inf"))[:, None, None, :]  # [n, 1, 1, L]
+        mask = self._mask(positions, short)
+        if long_rows:
+            length = max(pos_list) + 1
+            long_t = torch.as_tensor(long_rows, dtype=torch.long, device=self.device)
+            long_mask = self._mask(positions[long_t], length)
         rows = self.arange_len[:hi]
         n, nkv, g, d = hi, self.num_kv_heads, self.groups, self.head_dim
         for li, ly in enumerate(self.layers):
@@ -247,9 +267,21 @@ class SlotKVForward:
             vc[rows, :, positions] = v
             # GQA without repeat_kv: the G query heads of one KV head form the "query length" axis.
             # Same op order as HF eager attention: (q @ k^T) * scale + mask, softmax, @ v.
-            scores = torch.matmul(q.reshape(n, nkv, g, d), kc[:hi, :, :length].transpose(-1, -2))
-            probs = torch.softmax(scores * self.scale + mask, dim=-1)
-            o = torch.matmul(probs, vc[:hi, :, :length])
+            q = q.reshape(n, nkv, g, d)
+            o = self._attend(q, kc[:hi, :, :short], vc[:hi, :, :short], mask)
+            if long_rows:
+                o_long = self._attend(q[long_t], kc[long_t, :, :length], vc[long_t, :, :length], long_mask)
+                o = o.index_copy(0, long_t, o_long)
             x = x + F.linear(o.reshape(n, nkv * g * d), ly.o_w, ly.o_b)
             x = self._mlp_block(ly, x)
         return self._logits(x).float()
+
+    def _mask(self, positions: torch.Tensor, length: int) -> torch.Tensor:
+        """Additive mask [n, 1, 1, length]: 0 where key position <= the row's position, else -inf."""
+        visible = self.arange_len[:length][None, :] <= positions[:, None]
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~visible, float("-inf"))[:, None, None, :]
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        scores = torch.matmul(q, k.transpose(-1, -2))
+        return torch.matmul(torch.softmax(scores * self.scale + mask, dim=-1), v)
