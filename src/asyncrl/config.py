@@ -53,7 +53,7 @@ class TaskConfig:
     """Synthetic arithmetic: most operands in one problem (the long tail of response lengths)."""
     length_tail: float = 0.5
     """Synthetic arithmetic: P(one more operand). 0.5 gives many short and a few long problems."""
-    max_operand: int = 20
+    max_operand: int = 9
     path: str | None = None
     """Dataset file for gsm8k/jsonl tasks (default: ../shared/data for gsm8k)."""
     verifier: str = "arithmetic"
@@ -62,7 +62,7 @@ class TaskConfig:
 
 @dataclass
 class SFTConfig:
-    steps: int = 600
+    steps: int = 400
     batch_size: int = 64
     lr: float = 3e-3
     warmup_steps: int = 30
@@ -119,7 +119,7 @@ class TrainerConfig:
     grad_clip: float = 1.0
     warmup_steps: int = 2
     ppo_minibatches: int = 1
-    max_tokens_per_micro_batch: int = 8192
+    max_tokens_per_micro_batch: int = 1024
     seed: int = 0
 
 
@@ -232,7 +232,7 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
 
 def _apply(node: Any, data: dict[str, Any], prefix: str) -> None:
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(type(node))
     names = [f.name for f in dataclasses.fields(node)]
     for key, value in data.items():

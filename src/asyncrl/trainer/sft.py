@@ -24,7 +24,7 @@ def sft_train(
     cfg: SFTConfig,
     *,
     device: str = "cpu",
-    max_tokens_per_micro_batch: int = 8192,
+    max_tokens_per_micro_batch: int = 1024,
     progress: bool = True,
 ) -> dict[str, float]:
     """Train ``model`` in place for ``cfg.steps`` steps of ``cfg.batch_size`` examples.

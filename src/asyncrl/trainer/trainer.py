@@ -151,8 +151,9 @@ class Trainer:
                 break
             self.optimizer.step()
             losses.append(loss_sum)
-        self.scheduler.step()
-        if not applied:
+        if applied:
+            self.scheduler.step()
+        else:
             self.skipped_steps += 1
         self.version += 1
         metrics = {k: v / max(weight_sum, 1.0) for k, v in totals.items()}

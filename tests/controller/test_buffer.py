@@ -1,0 +1,58 @@
+"""The group buffer's staleness check and the group -> sample conversion."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncrl.config import AlgoConfig
+from asyncrl.controller.buffer import GroupBuffer, groups_to_samples
+from asyncrl.types import Completion, Group, Prompt
+
+
+def _group(pid: str, rewards: list[float], versions: list[int]) -> Group:
+    comps = tuple(
+        Completion(prompt_ids=(1, 2), output_ids=(3, 4, 5), behav_logprobs=(-0.1, -0.2, -0.3),
+                   versions=(v, v, v + 1), finish_reason="stop")
+        for v in versions
+    )  # fmt: skip
+    return Group(Prompt(pid, (1, 2), "7"), comps, tuple(rewards), start_version=min(versions))
+
+
+def test_take_fresh_drops_stale_and_keeps_order() -> None:
+    buf = GroupBuffer()
+    buf.put(_group("old", [0, 1], [0, 0]))
+    buf.put(_group("a", [0, 1], [3, 3]))
+    buf.put(_group("b", [0, 1], [4, 4]))
+    buf.put(_group("c", [0, 1], [5, 5]))
+    fresh, stale = buf.take_fresh(step=5, max_staleness=2, count=2)
+    assert [g.prompt.prompt_id for g in stale] == ["old"]
+    assert [g.prompt.prompt_id for g in fresh] == ["a", "b"]
+    assert len(buf) == 1 and buf.count_fresh(5, 2) == 1
+
+
+def test_groups_to_samples_grpo_by_hand() -> None:
+    group = _group("p", [1.0, 0.0], [2, 2])
+    samples = groups_to_samples([group], AlgoConfig(advantage="grpo"))
+    assert len(samples) == 2
+    s0, s1 = samples
+    # population std of [1, 0] is 0.5 -> advantages (1 - 0.5)/0.5 = +1 and -1 (eps 1e-6)
+    assert s0.advantages[:2] == (0.0, 0.0)
+    assert s0.advantages[2:] == pytest.approx((1.0,) * 3, rel=1e-5)
+    assert s1.advantages[2:] == pytest.approx((-1.0,) * 3, rel=1e-5)
+    assert s0.loss_mask == (0, 0, 1, 1, 1)
+    assert s0.behav_logprobs == (0.0, 0.0, -0.1, -0.2, -0.3)
+    assert s0.versions == (-1, -1, 2, 2, 3)
+    assert (s0.min_version, s0.max_version) == (2, 3)
+
+
+def test_reward_scale_and_bias_are_applied_before_the_estimator() -> None:
+    group = _group("p", [1.0, 0.0, 0.0, 1.0], [0, 0, 0, 0])
+    plain = groups_to_samples([group], AlgoConfig(advantage="dr_grpo"))
+    scaled = groups_to_samples([group], AlgoConfig(advantage="dr_grpo", reward_scale=10.0, reward_bias=-0.5))
+    assert plain[0].advantages[-1] == pytest.approx(0.5)
+    assert scaled[0].advantages[-1] == pytest.approx(5.0)
+
+
+def test_mixed_group_sizes_rejected() -> None:
+    with pytest.raises(ValueError, match="same size"):
+        groups_to_samples([_group("a", [0, 1], [0, 0]), _group("b", [0, 1, 1], [0, 0, 0])], AlgoConfig())

@@ -1,0 +1,61 @@
+"""The staleness gate (DESIGN §4.1), against the capacity rule computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncrl.controller.staleness import StalenessGate
+
+
+def test_synchronous_gate_admits_one_batch_per_version() -> None:
+    gate = StalenessGate(batch_size=4, max_staleness=0, max_concurrent=100)
+    assert gate.capacity(version=0) == 4  # (0 + 0 + 1) * 4 - 0
+    gate.on_admit(4)
+    assert gate.capacity(0) == 0
+    for _ in range(4):
+        gate.on_finish(accepted=True)
+    assert gate.capacity(0) == 0  # accepted 4 = budget of version 0
+    assert gate.capacity(1) == 4  # the trainer published version 1
+
+
+def test_capacity_rule_by_hand() -> None:
+    gate = StalenessGate(batch_size=3, max_staleness=2, max_concurrent=100)
+    # (2 + 5 + 1) * 3 - (accepted + running) with accepted=10, running=4 -> 24 - 14 = 10
+    gate.accepted, gate.running = 10, 4
+    assert gate.capacity(5) == 10
+    # the concurrency cap binds: 12 - 4 = 8
+    gate.max_concurrent = 12
+    assert gate.capacity(5) == 8
+    # never negative
+    gate.accepted = 100
+    assert gate.capacity(5) == 0
+
+
+def test_filtered_groups_give_their_budget_back() -> None:
+    gate = StalenessGate(batch_size=2, max_staleness=0, max_concurrent=10)
+    gate.on_admit(2)
+    gate.on_finish(accepted=False)
+    assert gate.capacity(0) == 1
+    gate.on_finish(accepted=True)
+    assert gate.capacity(0) == 1
+    gate.on_drop_accepted()
+    assert gate.capacity(0) == 2
+
+
+def test_counters_survive_a_checkpoint_and_running_is_readmitted() -> None:
+    gate = StalenessGate(batch_size=2, max_staleness=1, max_concurrent=10)
+    gate.on_admit(3)
+    gate.on_finish(True)
+    gate.on_finish(True)
+    restored = StalenessGate(batch_size=2, max_staleness=1, max_concurrent=10)
+    restored.load_state_dict(gate.state_dict())
+    assert restored.accepted == 2 and restored.running == 0
+    assert restored.capacity(0) == 2  # (1 + 0 + 1) * 2 - 2
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        StalenessGate(batch_size=0, max_staleness=0, max_concurrent=1)
+    gate = StalenessGate(batch_size=1, max_staleness=0, max_concurrent=1)
+    with pytest.raises(RuntimeError):
+        gate.on_finish(True)

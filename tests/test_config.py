@@ -1,0 +1,73 @@
+"""Config loading, overrides and validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncrl.config import Config, ConfigError, load_config, parse_override
+
+
+def test_defaults_validate() -> None:
+    cfg = load_config()
+    assert cfg == Config()
+    assert cfg.controller.max_staleness == 4
+
+
+def test_yaml_file_and_overrides_apply_in_order(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("controller:\n  max_staleness: 2\n  batch_size: 8\nalgo:\n  eps_clip: 0.3\n")
+    cfg = load_config(path, ["controller.max_staleness=0", "trainer.betas=[0.8, 0.9]", "algo.behav_cap=null"])
+    assert cfg.controller.max_staleness == 0
+    assert cfg.controller.batch_size == 8
+    assert cfg.algo.eps_clip == pytest.approx(0.3)
+    assert cfg.trainer.betas == (0.8, 0.9)
+    assert cfg.algo.behav_cap is None
+
+
+def test_int_is_accepted_for_float_field() -> None:
+    cfg = load_config(None, ["trainer.lr=1"])
+    assert isinstance(cfg.trainer.lr, float) and cfg.trainer.lr == 1.0
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("controller.max_stalenes=2", "unknown config key 'controller.max_stalenes'"),
+        ("nosuch.key=1", "unknown config key 'nosuch'"),
+        ("controller.batch_size=abc", "controller.batch_size: expected an integer"),
+        ("controller.batch_size=1.5", "controller.batch_size: expected an integer"),
+        ("algo.advantage=ppo2", "algo.advantage: 'ppo2' is not one of"),
+        ("controller.max_staleness=-1", "max_staleness must be >= 0"),
+        ("rollout.group_size=0", "rollout.group_size must be > 0"),
+        ("run.progress=yes please", "run.progress: expected true/false"),
+        ("controller", "is not of the form key=value"),
+        ("controller=3", "controller: expected a mapping"),
+    ],
+)
+def test_bad_overrides_are_clear_errors(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        load_config(None, [override])
+
+
+def test_unknown_key_in_file_lists_valid_keys(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("rollout:\n  temprature: 0.7\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "rollout.temprature" in str(err.value) and "rollout.temperature" in str(err.value)
+
+
+def test_missing_and_invalid_files(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_parse_override_types() -> None:
+    assert parse_override("a.b=3") == ("a.b", 3)
+    assert parse_override("a.b=0.5") == ("a.b", 0.5)
+    assert parse_override("a.b=true") == ("a.b", True)
+    assert parse_override("a.b=x=y") == ("a.b", "x=y")

@@ -1,0 +1,86 @@
+"""The trainer step: versions advance, weights move, prox log-probs, non-finite steps skipped."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from asyncrl.config import AlgoConfig, TrainerConfig
+from asyncrl.models import load_policy
+from asyncrl.trainer.trainer import Trainer
+from asyncrl.types import TrainBatch, TrainSample
+
+
+def _samples(trainer: Trainer, n: int = 4, adv: float = 1.0) -> list[TrainSample]:
+    torch.manual_seed(1)
+    out = []
+    for i in range(n):
+        prompt = torch.randint(4, 90, (3 + i,)).tolist()
+        resp = torch.randint(4, 90, (5 + 2 * i,)).tolist()
+        ids = prompt + resp
+        logp = trainer.compute_logprobs(
+            [TrainSample("x", 0, tuple(ids), (0,) * len(ids), (0.0,) * len(ids), (0.0,) * len(ids),
+                         (-1,) * len(ids), 0, 0)]
+        )[0].tolist()  # fmt: skip
+        mask = [0] * len(prompt) + [1] * len(resp)
+        out.append(
+            TrainSample(
+                prompt_id=f"p{i}", sample_idx=0, token_ids=tuple(ids), loss_mask=tuple(mask),
+                behav_logprobs=tuple(lp if m else 0.0 for lp, m in zip(logp, mask, strict=True)),
+                advantages=tuple((adv if i % 2 == 0 else -adv) if m else 0.0 for m in mask),
+                versions=tuple(0 if m else -1 for m in mask), min_version=0, max_version=0,
+            )
+        )  # fmt: skip
+    return out
+
+
+def test_step_advances_version_and_changes_weights(tiny_policy_dir) -> None:
+    model, _ = load_policy(tiny_policy_dir)
+    trainer = Trainer(model, TrainerConfig(lr=1e-2, max_tokens_per_micro_batch=16), AlgoConfig())
+    before = [p.detach().clone() for p in model.parameters()]
+    samples = _samples(trainer)
+    result = trainer.train_step(TrainBatch(tuple(samples), version=0))
+    assert result.applied and result.version == 1 and trainer.version == 1
+    assert math.isfinite(result.metrics["loss"])
+    # on-policy: behaviour == proximal, so the behaviour weight is 1 and nothing is clipped
+    assert result.metrics["behav_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert result.metrics["clip_frac"] == 0.0
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    update = trainer.export_weights()
+    assert update.version == 1
+    name, tensor = next(iter(update.tensors.items()))
+    assert torch.equal(tensor, model.state_dict()[name]) and tensor.data_ptr() != model.state_dict()[name].data_ptr()
+
+
+def test_wrong_version_and_empty_batch_are_errors(tiny_policy_dir) -> None:
+    model, _ = load_policy(tiny_policy_dir)
+    trainer = Trainer(model, TrainerConfig(), AlgoConfig())
+    with pytest.raises(ValueError, match="version"):
+        trainer.train_step(TrainBatch(tuple(_samples(trainer, 1)), version=3))
+    with pytest.raises(ValueError, match="non-empty"):
+        trainer.train_step(TrainBatch((), version=0))
+
+
+def test_non_finite_step_is_skipped_not_applied(tiny_policy_dir) -> None:
+    model, _ = load_policy(tiny_policy_dir)
+    trainer = Trainer(model, TrainerConfig(), AlgoConfig(behav_cap=None))
+    samples = _samples(trainer, 2, adv=float("nan"))
+    before = [p.detach().clone() for p in model.parameters()]
+    result = trainer.train_step(TrainBatch(tuple(samples), version=0))
+    assert not result.applied and result.metrics["skipped"] == 1.0
+    assert trainer.version == 1 and trainer.skipped_steps == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("prox_mode", ["recompute", "behav", "loglinear"])
+def test_prox_modes_agree_on_policy(tiny_policy_dir, prox_mode: str) -> None:
+    """On fresh on-policy data every proximal mode gives the same first-step loss."""
+    model, _ = load_policy(tiny_policy_dir)
+    trainer = Trainer(model, TrainerConfig(), AlgoConfig(prox_mode=prox_mode))
+    result = trainer.train_step(TrainBatch(tuple(_samples(trainer)), version=0))
+    ref_model, _ = load_policy(tiny_policy_dir)
+    ref = Trainer(ref_model, TrainerConfig(), AlgoConfig(prox_mode="recompute"))
+    ref_result = ref.train_step(TrainBatch(tuple(_samples(ref)), version=0))
+    assert result.metrics["loss"] == pytest.approx(ref_result.metrics["loss"], abs=1e-5)
