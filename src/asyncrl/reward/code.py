@@ -14,8 +14,8 @@ nonce) and the process exited 0 within its limits. Failures of the machinery its
 
 from __future__ import annotations
 
-import json
 import logging
+import marshal
 import math
 import os
 import pwd
@@ -89,6 +89,10 @@ class CodeResult:
     """What the harness reported it could enforce (``mode``: ``ns-root``, ``ns-user``,
     ``rlimit-root``, ``rlimit-user``; ``net``; ``fs_ro``; ``uid``; leftovers)."""
     output_truncated: bool = False
+    run_id: str = ""
+    """``<pid of the caller>-<random>``. Every process of the run carries
+    ``ASYNCRL_SANDBOX_RUN=<run_id>`` in its initial environment (for logs, and to check that
+    nothing outlived the run)."""
 
 
 def _fresh_uid() -> int:
@@ -130,7 +134,7 @@ def run_code_tests(
     """
     limits = limits or SandboxLimits()
     start = time.monotonic()
-    run_id = secrets.token_hex(8)
+    run_id = f"{os.getpid()}-{secrets.token_hex(6)}"
     nonce = secrets.token_hex(16)
     run_uid = _fresh_uid() if os.geteuid() == 0 else None
     workdir = tempfile.mkdtemp(prefix="asyncrl-sbx-")
@@ -173,7 +177,7 @@ def run_code_tests(
             os.close(status_w)
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         try:
-            proc.stdin.write(json.dumps(job).encode("utf-8"))
+            proc.stdin.write(marshal.dumps(job))
             proc.stdin.close()
         except BrokenPipeError:
             pass  # the harness died early; reported below from its exit status
@@ -206,6 +210,7 @@ def run_code_tests(
         detail=detail,
         isolation=isolation,
         output_truncated=truncated,
+        run_id=run_id,
     )
 
 

@@ -1,7 +1,8 @@
 """The inside of the code sandbox: the script a sandboxed Python process runs.
 
 ``asyncrl.reward.code.run_code_tests`` starts ``python -I -B sandbox.py`` in a new session with a
-scrubbed environment and writes one JSON job to its stdin. This script (standard library only: it
+scrubbed environment and writes one job (a ``marshal``-ed dict: same interpreter, and no json/re
+import on the start-up path) to its stdin. This script (standard library only: it
 must not import asyncrl) then isolates itself and runs the untrusted program followed by the tests:
 
 1. **Namespaces** (best effort, reported on the status pipe). As root: new mount, network, PID,
@@ -32,16 +33,13 @@ from __future__ import annotations
 
 import builtins
 import ctypes
-import ctypes.util
-import json
+import marshal
 import os
 import resource
 import signal
-import socket
 import stat
 import struct
 import sys
-import traceback
 import types
 
 CLONE_NEWNS = 0x00020000
@@ -80,7 +78,7 @@ _PRESERVED_FLAGS = {
 
 WORKDIR_IN_NS = "/tmp/work"
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)  # the interpreter links libc; find_library would fork ldconfig
 
 
 class _SetupError(Exception):
@@ -210,8 +208,10 @@ def _interpreter_paths() -> list[str]:
 
 
 def _loopback_up() -> None:
-    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
     import fcntl
+    import socket
+
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         ifreq = struct.pack("16sh14x", b"lo", 0)
@@ -304,6 +304,8 @@ def _run_untrusted(program: str, tests: str, nonce: str, status: _Status) -> Non
             os._exit(1)
         except BaseException as e:  # noqa: BLE001 - report any failure of untrusted code
             try:
+                import traceback
+
                 traceback.print_exc()
             except BaseException:  # noqa: BLE001
                 pass
@@ -383,7 +385,7 @@ def _init_process(job: dict, status: _Status, workdir: str, run_uid: int | None,
 
 
 def main() -> None:
-    job = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    job = marshal.loads(sys.stdin.buffer.read())  # same interpreter as the parent; no json/re import
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
