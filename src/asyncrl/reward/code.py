@@ -43,6 +43,7 @@ _UID_SPAN = 1 << 24
 _SIGXCPU = int(signal.SIGXCPU)
 _SIGXFSZ = int(signal.SIGXFSZ)
 _warned_modes: set[str] = set()
+_last_mode: dict[bool, str] = {}
 
 
 class SandboxError(InfrastructureError):
@@ -111,6 +112,10 @@ def _scrubbed_env(workdir: str, run_id: str) -> dict[str, str]:
         "LC_ALL": "C.UTF-8",
         "HOME": workdir,
         "TMPDIR": workdir,
+        # one thread per math library: RLIMIT_NPROC counts threads, and tests need no more
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
         "ASYNCRL_SANDBOX": "1",
         "ASYNCRL_SANDBOX_RUN": run_id,
     }
@@ -151,7 +156,8 @@ def run_code_tests(
         "require_isolation": require_isolation,
         "cpu_s": math.ceil(timeout_s) + 1,
         "memory_mb": limits.memory_mb,
-        "nproc": limits.nproc if run_uid is not None or isolate else _nproc_for_shared_uid(limits.nproc),
+        "nproc": limits.nproc,
+        "nproc_shared_uid": _nproc_for_shared_uid(limits.nproc) if _may_share_uid(run_uid, isolate) else None,
         "fsize_mb": limits.fsize_mb,
         "nofile": limits.nofile,
         "tmpfs_mb": limits.tmpfs_mb,
@@ -196,6 +202,8 @@ def run_code_tests(
     stdout = stdout_b.decode("utf-8", "replace")
     stderr = stderr_b.decode("utf-8", "replace")
     mode = isolation.get("mode", "")
+    if mode:
+        _last_mode[isolate] = mode
     if mode and mode not in _warned_modes and not mode.startswith("ns-"):
         _warned_modes.add(mode)
         logger.warning("code sandbox runs without namespaces (%s): %s", mode, isolation)
@@ -343,6 +351,12 @@ def _kill_marked(run_id: str) -> None:
 
 def _pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _may_share_uid(run_uid: int | None, isolate: bool) -> bool:
+    """Whether the run may end up counting processes against the caller's own uid: not as root
+    (fresh uid), and not when the last run here got a user namespace."""
+    return run_uid is None and _last_mode.get(isolate, "") != "ns-user"
 
 
 def _nproc_for_shared_uid(nproc: int) -> int:

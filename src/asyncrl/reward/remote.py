@@ -183,6 +183,16 @@ def _make_handler(server: RewardServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
+        def _discard_body(self, length: int) -> None:
+            """Read (up to 64 MiB of) a refused body, so the client gets our answer rather
+            than a connection reset."""
+            left = min(length, 64 * 1024 * 1024)
+            while left > 0:
+                chunk = self.rfile.read(min(left, 1 << 16))
+                if not chunk:
+                    break
+                left -= len(chunk)
+
         def do_GET(self) -> None:
             if urlsplit(self.path).path != "/health":
                 self._reply(404, {"error": f"no such path {self.path!r}; use GET /health or POST /score"})
@@ -207,6 +217,7 @@ def _make_handler(server: RewardServer) -> type[BaseHTTPRequestHandler]:
                 if length < 0:
                     raise _BadRequest(400, "bad Content-Length")
                 if length > server.max_body_bytes:
+                    self._discard_body(length)
                     raise _BadRequest(413, f"body over {server.max_body_bytes} bytes")
                 raw = self.rfile.read(length)
                 try:

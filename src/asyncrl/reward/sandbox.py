@@ -267,10 +267,13 @@ def _drop_to_uid(run_uid: int) -> None:
 def _set_limits(job: dict) -> None:
     cpu = int(job["cpu_s"])
     mem = int(job["memory_mb"]) * 1024 * 1024
+    nproc = int(job["nproc"])
+    if not job.get("isolated") and job.get("run_uid_dropped") is False and job.get("nproc_shared_uid"):
+        nproc = int(job["nproc_shared_uid"])  # RLIMIT_NPROC counts every task of the caller's uid
     limits = [
         (resource.RLIMIT_CPU, (cpu, cpu + 1)),
         (resource.RLIMIT_AS, (mem, mem)),
-        (resource.RLIMIT_NPROC, (int(job["nproc"]), int(job["nproc"]))),
+        (resource.RLIMIT_NPROC, (nproc, nproc)),
         (resource.RLIMIT_FSIZE, (int(job["fsize_mb"]) * 1024 * 1024,) * 2),
         (resource.RLIMIT_NOFILE, (int(job["nofile"]), int(job["nofile"]))),
         (resource.RLIMIT_CORE, (0, 0)),
@@ -421,6 +424,8 @@ def main() -> None:
     else:
         workdir = WORKDIR_IN_NS
     info["uid"] = run_uid if run_uid is not None else os.getuid()
+    job["isolated"] = isolated
+    job["run_uid_dropped"] = run_uid is not None
     status.send("iso " + " ".join(f"{k}={v}" for k, v in info.items()))
     sys.stdout.flush()
     sys.stderr.flush()
