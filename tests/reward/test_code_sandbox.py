@@ -139,6 +139,9 @@ def test_no_capabilities_and_unprivileged_uid() -> None:
         "caps = [l for l in open('/proc/self/status') if l.startswith('CapEff')][0].split()[1]\n"
         "assert int(caps, 16) == 0, caps\n"
         "assert os.getuid() != 0\n"
+        "assert os.getppid() == 1  # the namespace's init, already unprivileged when we start\n"
+        "init = [l for l in open('/proc/1/status') if l.startswith('CapEff')][0].split()[1]\n"
+        "assert int(init, 16) == 0, init\n"
     )
     result = run_code_tests(program, "")
     assert result.passed, result.stderr

@@ -353,13 +353,20 @@ def _program_child(job: dict, status: _Status, workdir: str, run_uid: int | None
 
 
 def _init_process(job: dict, status: _Status, workdir: str, run_uid: int | None, in_userns: bool) -> None:
-    """PID 1 of the sandbox's PID namespace: start the program, reap, forward its exit status."""
+    """PID 1 of the sandbox's PID namespace: mount its /proc, drop privileges (before the
+    program exists, so the program never sees a privileged init), start the program, reap,
+    forward its exit status."""
     try:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         try:
             _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         except OSError:
-            pass
+            pass  # e.g. a masked /proc in a container: the outer /proc stays (information only)
+        if run_uid is not None and os.getuid() == 0:
+            _drop_to_uid(run_uid)
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a uid change clears it
+        if in_userns:
+            _drop_capabilities()
     except BaseException as e:  # noqa: BLE001
         status.send(f"setup_error init: {type(e).__name__}: {e}")
         os._exit(70)
@@ -368,14 +375,6 @@ def _init_process(job: dict, status: _Status, workdir: str, run_uid: int | None,
         _program_child(job, status, workdir, run_uid, in_userns)
     for key in ("program", "tests", "nonce"):
         job.pop(key, None)
-    try:
-        if run_uid is not None and os.getuid() == 0:
-            _drop_to_uid(run_uid)
-            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if in_userns:
-            _drop_capabilities()
-    except BaseException:  # noqa: BLE001
-        pass  # the init runs no untrusted code; the program's own drop is what matters
     while True:
         try:
             got, wait_status = os.waitpid(-1, 0)
