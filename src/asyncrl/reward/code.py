@@ -196,7 +196,7 @@ def run_code_tests(
         if proc is not None:
             _cleanup(proc, status_b, run_id, run_uid, isolation)
         os.close(status_r)
-        shutil.rmtree(workdir, ignore_errors=True)
+        _remove_tree(workdir)
     duration = time.monotonic() - start
     exit_code = proc.returncode
     stdout = stdout_b.decode("utf-8", "replace")
@@ -314,6 +314,18 @@ def _cleanup(
     if run_uid is not None and isolation.get("uid") == str(run_uid):
         _kill_uid(run_uid)
     _kill_marked(run_id)
+
+
+def _remove_tree(path: str) -> None:
+    """Remove a run's directory even if the program took permissions away from its files."""
+    try:
+        os.chmod(path, 0o700)
+        for root, dirs, _ in os.walk(path):
+            for d in dirs:
+                os.chmod(os.path.join(root, d), 0o700, follow_symlinks=False)
+    except OSError:
+        pass
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _kill_uid(uid: int) -> None:

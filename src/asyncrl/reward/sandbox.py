@@ -342,7 +342,11 @@ def _program_child(job: dict, status: _Status, workdir: str, run_uid: int | None
             _drop_capabilities()
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        os.chdir(workdir)
+        if workdir == WORKDIR_IN_NS:
+            os.chdir(workdir)
+        else:
+            # by descriptor: after a partly failed namespace setup the host path may be hidden
+            os.fchdir(int(job["host_workdir_fd"]))
         for key in ("HOME", "TMPDIR"):
             os.environ[key] = workdir
         _set_limits(job)
@@ -397,6 +401,7 @@ def main() -> None:
     if os.getppid() != expected_parent:
         os._exit(70)
     run_uid = job.get("run_uid") if os.getuid() == 0 else None
+    job["host_workdir_fd"] = os.open(job["host_workdir"], os.O_RDONLY | os.O_DIRECTORY)
     info: dict = {}
     isolated = False
     if job.get("isolate", True):
@@ -419,7 +424,7 @@ def main() -> None:
                 info["unreachable"] = ",".join(unreachable)
                 run_uid = None  # keep root rather than break the interpreter; reported
             else:
-                os.chown(workdir, run_uid, run_uid)
+                os.fchown(job["host_workdir_fd"], run_uid, run_uid)
     else:
         workdir = WORKDIR_IN_NS
     info["uid"] = run_uid if run_uid is not None else os.getuid()

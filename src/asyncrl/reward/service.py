@@ -376,7 +376,9 @@ class RewardService:
             if shared.failure is None:
                 self._stats.cache_hits += 1
                 return self._finish(replace(shared, cached=True), start)
-            break  # the identical request failed: try on our own (it may have been transient)
+            # same input, same failure: the leader already retried what was retryable, and
+            # repeating a hang for every copy of a response would multiply the wait
+            return self._finish(shared, start)
         mine: asyncio.Future[RewardResult] = asyncio.get_running_loop().create_future()
         self._inflight[key] = mine
         try:
@@ -483,6 +485,9 @@ class RewardService:
         if isinstance(target, (RemoteTarget, functools.partial)):
             # custom and remote verifiers may read the prompt and the row as well
             parts += [prompt, json.dumps(row, sort_keys=True, default=str)]
+        elif target is _score_code and row and row.get("entry_point"):
+            # the code verifier builds the program from the row's prompt and entry point
+            parts += [str(row.get("entry_point")), str(row.get("prompt", ""))]
         for part in parts:
             data = part.encode("utf-8", "surrogatepass")
             h.update(len(data).to_bytes(8, "little"))
