@@ -69,7 +69,7 @@ class _Sample:
         self.lps: list[float] = []
         self.vers: list[int] = []
         self.pos = len(req.prompt) - 1  # position of the last token (the next decode input)
-        self.last = 0
+        self.last = -1  # the last token; -1 until the first token is sampled
         self.interrupts = 0
 
 
@@ -80,6 +80,14 @@ def _resolve(fut: asyncio.Future, value: Any = None, exc: BaseException | None =
         fut.set_exception(exc)
     else:
         fut.set_result(value)
+
+
+def _post(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, value: Any = None, exc: BaseException | None = None):
+    """Resolve ``fut`` on its loop from the engine thread; a caller whose loop has closed is gone."""
+    try:
+        loop.call_soon_threadsafe(_resolve, fut, value, exc)
+    except RuntimeError:  # "Event loop is closed": nobody is waiting any more
+        pass
 
 
 def load_update_tensors(update: WeightUpdate) -> dict[str, torch.Tensor]:
@@ -298,17 +306,15 @@ class LocalEngine:
                         value = fn()
                     except Exception as e:  # a bad update fails its caller, not the engine
                         log.warning("engine control op failed: %s", e)
-                        loop.call_soon_threadsafe(_resolve, fut, None, e)
+                        _post(loop, fut, None, e)
                     else:
-                        loop.call_soon_threadsafe(_resolve, fut, value)
+                        _post(loop, fut, value)
                 if cancel:
                     self._drop_cancelled()
                 if paused:
                     continue
                 t0 = time.perf_counter()
-                self._admit()
-                if self._n_active:
-                    self._decode_step()
+                self._step()
                 self._stats["busy_s"] += time.perf_counter() - t0
             except Exception as e:  # never let a step kill the thread: fail the in-flight requests
                 log.exception("LocalEngine step failed; failing in-flight requests")
@@ -322,9 +328,9 @@ class LocalEngine:
             self._incoming = []
             controls, self._controls = self._controls, []
         for r in reqs.values():
-            r.loop.call_soon_threadsafe(_resolve, r.fut, None, exc)
+            _post(r.loop, r.fut, None, exc)
         for _, loop, fut in controls:
-            loop.call_soon_threadsafe(_resolve, fut, None, exc)
+            _post(loop, fut, None, exc)
         self._waiting.clear()
         self._slots = [None] * self.max_slots
         self._free = list(range(self.max_slots))
@@ -367,7 +373,7 @@ class LocalEngine:
         if req.remaining == 0 and not req.cancelled:
             if any(c.finish_reason == "abort" for c in req.results if c is not None):
                 self._stats["aborted_requests"] += 1
-            req.loop.call_soon_threadsafe(_resolve, req.fut, list(req.results))
+            _post(req.loop, req.fut, list(req.results))
 
     def _push_token(self, slot: int, s: _Sample, tok: int, lp: float, version: int) -> None:
         s.out.append(tok)
@@ -380,9 +386,12 @@ class LocalEngine:
         elif len(s.out) >= s.limit:
             self._finish(slot, "length")
 
-    # ------------------------------------------------------------------------------ admission
-    def _admit(self) -> None:
-        admits: list[tuple[_Request, list[int], list[int]]] = []
+    # ------------------------------------------------------------------------------ admission + step
+    def _admit(self) -> list[tuple[_Request, list[int]]]:
+        """Place waiting samples into free slots (FIFO). Returns the requests whose prompt must be
+        prefilled in this step (first new slot = where the prompt's KV is computed). Samples of a group
+        that could only partly join earlier copy the prompt KV from a running sibling instead."""
+        admits: list[tuple[_Request, list[int], list[int], bool]] = []
         budget = self.prefill_token_budget
         while self._waiting and self._free:
             req = self._waiting[0]
@@ -397,103 +406,111 @@ class LocalEngine:
             idxs = [req.pending.popleft() for _ in range(k)]
             if not req.pending:
                 self._waiting.popleft()
-            admits.append((req, slots, idxs))
+            admits.append((req, slots, idxs, needs_prefill))
             if needs_prefill:
                 budget -= len(req.prompt)
         if not admits:
-            return
-        t0 = time.perf_counter()
-        to_prefill = [(req, slots) for req, slots, _ in admits if req.first_epoch != self._epoch or not req.live]
-        self._prefill(to_prefill)
-        rows, params, seeds, positions = [], [], [], []
-        for req, slots, idxs in admits:
-            plen = len(req.prompt)
-            if req.live and not any(req is r for r, _ in to_prefill):
-                src = min(req.live)
-                self.fwd.copy_prefix(src, slots, plen)
-                self._stats["kv_copied_tokens"] += plen * len(slots)
-            limit = min(req.sampling.max_new_tokens, self.max_seq_len - plen)
+            return []
+        copied: list[tuple[_Request, list[int]]] = []
+        for req, slots, idxs, needs_prefill in admits:
+            if not needs_prefill:
+                self.fwd.copy_prefix(min(req.live), slots, len(req.prompt))
+                self._stats["kv_copied_tokens"] += len(req.prompt) * len(slots)
+                copied.append((req, slots))
+            limit = min(req.sampling.max_new_tokens, self.max_seq_len - len(req.prompt))
             for slot, idx in zip(slots, idxs, strict=True):
-                s = _Sample(req, idx, limit)
-                self._slots[slot] = s
+                self._slots[slot] = _Sample(req, idx, limit)
                 req.live.add(slot)
                 self._n_active += 1
                 self._hi = max(self._hi, slot + 1)
+        self._sp = None
+        if copied:  # their first tokens come from the logits cached at the group's first prefill
+            self._first_tokens(copied)
+        return [(req, slots) for req, slots, _, needs_prefill in admits if needs_prefill]
+
+    def _first_tokens(self, items: list[tuple[_Request, list[int]]]) -> None:
+        """Sample the first token of each new sample from its prompt's last logits."""
+        rows, params, seeds, positions = [], [], [], []
+        for req, slots in items:
+            for slot in slots:
+                s = self._slots[slot]
+                assert s is not None
                 rows.append(req.first_logits)
                 params.append(req.sampling)
-                seeds.append(req.seeds[idx])
-                positions.append(plen)
-        # The first token of each new sample comes from its prompt's last logits.
+                seeds.append(req.seeds[s.idx])
+                positions.append(len(req.prompt))
+            if not req.pending:  # every sample admitted: the shared logits are no longer needed
+                req.first_logits, req.first_epoch = None, -1
         sp = SlotParams.build(params, seeds, self.vocab_size, self.device)
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
         tok, lp = sample(torch.stack(rows), sp, pos_t)
         tok_l, lp_l = tok.tolist(), lp.tolist()
-        version = self._version
         self._stats["generated_tokens"] += len(tok_l)
-        self._stats["prefill_s"] += time.perf_counter() - t0
         self._sp = None
-        j = 0
-        for _req, slots, _ in admits:
+        version, j = self._version, 0
+        for _req, slots in items:
             for slot in slots:
                 s = self._slots[slot]
                 assert s is not None
                 self._push_token(slot, s, tok_l[j], lp_l[j], version)
                 j += 1
 
-    def _prefill(self, items: list[tuple[_Request, list[int]]]) -> None:
-        """Prefill each request's prompt into its first new slot and copy it to the others."""
-        if not items:
-            return
-        items = sorted(items, key=lambda it: len(it[0].prompt))
-        batch: list[tuple[_Request, list[int]]] = []
-        for it in items:  # chunks of similar length under the token budget (padding stays small)
-            if batch and (len(batch) + 1) * len(it[0].prompt) > self.prefill_token_budget:
-                self._prefill_batch(batch)
-                batch = []
-            batch.append(it)
-        self._prefill_batch(batch)
-
-    def _prefill_batch(self, batch: list[tuple[_Request, list[int]]]) -> None:
-        prompts = [req.prompt for req, _ in batch]
-        logits = self.fwd.prefill([slots[0] for _, slots in batch], prompts)
-        for b, (req, slots) in enumerate(batch):
-            plen = len(req.prompt)
-            self.fwd.copy_prefix(slots[0], slots[1:], plen)
-            self._stats["kv_copied_tokens"] += plen * (len(slots) - 1)
-            req.first_logits = logits[b].clone()
-            req.first_epoch = self._epoch
-        self._stats["prefill_tokens"] += sum(len(p) for p in prompts)
-        self._stats["prefill_padded_tokens"] += len(prompts) * max(len(p) for p in prompts)
-        self._stats["prefill_batches"] += 1
-
-    # ------------------------------------------------------------------------------ decode
-    def _decode_step(self) -> None:
+    def _step(self) -> None:
+        """Admit, then one forward: a decode token for every started sample plus the prefill of the
+        newly admitted prompts (one set of matmuls for both)."""
         t0 = time.perf_counter()
+        prefills = self._admit()
+        t_adm = time.perf_counter()
         hi = self._hi
-        live = self._slots[:hi]
-        if self._sp is None:
+        dec = [s if s is not None and s.last >= 0 else None for s in self._slots[:hi]]
+        n_dec = sum(1 for s in dec if s is not None)
+        if not n_dec and not prefills:
+            return
+        if n_dec and self._sp is None:
             self._sp = SlotParams.build(
-                [s.req.sampling if s else None for s in live],
-                [s.req.seeds[s.idx] if s else 0 for s in live],
+                [s.req.sampling if s else None for s in dec],
+                [s.req.seeds[s.idx] if s else 0 for s in dec],
                 self.vocab_size,
                 self.device,
             )
-        toks = [s.last if s else 0 for s in live]
-        poss = [s.pos if s else 0 for s in live]
-        pos_t = torch.tensor(poss, dtype=torch.long, device=self.device)
-        logits = self.fwd.decode(torch.tensor(toks, dtype=torch.long, device=self.device), pos_t, poss)
-        tok, lp = sample(logits, self._sp, pos_t + 1)
-        tok_l, lp_l = tok.tolist(), lp.tolist()
+        poss = [s.pos if s else 0 for s in dec] if n_dec else []
+        dec_logits, pre_logits = self.fwd.step(
+            [s.last if s else 0 for s in dec] if n_dec else [],
+            poss,
+            [i if s else self.fwd.scratch for i, s in enumerate(dec)] if n_dec else [],
+            [slots[0] for _, slots in prefills],
+            [req.prompt for req, _ in prefills],
+        )
         version = self._version
-        n = self._n_active
-        # Counters first: pushing a token may resolve a future whose caller reads stats() at once.
-        self._stats["decode_steps"] += 1
-        self._stats["decode_tokens"] += n
-        self._stats["generated_tokens"] += n
-        self._stats["decode_s"] += time.perf_counter() - t0
-        for i, s in enumerate(live):
-            if s is not None:
-                self._push_token(i, s, tok_l[i], lp_l[i], version)
+        if n_dec:
+            assert dec_logits is not None and self._sp is not None
+            pos_t = torch.tensor(poss, dtype=torch.long, device=self.device)
+            tok, lp = sample(dec_logits, self._sp, pos_t + 1)
+            tok_l, lp_l = tok.tolist(), lp.tolist()
+            # Counters first: pushing a token may resolve a future whose caller reads stats() at once.
+            self._stats["decode_steps"] += 1
+            self._stats["decode_tokens"] += n_dec
+            self._stats["generated_tokens"] += n_dec
+            for i, s in enumerate(dec):
+                if s is not None:
+                    self._push_token(i, s, tok_l[i], lp_l[i], version)
+        if prefills:
+            assert pre_logits is not None
+            plens = [len(req.prompt) for req, _ in prefills]
+            self._stats["prefill_tokens"] += sum(plens)
+            self._stats["prefill_padded_tokens"] += len(plens) * max(plens)
+            self._stats["prefill_batches"] += 1
+            for b, (req, slots) in enumerate(prefills):
+                self.fwd.copy_prefix(slots[0], slots[1:], plens[b])
+                self._stats["kv_copied_tokens"] += plens[b] * (len(slots) - 1)
+                req.first_logits = pre_logits[b]
+                req.first_epoch = self._epoch
+            self._first_tokens(prefills)
+        t1 = time.perf_counter()
+        # Time split: a step with prompts is charged to prefill in proportion to its rows.
+        share = sum(len(r.prompt) for r, _ in prefills) / max(1, sum(len(r.prompt) for r, _ in prefills) + n_dec)
+        self._stats["prefill_s"] += (t_adm - t0) + share * (t1 - t_adm)
+        self._stats["decode_s"] += (1 - share) * (t1 - t_adm)
 
     # ------------------------------------------------------------------------------ control ops
     def _abort_running(self) -> int:

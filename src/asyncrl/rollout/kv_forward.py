@@ -98,7 +98,9 @@ class SlotKVForward:
         self.dtype = next(model.parameters()).dtype
         self.vocab_size = model.lm_head.weight.shape[0]
         self.fuse = sum(p.numel() for p in model.parameters()) <= FUSE_MAX_PARAMS
-        shape = (self.num_layers, max_slots, self.num_kv_heads, max_seq_len, self.head_dim)
+        # One extra slot (index max_slots) is a write sink for the idle rows of a step.
+        self.scratch = max_slots
+        shape = (self.num_layers, max_slots + 1, self.num_kv_heads, max_seq_len, self.head_dim)
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         with torch.no_grad():
@@ -225,6 +227,84 @@ class SlotKVForward:
         d = torch.as_tensor(dsts, dtype=torch.long, device=self.device)
         self.k_cache[:, d, :, :length] = self.k_cache[:, src : src + 1, :, :length]
         self.v_cache[:, d, :, :length] = self.v_cache[:, src : src + 1, :, :length]
+
+    # ----------------------------------------------------------------------------------- step
+    @torch.no_grad()
+    def step(
+        self,
+        dec_tokens: list[int],
+        dec_pos: list[int],
+        dec_write: list[int],
+        new_slots: list[int],
+        new_prompts: list[list[int]],
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """One forward over the decode rows of slots ``[0, hi)`` and the prompts of newly admitted requests.
+
+        Decode row i (``hi = len(dec_pos)``) feeds ``dec_tokens[i]`` at ``dec_pos[i]`` of slot i; idle rows
+        pass ``dec_write[i] = self.scratch`` so that their K/V land in the scratch slot. Prompt b is prefilled
+        from position 0 into slot ``new_slots[b]``. Linear layers run once over all rows (prefill rides
+        along with decode instead of a forward of its own). Returns (decode logits [hi, V] or None,
+        logits after each prompt [B, V] or None)."""
+        hi, nb = len(dec_pos), len(new_prompts)
+        lens = [len(p) for p in new_prompts]
+        pre_pos = [t for n in lens for t in range(n)]
+        dev = self.device
+        tokens = torch.tensor(dec_tokens + [t for p in new_prompts for t in p], dtype=torch.long, device=dev)
+        positions = torch.tensor(dec_pos + pre_pos, dtype=torch.long, device=dev)
+        write = torch.tensor(dec_write + [s for s, n in zip(new_slots, lens, strict=True) for _ in range(n)],
+                             dtype=torch.long, device=dev)  # fmt: skip
+        x = F.embedding(tokens, self.embed)  # [R, H]
+        cos = self.cos[positions][:, None, :]
+        sin = self.sin_signed[positions][:, None, :]
+        nkv, g, d = self.num_kv_heads, self.groups, self.head_dim
+        if hi:
+            short, long_rows = self.plan_split(dec_pos)
+            dec_positions = positions[:hi]
+            mask = self._mask(dec_positions, short)
+            if long_rows:
+                length = max(dec_pos) + 1
+                long_t = torch.as_tensor(long_rows, dtype=torch.long, device=dev)
+                long_mask = self._mask(dec_positions[long_t], length)
+        if nb:
+            pmax = max(lens)
+            slots_t = torch.as_tensor(new_slots, dtype=torch.long, device=dev)
+            # padded [B, pmax] view of the prompt rows (pads point at any real row; their output is dropped)
+            starts = [hi + sum(lens[:b]) for b in range(nb)]
+            pad_idx = torch.tensor(
+                [[st + min(t, n - 1) for t in range(pmax)] for st, n in zip(starts, lens, strict=True)], device=dev
+            )
+            keep = torch.tensor([b * pmax + t for b, n in enumerate(lens) for t in range(n)], device=dev)
+            causal = torch.full((pmax, pmax), float("-inf"), dtype=self.dtype, device=dev).triu_(1)
+        for li, ly in enumerate(self.layers):
+            h = F.rms_norm(x, (x.shape[-1],), ly.in_norm, self.eps)
+            q, k, v = self._rope_qk(ly, self._qkv(ly, h), cos, sin)  # q [R, H, D], k/v [R, KVH, D]
+            kc, vc = self.k_cache[li], self.v_cache[li]
+            kc[write, :, positions] = k
+            vc[write, :, positions] = v
+            q = q.reshape(q.shape[0], nkv, g, d)
+            outs = []
+            if hi:
+                qd = q[:hi]
+                o = self._attend(qd, kc[:hi, :, :short], vc[:hi, :, :short], mask)
+                if long_rows:
+                    o_long = self._attend(qd[long_t], kc[long_t, :, :length], vc[long_t, :, :length], long_mask)
+                    o = o.index_copy(0, long_t, o_long)
+                outs.append(o.reshape(hi, -1))
+            if nb:
+                qp = q[pad_idx].permute(0, 2, 3, 1, 4)  # [B, KVH, G, P, D]
+                kp = kc[slots_t, :, :pmax].unsqueeze(2)  # [B, KVH, 1, P, D]
+                vp = vc[slots_t, :, :pmax].unsqueeze(2)
+                op = self._attend(qp, kp, vp, causal)  # [B, KVH, G, P, D]
+                outs.append(op.permute(0, 3, 1, 2, 4).reshape(nb * pmax, -1)[keep])
+            o_all = outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+            x = x + F.linear(o_all, ly.o_w, ly.o_b)
+            x = self._mlp_block(ly, x)
+        dec_logits = self._logits(x[:hi]).float() if hi else None
+        pre_logits = None
+        if nb:
+            last = torch.tensor([st + n - 1 for st, n in zip(starts, lens, strict=True)], device=dev)
+            pre_logits = self._logits(x[last]).float()
+        return dec_logits, pre_logits
 
     # ----------------------------------------------------------------------------------- decode
     def plan_split(self, pos_list: list[int]) -> tuple[int, list[int]]:
