@@ -64,3 +64,32 @@ def test_unsupported_architecture_is_a_clear_error():
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50))
     with pytest.raises(UnsupportedModelError, match="model_type='gpt2'"):
         SlotKVForward(model, max_slots=2, max_seq_len=32, device="cpu")
+
+
+def test_mixed_step_prefills_new_prompts_while_decoding_others(load_tiny):
+    model, _ = load_tiny()
+    f = SlotKVForward(model, max_slots=8, max_seq_len=128, device="cpu")
+    gen = torch.Generator().manual_seed(0)
+    rand = lambda n: torch.randint(4, 90, (n,), generator=gen).tolist()  # noqa: E731
+    seqs: dict[int, list[int]] = {}
+    first = [rand(5), rand(9), rand(3)]
+    dec, pre = f.step([], [], [], [0, 2, 5], first)
+    assert dec is None
+    for b, slot in enumerate([0, 2, 5]):
+        seqs[slot] = first[b]
+        assert (pre[b] - hf_last_logits(model, first[b])).abs().max().item() < 1e-4
+    for new_slots, new_lens in (([1, 7], [7, 2]), ([], [])):
+        hi = max(seqs) + 1
+        nxt = {s: rand(1)[0] for s in seqs}
+        toks = [nxt.get(i, 0) for i in range(hi)]
+        pos = [len(seqs[i]) if i in seqs else 0 for i in range(hi)]
+        write = [i if i in seqs else f.scratch for i in range(hi)]  # idle rows write to the scratch slot
+        prompts = [rand(n) for n in new_lens]
+        dec, pre = f.step(toks, pos, write, new_slots, prompts)
+        for s in list(seqs):
+            seqs[s] = seqs[s] + [nxt[s]]
+            assert (dec[s] - hf_last_logits(model, seqs[s])).abs().max().item() < 1e-4
+        for b, slot in enumerate(new_slots):
+            seqs[slot] = prompts[b]
+            assert (pre[b] - hf_last_logits(model, prompts[b])).abs().max().item() < 1e-4
+    assert sorted(seqs) == [0, 1, 2, 5, 7]
