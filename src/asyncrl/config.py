@@ -121,6 +121,40 @@ class TrainerConfig:
     ppo_minibatches: int = 1
     max_tokens_per_micro_batch: int = 1024
     seed: int = 0
+    micro_batching: str = "packed"
+    """packed (padding-free streams under the token budget, varlen attention) | padded (fixed-size
+    micro-batches of ``padded_micro_batch_size`` right-padded sequences: the baseline)."""
+    padded_micro_batch_size: int = 8
+    """Sequences per micro-batch when ``micro_batching=padded``."""
+    balance: str = "ffd"
+    """How sequences are binned into micro-batches and spread over data-parallel ranks:
+    ffd (first-fit-decreasing into the least-loaded fitting bin) | kk (Karmarkar-Karp)."""
+    lr_schedule: str = "constant"
+    """LR after the linear warm-up: constant | linear | cosine (decay to ``min_lr_ratio * lr``)."""
+    decay_steps: int = 0
+    """Training steps over which the LR decays (warm-up included); 0: the run's total steps."""
+    min_lr_ratio: float = 0.0
+    """Final LR of a decaying schedule, as a fraction of ``lr``."""
+    precision: str = "auto"
+    """auto (bf16 mixed precision on CUDA, fp32 on CPU) | fp32 | bf16."""
+    activation_checkpointing: bool | None = None
+    """Recompute layer activations in backward; None: on for CUDA, off for CPU."""
+    weight_transport: str = "tensors"
+    """How ``export_weights`` hands weights to engines: tensors (in-process) | safetensors (a directory)."""
+    weight_export_dir: str | None = None
+    """Where safetensors exports are written (one sub-directory per version); None: a temp directory."""
+    broadcast_bucket_mb: int = 1024
+    """Bucket size of the ``torch.distributed`` weight broadcast to engines."""
+    lora_rank: int = 0
+    """LoRA rank (through ``peft``); 0 trains all weights. Engines always get merged weights."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator (the update is ``lora_alpha / lora_rank * B @ A``)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input path (0 keeps training deterministic)."""
+    lora_target_modules: str = "all-linear"
+    """Comma-separated module names to adapt, or all-linear."""
+    dist_timeout_s: int = 7200
+    """Timeout of the trainer's process group (data-parallel ranks wait this long for the leader)."""
 
 
 @dataclass
@@ -178,6 +212,11 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "algo.behav_cap_mode": ("mask", "clamp"),
     "algo.behav_cap_level": ("token", "sequence"),
     "algo.aggregation": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"),
+    "trainer.micro_batching": ("packed", "padded"),
+    "trainer.balance": ("ffd", "kk"),
+    "trainer.lr_schedule": ("constant", "linear", "cosine"),
+    "trainer.precision": ("auto", "fp32", "bf16"),
+    "trainer.weight_transport": ("tensors", "safetensors"),
 }
 
 
@@ -261,6 +300,9 @@ def validate(cfg: Config) -> Config:
         "controller.max_concurrent": cfg.controller.max_concurrent,
         "trainer.ppo_minibatches": cfg.trainer.ppo_minibatches,
         "trainer.max_tokens_per_micro_batch": cfg.trainer.max_tokens_per_micro_batch,
+        "trainer.padded_micro_batch_size": cfg.trainer.padded_micro_batch_size,
+        "trainer.broadcast_bucket_mb": cfg.trainer.broadcast_bucket_mb,
+        "trainer.dist_timeout_s": cfg.trainer.dist_timeout_s,
         "task.eval_size": cfg.task.eval_size,
     }
     for key, value in positive.items():
@@ -274,6 +316,8 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("rollout.temperature must be > 0 (use eval.greedy for argmax decoding)")
     if cfg.algo.advantage == "rloo" and cfg.rollout.group_size < 2:
         raise ConfigError("algo.advantage=rloo needs rollout.group_size >= 2")
+    if cfg.trainer.lora_rank < 0 or cfg.trainer.decay_steps < 0 or not 0.0 <= cfg.trainer.min_lr_ratio <= 1.0:
+        raise ConfigError("trainer.lora_rank and trainer.decay_steps must be >= 0, trainer.min_lr_ratio in [0, 1]")
     if cfg.task.max_terms < 2:
         raise ConfigError("task.max_terms must be >= 2")
     return cfg

@@ -1,7 +1,8 @@
 """Supervised fine-tuning on demonstrations (the warm start before RL).
 
-Packs (prompt, response) pairs padding-free like the RL trainer and minimises the token-mean
-negative log-likelihood of the response tokens (prompt tokens are context only).
+Packs (prompt, response) pairs padding-free like the RL trainer (varlen attention per sequence,
+see ``trainer.attention``) and minimises the token-mean negative log-likelihood of the response
+tokens (prompt tokens are context only). The model's attention implementation is restored after.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import torch
 from tqdm import tqdm
 
 from asyncrl.config import SFTConfig
-from asyncrl.trainer.packing import pack, split_micro_batches, token_logprobs
+from asyncrl.trainer.attention import use_packed_attention
+from asyncrl.trainer.packing import pack, split_micro_batches
 
 
 def sft_train(
@@ -35,6 +37,8 @@ def sft_train(
         raise ValueError("sft_train needs at least one example")
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
+    previous_attention = model.config._attn_implementation
+    use_packed_attention(model, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
     warmup = max(1, cfg.warmup_steps)
 
@@ -65,11 +69,8 @@ def sft_train(
         total = 0.0
         for group in split_micro_batches([len(s) for s in seqs], max_tokens_per_micro_batch):
             micro = pack([seqs[i] for i in group], group, device=device)
-            logits = model(
-                input_ids=micro.input_ids, position_ids=micro.position_ids, attention_mask=micro.attention_mask
-            ).logits[0]
-            logp = micro.gather_token_values(token_logprobs(logits, micro.input_ids[0]))
-            mask = micro.pad_rows([[0] * len(chosen[i][0]) + [1] * len(chosen[i][1]) for i in group])
+            logp = micro.token_logp(model(**micro.model_inputs()).logits)
+            mask = micro.cat_rows([[0] * len(chosen[i][0]) + [1] * len(chosen[i][1]) for i in group])
             loss = -(logp * mask).sum() / n_target
             loss.backward()
             total += float(loss.detach())
@@ -80,4 +81,5 @@ def sft_train(
         smoothed = total if smoothed is None else 0.95 * smoothed + 0.05 * total
         bar.set_postfix(loss=f"{smoothed:.3f}")
     model.eval()
+    model.set_attn_implementation(previous_attention)
     return {"sft_loss": float(smoothed or 0.0), "sft_tokens": float(tokens), "sft_wall_s": time.perf_counter() - t0}

@@ -1,21 +1,33 @@
-"""The policy trainer: proximal log-probs, the packed policy-loss step, weight export.
+"""The policy trainer: proximal log-probs, the packed policy-loss step, weight export, checkpoints.
 
 One ``train_step(batch)`` is one training step of DESIGN §7: it starts from version ``i``
-(``self.version``), recomputes the proximal log-probs with those weights (no grad, packed like
-training), makes ``ppo_minibatches`` optimizer updates over packed, padding-free micro-batches
-(the loss is the configured aggregation over the whole mini-batch, whatever the split: each
-micro-batch's sum is divided by the global denominator), and publishes version ``i + 1``.
-A step whose loss or gradient norm is not finite is skipped (weights untouched, reported).
+(``self.version``), recomputes the proximal log-probs with those weights (no grad, packed and
+micro-batched exactly like training; skipped unless ``algo.prox_mode == "recompute"``), makes
+``ppo_minibatches`` optimizer updates, and publishes version ``i + 1``. Each update runs its
+mini-batch as padding-free packed micro-batches under ``max_tokens_per_micro_batch`` (or, as
+the baseline, fixed-size padded micro-batches), spread over data-parallel ranks with balanced
+token counts; the loss is the configured aggregation over the whole mini-batch, whatever the
+split: every micro-batch's sum is divided by the mini-batch's global denominator, and FSDP
+sums the ranks' gradients. Gradients are clipped to ``grad_clip``; an update whose loss or
+gradient norm is not finite is skipped (not applied) and reported. The LR is a function of the
+step index (linear warm-up, then constant / linear / cosine decay), so it needs no state.
+
+Multi-rank (``trainer.distributed``): the model is FSDP2-sharded; each rank holds the whole
+``TrainBatch`` and works on its share. Under ``run_distributed`` the rank-0 trainer leads and
+every public call is mirrored on the other ranks.
 
 The trainer knows the loss, not the algorithm: advantages arrive computed in the samples.
 Log-probs are of softmax(logits / temperature), the distribution the engine samples from.
+Weight export (``export_weights``), HF saving and checkpoints live in ``trainer.state`` as
+methods of the same class (``TrainerStateMixin``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +35,14 @@ import torch
 
 from asyncrl.algo.losses import loglinear_prox_logp, policy_loss
 from asyncrl.config import AlgoConfig, TrainerConfig
-from asyncrl.trainer.packing import PackedMicroBatch, pack, split_micro_batches, token_logprobs
-from asyncrl.types import TrainBatch, TrainSample, WeightUpdate
+from asyncrl.trainer import distributed as dist_mod
+from asyncrl.trainer.attention import use_packed_attention
+from asyncrl.trainer.lora import apply_lora, base_model, is_lora
+from asyncrl.trainer.packing import PackedMicroBatch, PaddedMicroBatch, pack, pad, plan_micro_batches
+from asyncrl.trainer.state import TrainerStateMixin
+from asyncrl.types import TrainBatch, TrainSample
+
+MicroBatch = PackedMicroBatch | PaddedMicroBatch
 
 
 @dataclass
@@ -34,12 +52,17 @@ class StepResult:
     version: int
     """The version published by this step (the step index + 1)."""
     applied: bool
-    """False when the step was skipped (non-finite loss or gradient)."""
+    """False when an optimizer update of the step was skipped (non-finite loss or gradient). With
+    one PPO mini-batch the weights are then untouched; with several, the finite ones applied."""
     metrics: dict[str, float]
 
 
-def _denominator(samples: Sequence[TrainSample], aggregation: str) -> float:
-    """The global loss denominator of a mini-batch for ``aggregation`` (see algo.losses)."""
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def denominator(samples: Sequence[TrainSample], aggregation: str) -> float:
+    """The global loss denominator of a mini-batch for ``aggregation`` (see ``algo.aggregation``)."""
     match aggregation:
         case "token_mean":
             return float(max(1, sum(s.num_loss_tokens for s in samples)))
@@ -51,7 +74,27 @@ def _denominator(samples: Sequence[TrainSample], aggregation: str) -> float:
             raise ValueError(f"unknown aggregation {aggregation!r}")
 
 
-class Trainer:
+def lr_factor(step: int, cfg: TrainerConfig, total_steps: int | None) -> float:
+    """LR multiplier of training step ``step``: linear warm-up over ``warmup_steps``, then the
+    configured decay to ``min_lr_ratio`` over ``decay_steps`` (or ``total_steps``)."""
+    warm = max(0, cfg.warmup_steps)
+    if step < warm:
+        return (step + 1) / warm
+    horizon = cfg.decay_steps or total_steps or 0
+    if cfg.lr_schedule == "constant" or horizon <= warm:
+        return 1.0
+    progress = min(1.0, (step - warm) / max(1, horizon - warm))
+    floor = cfg.min_lr_ratio
+    match cfg.lr_schedule:
+        case "linear":
+            return 1.0 - (1.0 - floor) * progress
+        case "cosine":
+            return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+        case other:
+            raise ValueError(f"unknown lr_schedule {other!r}")
+
+
+class Trainer(TrainerStateMixin):
     """Owns the policy weights being optimised, the optimizer and the version counter."""
 
     def __init__(
@@ -63,132 +106,290 @@ class Trainer:
         temperature: float = 1.0,
         device: str = "cpu",
         version: int = 0,
+        tokenizer: Any = None,
+        total_steps: int | None = None,
+        _follower: bool = False,
     ) -> None:
-        self.model = model
+        """``model``: a transformers causal LM (the trainer switches it to padding-free attention,
+        wraps it with LoRA when ``lora_rank > 0`` and shards it under a multi-rank process group).
+        ``tokenizer``: saved with checkpoints when given. ``total_steps``: the run's length, the
+        LR decay horizon when ``train_cfg.decay_steps`` is 0."""
         self.cfg = train_cfg
         self.algo = algo_cfg
         self.temperature = temperature
-        self.device = device
         self.version = version
+        self.tokenizer = tokenizer
+        self.total_steps = total_steps
+        self.skipped_steps = 0
+        self.last_export: dict[str, float | str] = {}
+        self.ctx = dist_mod.current_context()
+        self.rank = self.ctx.rank if self.ctx else 0
+        self.world_size = self.ctx.world_size if self.ctx else 1
+        self.leader = self.ctx is not None and not _follower and dist_mod.is_leader()
+        self.device = torch.device(device)
+        if self.ctx is not None and self.ctx.device.type == "cuda":
+            self.device = self.ctx.device
+        dtype = next(model.parameters()).dtype
+        if self.leader:
+            assert self.ctx is not None
+            payload = {
+                "model_config": model.config,
+                "dtype": dtype,
+                "train_cfg": train_cfg,
+                "algo_cfg": algo_cfg,
+                "kwargs": {"temperature": temperature, "device": self.device.type, "version": version,
+                           "total_steps": total_steps},
+            }  # fmt: skip
+            dist_mod.send_command(self.ctx, "init", payload)
+        self._caller_model = model
+        model.to(self.device)
+        if train_cfg.lora_rank > 0:
+            model = apply_lora(model, train_cfg)
+        self.attention = use_packed_attention(base_model(model), self.device, dtype)
+        cuda = self.device.type == "cuda"
+        self.bf16 = train_cfg.precision == "bf16" or (train_cfg.precision == "auto" and cuda)
+        checkpointing = train_cfg.activation_checkpointing
+        if checkpointing if checkpointing is not None else cuda:
+            base_model(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model = model
+        if self.ctx is not None:
+            full = {k: v.detach() for k, v in model.state_dict().items()} if self.rank == 0 else {}
+            dist_mod.shard_model(model, self.ctx, mixed_precision=self.bf16)
+            dist_mod.load_full_state_dict(model, full)
+            del full
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=train_cfg.lr,
             betas=train_cfg.betas,
             weight_decay=train_cfg.weight_decay,
         )
-        warmup = max(1, train_cfg.warmup_steps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(1.0, (step + 1) / warmup))
-        self.skipped_steps = 0
+        self._set_lr(self.version)
+        if (self.ctx is not None or is_lora(model)) and not _follower:
+            self._route_caller_save()
 
-    # ----------------------------------------------------------------- forward passes
-    def _micro_batches(self, samples: Sequence[TrainSample]) -> list[PackedMicroBatch]:
-        groups = split_micro_batches([len(s.token_ids) for s in samples], self.cfg.max_tokens_per_micro_batch)
-        return [pack([samples[i].token_ids for i in g], g, device=self.device) for g in groups]
+    # ----------------------------------------------------------------- helpers
+    @property
+    def sharded(self) -> bool:
+        return self.ctx is not None
 
-    def _forward_logp(self, micro: PackedMicroBatch) -> torch.Tensor:
-        """``[B, T]`` log-prob of each token of each packed sequence (column 0 is 0)."""
-        logits = self.model(
-            input_ids=micro.input_ids, position_ids=micro.position_ids, attention_mask=micro.attention_mask
-        ).logits[0]
-        per_position = token_logprobs(logits, micro.input_ids[0], self.temperature)
-        return micro.gather_token_values(per_position)
+    def _set_lr(self, step: int) -> float:
+        lr = self.cfg.lr * lr_factor(step, self.cfg, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
 
-    @torch.no_grad()
-    def compute_logprobs(self, samples: Sequence[TrainSample]) -> list[torch.Tensor]:
-        """Per-sample token log-probs under the current weights (no grad, packed): the proximal
-        log-probs when called at the start of a step."""
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        # FSDP's mixed-precision policy casts the sharded model; a single process uses autocast
+        if self.bf16 and not self.sharded:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _command(self, name: str, payload: Any = None) -> None:
+        if self.leader:
+            assert self.ctx is not None
+            dist_mod.send_command(self.ctx, name, payload)
+
+    @staticmethod
+    def _check_samples(samples: Sequence[TrainSample]) -> None:
+        for s in samples:
+            if not s.token_ids:
+                raise ValueError(f"sample {s.prompt_id}/{s.sample_idx} has no tokens")
+            if s.loss_mask[0]:
+                raise ValueError(f"sample {s.prompt_id}/{s.sample_idx}: the first token cannot carry loss")
+
+    def _plan(self, lengths: Sequence[int]) -> list[list[int]]:
+        """This rank's micro-batches (indices into ``lengths``); every rank gets the same count."""
+        if self.cfg.micro_batching == "packed":
+            return plan_micro_batches(
+                lengths, self.cfg.max_tokens_per_micro_batch, world_size=self.world_size, method=self.cfg.balance
+            )[self.rank]
+        size = self.cfg.padded_micro_batch_size
+        share = list(range(self.rank, len(lengths), self.world_size))
+        count = _ceil_div(_ceil_div(len(lengths), self.world_size), size)
+        bins = [share[k : k + size] for k in range(0, len(share), size)]
+        return bins + [[] for _ in range(count - len(bins))]
+
+    def _build(self, samples: Sequence[TrainSample], indices: Sequence[int]) -> MicroBatch:
+        tokens = [samples[i].token_ids for i in indices]
+        if self.cfg.micro_batching == "packed":
+            return pack(tokens, indices, device=self.device)
+        return pad(tokens, indices, device=self.device)
+
+    def _token_logp(self, micro: MicroBatch) -> torch.Tensor:
+        with self._autocast():
+            logits = self.model(**micro.model_inputs()).logits
+        return micro.token_logp(logits, self.temperature)
+
+    def _dummy_pass(self, backward: bool) -> None:
+        """A one-token pass for a rank with no sequence in this micro-batch slot (FSDP needs every
+        rank in every forward/backward); contributes exactly zero gradient."""
+        ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+        with self._autocast():
+            logits = self.model(input_ids=ids, position_ids=torch.zeros_like(ids)).logits
+        if backward:
+            (logits.float().sum() * 0.0).backward()
+
+    @contextlib.contextmanager
+    def _eval_mode(self) -> Iterator[None]:
         was_training = self.model.training
         self.model.eval()
-        out: list[torch.Tensor | None] = [None] * len(samples)
-        for micro in self._micro_batches(samples):
-            logp = self._forward_logp(micro)
-            for row, index in enumerate(micro.sample_indices):
-                out[index] = logp[row, : micro.seq_lens[row]].detach().clone()
-        self.model.train(was_training)
-        return [t for t in out if t is not None]
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.model.train(was_training)
+
+    # ----------------------------------------------------------------- log-probs
+    def compute_logprobs(self, samples: Sequence[TrainSample]) -> list[torch.Tensor]:
+        """Per-sample token log-probs under the current weights (no grad, packed like training);
+        entry t of a sample is log p(token t | tokens < t), entry 0 is 0. The proximal log-probs
+        when called at the start of a step."""
+        samples = list(samples)
+        self._command("compute_logprobs", samples)
+        return self._compute_logprobs(samples)
+
+    def _compute_logprobs(self, samples: Sequence[TrainSample]) -> list[torch.Tensor]:
+        out = self._logprobs_local(samples, self._plan([len(s.token_ids) for s in samples]))
+        if self.ctx is not None:
+            merged: dict[int, torch.Tensor] = {}
+            for part in self.ctx.all_gather_object({i: t.cpu() for i, t in out.items()}):
+                merged.update(part)
+            out = {i: t.to(self.device) for i, t in merged.items()}
+        return [out[i] for i in range(len(samples))]
+
+    def _logprobs_local(self, samples: Sequence[TrainSample], plan: list[list[int]]) -> dict[int, torch.Tensor]:
+        out: dict[int, torch.Tensor] = {}
+        with self._eval_mode():
+            for indices in plan:
+                if not indices:
+                    self._dummy_pass(backward=False)
+                    continue
+                micro = self._build(samples, indices)
+                logp = self._token_logp(micro).float()
+                for index, row in zip(micro.sample_indices, micro.split_rows(logp), strict=True):
+                    out[index] = row.detach().clone()
+        return out
 
     # ----------------------------------------------------------------- the step
     def train_step(self, batch: TrainBatch) -> StepResult:
         """One training step on ``batch`` (trained at ``self.version``); publishes version + 1."""
         if batch.version != self.version:
             raise ValueError(f"batch packed for version {batch.version}, trainer is at {self.version}")
-        samples = list(batch.samples)
-        if not samples:
+        if not batch.samples:
             raise ValueError("train_step needs a non-empty batch")
+        self._check_samples(batch.samples)
+        self._command("train_step", batch)
+        return self._train_step(batch)
+
+    def _train_step(self, batch: TrainBatch) -> StepResult:
+        samples = list(batch.samples)
         t0 = time.perf_counter()
-        prox: list[torch.Tensor] | None = None
+        lr = self._set_lr(self.version)
+        lengths = [len(s.token_ids) for s in samples]
+        n_mb = min(self.cfg.ppo_minibatches, len(samples))
+        minibatches = [list(range(k, len(samples), n_mb)) for k in range(n_mb)]
+        plans = [[[mb[j] for j in micro] for micro in self._plan([lengths[i] for i in mb])] for mb in minibatches]
+
+        prox: dict[int, torch.Tensor] | None = None
         if self.algo.prox_mode == "recompute":
-            prox = self.compute_logprobs(samples)
+            prox = {}
+            for plan in plans:
+                prox.update(self._logprobs_local(samples, plan))
         t_prox = time.perf_counter() - t0
 
         self.model.train()
-        n_mb = min(self.cfg.ppo_minibatches, len(samples))
-        minibatches = [list(range(k, len(samples), n_mb)) for k in range(n_mb)]
-        totals: dict[str, float] = {}
-        weight_sum = 0.0
-        applied = True
-        grad_norms: list[float] = []
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        sums: dict[str, float] = {}
+        maxima: dict[str, float] = {}
+        weight = 0.0
         losses: list[float] = []
-        for indices in minibatches:
-            sub = [samples[i] for i in indices]
-            sub_prox = [prox[i] for i in indices] if prox is not None else None
-            denominator = _denominator(sub, self.algo.aggregation)
+        grad_norms: list[float] = []
+        skipped = 0
+        micro_batches = 0
+        for mb, plan in zip(minibatches, plans, strict=True):
+            denom = denominator([samples[i] for i in mb], self.algo.aggregation)
             self.optimizer.zero_grad(set_to_none=True)
             loss_sum = 0.0
-            for micro in self._micro_batches(sub):
-                loss, metrics = self._micro_loss(micro, sub, sub_prox, denominator)
+            for indices in plan:
+                micro_batches += 1
+                if not indices:
+                    self._dummy_pass(backward=True)
+                    continue
+                loss, metrics = self._micro_loss(samples, indices, prox, denom)
                 loss.backward()
                 loss_sum += float(loss.detach())
-                w = float(sum(sub[i].num_loss_tokens for i in micro.sample_indices))
+                w = metrics["n_loss_tokens"]
+                weight += w
                 for k, v in metrics.items():
-                    totals[k] = totals.get(k, 0.0) + w * float(v)
-                weight_sum += w
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-            grad_norms.append(float(grad_norm))
-            if not (math.isfinite(loss_sum) and math.isfinite(float(grad_norm))):
+                    if k.endswith("_max"):
+                        maxima[k] = max(maxima.get(k, -math.inf), float(v))
+                    elif k != "n_loss_tokens":
+                        sums[k] = sums.get(k, 0.0) + w * float(v)
+            if self.ctx is not None:
+                loss_sum = self.ctx.all_reduce([loss_sum])[0]
+            grad_norm = self._clip(params)
+            grad_norms.append(grad_norm)
+            if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
                 self.optimizer.zero_grad(set_to_none=True)
-                applied = False
-                break
+                skipped += 1
+                continue
             self.optimizer.step()
             losses.append(loss_sum)
-        if applied:
-            self.scheduler.step()
-        else:
+        self.optimizer.zero_grad(set_to_none=True)
+
+        if self.ctx is not None:
+            keys = sorted(sums)
+            reduced = self.ctx.all_reduce([sums[k] for k in keys] + [weight])
+            sums, weight = dict(zip(keys, reduced[:-1], strict=True)), reduced[-1]
+            mkeys = sorted(maxima)
+            maxima = dict(zip(mkeys, self.ctx.all_reduce([maxima[k] for k in mkeys], op="max"), strict=True))
+        applied = skipped == 0
+        if not applied:
             self.skipped_steps += 1
         self.version += 1
-        metrics = {k: v / max(weight_sum, 1.0) for k, v in totals.items()}
-        metrics["loss"] = sum(losses) / len(losses) if losses else float("nan")
-        metrics.update(
+        out = {k: v / max(weight, 1.0) for k, v in sums.items()}
+        out.update(maxima)
+        out.update(
+            loss=sum(losses) / len(losses) if losses else float("nan"),
             grad_norm=max(grad_norms) if grad_norms else float("nan"),
-            lr=float(self.scheduler.get_last_lr()[0]),
+            lr=lr,
             prox_time_s=t_prox,
             step_time_s=time.perf_counter() - t0,
-            trained_tokens=float(sum(len(s.token_ids) for s in samples)),
+            trained_tokens=float(sum(lengths)),
             trained_loss_tokens=float(sum(s.num_loss_tokens for s in samples)),
+            micro_batches=float(micro_batches),
             skipped=0.0 if applied else 1.0,
+            skipped_updates=float(skipped),
         )
-        return StepResult(version=self.version, applied=applied, metrics=metrics)
+        return StepResult(version=self.version, applied=applied, metrics=out)
+
+    def _clip(self, params: list[torch.nn.Parameter]) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return float(norm)
 
     def _micro_loss(
         self,
-        micro: PackedMicroBatch,
         samples: Sequence[TrainSample],
-        prox: Sequence[torch.Tensor] | None,
-        denominator: float,
+        indices: Sequence[int],
+        prox: dict[int, torch.Tensor] | None,
+        denom: float,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        rows = [samples[i] for i in micro.sample_indices]
-        logp = self._forward_logp(micro)
-        behav = micro.pad_rows([s.behav_logprobs for s in rows])
-        adv = micro.pad_rows([s.advantages for s in rows])
-        mask = micro.pad_rows([s.loss_mask for s in rows])
+        micro = self._build(samples, indices)
+        rows = [samples[i] for i in indices]
+        logp = self._token_logp(micro)
+        behav = micro.cat_rows([s.behav_logprobs for s in rows])
+        adv = micro.cat_rows([s.advantages for s in rows])
+        mask = micro.cat_rows([s.loss_mask for s in rows])
         match self.algo.prox_mode:
             case "recompute":
                 assert prox is not None
-                prox_logp = micro.pad_rows([prox[i].tolist() for i in micro.sample_indices])
+                prox_logp = micro.cat_rows([prox[i] for i in indices])
             case "behav":
                 prox_logp = behav
             case "loglinear":
-                versions = micro.pad_rows([s.versions for s in rows], fill=-1, dtype=torch.long)
+                versions = micro.cat_rows([s.versions for s in rows], dtype=torch.long, fill=-1)
                 # the proximal policy is version i = self.version; the weights being optimised are v_θ = i + 1
                 prox_logp = loglinear_prox_logp(behav, logp.detach(), versions, self.version + 1, loss_mask=mask)
             case other:
@@ -207,11 +408,6 @@ class Trainer:
             behav_cap_level=self.algo.behav_cap_level,
             aggregation=self.algo.aggregation,
             loss_type=self.algo.loss_type,
-            denominator=denominator,
+            denominator=denom,
+            **micro.loss_kwargs(),
         )
-
-    # ----------------------------------------------------------------- export
-    def export_weights(self) -> WeightUpdate:
-        """The current weights as an in-process update for the engines (private copies)."""
-        tensors = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        return WeightUpdate(version=self.version, tensors=tensors)
