@@ -28,7 +28,7 @@ import contextlib
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -92,6 +92,37 @@ def lr_factor(step: int, cfg: TrainerConfig, total_steps: int | None) -> float:
             return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
         case other:
             raise ValueError(f"unknown lr_schedule {other!r}")
+
+
+@dataclass
+class _Stats:
+    """Loss metrics of one step: token-weighted sums, maxima, micro-batch count."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    maxima: dict[str, float] = field(default_factory=dict)
+    weight: float = 0.0
+    micro_batches: int = 0
+
+    @staticmethod
+    def merge(parts: list[_Stats]) -> _Stats:
+        """The statistics of several ranks together (micro-batch count: the per-rank count)."""
+        out = _Stats(micro_batches=parts[0].micro_batches)
+        for part in parts:
+            out.weight += part.weight
+            for k, v in part.sums.items():
+                out.sums[k] = out.sums.get(k, 0.0) + v
+            for k, v in part.maxima.items():
+                out.maxima[k] = max(out.maxima.get(k, -math.inf), v)
+        return out
+
+    def add(self, metrics: dict[str, float]) -> None:
+        w = metrics["n_loss_tokens"]
+        self.weight += w
+        for k, v in metrics.items():
+            if k.endswith("_max"):
+                self.maxima[k] = max(self.maxima.get(k, -math.inf), float(v))
+            elif k != "n_loss_tokens":
+                self.sums[k] = self.sums.get(k, 0.0) + w * float(v)
 
 
 class Trainer(TrainerStateMixin):
@@ -299,34 +330,13 @@ class Trainer(TrainerStateMixin):
 
         self.model.train()
         params = [p for p in self.model.parameters() if p.requires_grad]
-        sums: dict[str, float] = {}
-        maxima: dict[str, float] = {}
-        weight = 0.0
+        stats = _Stats()
         losses: list[float] = []
         grad_norms: list[float] = []
         skipped = 0
-        micro_batches = 0
         for mb, plan in zip(minibatches, plans, strict=True):
-            denom = denominator([samples[i] for i in mb], self.algo.aggregation)
             self.optimizer.zero_grad(set_to_none=True)
-            loss_sum = 0.0
-            for indices in plan:
-                micro_batches += 1
-                if not indices:
-                    self._dummy_pass(backward=True)
-                    continue
-                loss, metrics = self._micro_loss(samples, indices, prox, denom)
-                loss.backward()
-                loss_sum += float(loss.detach())
-                w = metrics["n_loss_tokens"]
-                weight += w
-                for k, v in metrics.items():
-                    if k.endswith("_max"):
-                        maxima[k] = max(maxima.get(k, -math.inf), float(v))
-                    elif k != "n_loss_tokens":
-                        sums[k] = sums.get(k, 0.0) + w * float(v)
-            if self.ctx is not None:
-                loss_sum = self.ctx.all_reduce([loss_sum])[0]
+            loss_sum = self._accumulate(samples, mb, plan, prox, stats)
             grad_norm = self._clip(params)
             grad_norms.append(grad_norm)
             if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
@@ -336,13 +346,9 @@ class Trainer(TrainerStateMixin):
             self.optimizer.step()
             losses.append(loss_sum)
         self.optimizer.zero_grad(set_to_none=True)
-
         if self.ctx is not None:
-            keys = sorted(sums)
-            reduced = self.ctx.all_reduce([sums[k] for k in keys] + [weight])
-            sums, weight = dict(zip(keys, reduced[:-1], strict=True)), reduced[-1]
-            mkeys = sorted(maxima)
-            maxima = dict(zip(mkeys, self.ctx.all_reduce([maxima[k] for k in mkeys], op="max"), strict=True))
+            stats = _Stats.merge(self.ctx.all_gather_object(stats))
+        sums, maxima, weight = stats.sums, stats.maxima, stats.weight
         applied = skipped == 0
         if not applied:
             self.skipped_steps += 1
@@ -357,11 +363,49 @@ class Trainer(TrainerStateMixin):
             step_time_s=time.perf_counter() - t0,
             trained_tokens=float(sum(lengths)),
             trained_loss_tokens=float(sum(s.num_loss_tokens for s in samples)),
-            micro_batches=float(micro_batches),
+            micro_batches=float(stats.micro_batches),
             skipped=0.0 if applied else 1.0,
             skipped_updates=float(skipped),
         )
         return StepResult(version=self.version, applied=applied, metrics=out)
+
+    def accumulate_gradients(self, samples: Sequence[TrainSample]) -> float:
+        """Forward/backward ``samples`` as ONE mini-batch (packed micro-batches, global
+        denominator, proximal log-probs per ``algo.prox_mode``) into fresh ``.grad`` buffers;
+        no optimizer step, no version change. Returns the mini-batch loss. This is exactly the
+        gradient ``train_step`` would apply (before clipping); for tests and diagnostics."""
+        samples = list(samples)
+        self._check_samples(samples)
+        plan = self._plan([len(s.token_ids) for s in samples])
+        prox = self._logprobs_local(samples, plan) if self.algo.prox_mode == "recompute" else None
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        return self._accumulate(samples, list(range(len(samples))), plan, prox, _Stats())
+
+    def _accumulate(
+        self,
+        samples: Sequence[TrainSample],
+        minibatch: Sequence[int],
+        plan: list[list[int]],
+        prox: dict[int, torch.Tensor] | None,
+        stats: _Stats,
+    ) -> float:
+        """Backward every micro-batch of this rank's share of ``minibatch``; the loss of the
+        whole mini-batch (summed over ranks)."""
+        denom = denominator([samples[i] for i in minibatch], self.algo.aggregation)
+        loss_sum = 0.0
+        for indices in plan:
+            stats.micro_batches += 1
+            if not indices:
+                self._dummy_pass(backward=True)
+                continue
+            loss, metrics = self._micro_loss(samples, indices, prox, denom)
+            loss.backward()
+            loss_sum += float(loss.detach())
+            stats.add(metrics)
+        if self.ctx is not None:
+            loss_sum = self.ctx.all_reduce([loss_sum])[0]
+        return loss_sum
 
     def _clip(self, params: list[torch.nn.Parameter]) -> float:
         norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
