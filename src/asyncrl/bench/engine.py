@@ -88,7 +88,7 @@ def _run_local(model: Any, tokenizer: Any, prompts, lengths, slots: int, max_seq
     }
 
 
-def _run_hf(model: Any, tokenizer: Any, prompts, lengths, slots: int) -> dict[str, Any]:
+def _run_hf(model: Any, tokenizer: Any, prompts, lengths, slots: int, label: str) -> dict[str, Any]:
     import torch
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -108,7 +108,6 @@ def _run_hf(model: Any, tokenizer: Any, prompts, lengths, slots: int) -> dict[st
                 input_ids=ids,
                 attention_mask=mask,
                 max_new_tokens=budget,
-                min_new_tokens=budget,
                 do_sample=True,
                 temperature=1.0,
                 top_k=0,
@@ -121,7 +120,7 @@ def _run_hf(model: Any, tokenizer: Any, prompts, lengths, slots: int) -> dict[st
     wall = time.perf_counter() - t0
     useful = sum(lengths)
     return {
-        "engine": "transformers_generate",
+        "engine": label,
         "slots": slots,
         "requests": len(prompts),
         "useful_tokens": useful,
@@ -140,11 +139,30 @@ def run_engine_bench(
     slots: int = 32,
     max_seq_len: int = 320,
     seed: int = 0,
+    threads: int | None = 1,
+    hf_sdpa: bool = False,
     print_table: bool = True,
 ) -> dict[str, Any]:
     """Run both engines on the same long-tailed workload; print a table; write ``{"rows", "ratios"}``.
 
-    ``model_dir``: a local HF checkpoint (default: the tiny policy, built in a temp dir)."""
+    ``model_dir``: a local HF checkpoint (default: the tiny policy, built in a temp dir).
+    ``threads``: torch intra-op threads for both sides (default 1: on a 2-core machine the engine
+    shares the cores with the trainer; two OpenMP threads also slow ``generate`` down by ~50x on
+    an oversubscribed VM, which would inflate the ratio). ``None`` keeps torch's setting.
+    ``hf_sdpa``: add a row for ``generate`` with SDPA attention (the ratio stays against the
+    model as ``load_policy`` loads it: eager attention)."""
+    import torch
+
+    prev_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _bench(json_path, model_dir, num_requests, slots, max_seq_len, seed, hf_sdpa, print_table)
+    finally:
+        torch.set_num_threads(prev_threads)
+
+
+def _bench(json_path, model_dir, num_requests, slots, max_seq_len, seed, hf_sdpa, print_table) -> dict[str, Any]:
     import torch
 
     from asyncrl.models import build_tiny_policy, load_policy
@@ -153,6 +171,11 @@ def run_engine_bench(
         path = Path(model_dir) if model_dir else build_tiny_policy(Path(tmp) / "tiny")
         model, tokenizer = load_policy(path)
         ref_model, _ = load_policy(path)
+        sdpa_model = None
+        if hf_sdpa:
+            from transformers import AutoModelForCausalLM
+
+            sdpa_model = AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa").eval()
     rng = random.Random(seed)
     prompts = _prompts(tokenizer, num_requests, rng)
     lengths = long_tailed_lengths(num_requests, rng)
@@ -160,12 +183,16 @@ def run_engine_bench(
     if longest > max_seq_len:
         max_seq_len = longest
     local = _run_local(model, tokenizer, prompts, lengths, slots, max_seq_len)
-    hf = _run_hf(ref_model, tokenizer, prompts, lengths, slots)
+    hf = _run_hf(ref_model, tokenizer, prompts, lengths, slots, "transformers_generate")
     rows = [local, hf]
+    if sdpa_model is not None:
+        rows.append(_run_hf(sdpa_model, tokenizer, prompts, lengths, slots, "transformers_generate_sdpa"))
     ratios = {
         "useful_tokens_per_s": round(local["useful_tokens_per_s"] / hf["useful_tokens_per_s"], 2),
         "slot_utilisation": round(local["slot_utilisation"] / hf["slot_utilisation"], 2),
     }
+    if sdpa_model is not None:
+        ratios["useful_tokens_per_s_vs_sdpa"] = round(local["useful_tokens_per_s"] / rows[2]["useful_tokens_per_s"], 2)
     lengths_sorted = sorted(lengths)
     result = {
         "rows": rows,
@@ -201,6 +228,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines.append(
         f"LocalEngine / transformers: useful tokens/s x{r['useful_tokens_per_s']}, "
         f"slot utilisation x{r['slot_utilisation']}"
+        + (f"; vs generate with SDPA attention x{r['useful_tokens_per_s_vs_sdpa']}" if len(result["rows"]) > 2 else "")
     )
     return "\n".join(lines)
 
