@@ -152,6 +152,7 @@ def shard_model(model: torch.nn.Module, ctx: DistContext, *, mixed_precision: bo
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL_SUM)
     return model
 
 

@@ -269,6 +269,14 @@ class Trainer(TrainerStateMixin):
                 yield
         finally:
             self.model.train(was_training)
+            if self.sharded:
+                # FSDP keeps the root's parameters unsharded after a forward (expecting a backward);
+                # reshard so that parameters, state dicts and the optimizer see the shards again
+                self.model.reshard()
+
+    def _params(self) -> list[torch.nn.Parameter]:
+        """The optimised parameters (the optimizer's own references: under FSDP the sharded ones)."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
 
     # ----------------------------------------------------------------- log-probs
     def compute_logprobs(self, samples: Sequence[TrainSample]) -> list[torch.Tensor]:
@@ -329,7 +337,7 @@ class Trainer(TrainerStateMixin):
         t_prox = time.perf_counter() - t0
 
         self.model.train()
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = self._params()
         stats = _Stats()
         losses: list[float] = []
         grad_norms: list[float] = []
@@ -408,10 +416,34 @@ class Trainer(TrainerStateMixin):
         return loss_sum
 
     def _clip(self, params: list[torch.nn.Parameter]) -> float:
-        norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)
-        if hasattr(norm, "full_tensor"):
-            norm = norm.full_tensor()
-        return float(norm)
+        """Clip the global gradient norm to ``grad_clip``; returns the norm before clipping.
+
+        Under FSDP every rank holds shards (``DTensor``): the squared norms of the local shards
+        are summed over ranks, so every rank scales by the same coefficient."""
+        shards: list[torch.Tensor] = []
+        counted: list[torch.Tensor] = []
+        for p in params:
+            if p.grad is None:
+                continue
+            grad = p.grad
+            if hasattr(grad, "to_local"):
+                local = grad.to_local()
+                shards.append(local)
+                if self.rank == 0 or any(pl.is_shard() for pl in grad.placements):
+                    counted.append(local)
+            else:
+                shards.append(grad)
+                counted.append(grad)
+        square = sum((g.detach().float().pow(2).sum() for g in counted), torch.zeros((), device=self.device))
+        total = float(square)
+        if self.ctx is not None:
+            total = self.ctx.all_reduce([total])[0]
+        norm = math.sqrt(total) if math.isfinite(total) else float("nan")
+        coef = self.cfg.grad_clip / (norm + 1e-6)
+        if math.isfinite(norm) and coef < 1.0:
+            for g in shards:
+                g.mul_(coef)
+        return norm
 
     def _micro_loss(
         self,
