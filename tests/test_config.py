@@ -24,9 +24,12 @@ def test_yaml_file_and_overrides_apply_in_order(tmp_path) -> None:
     assert cfg.algo.behav_cap is None
 
 
-def test_int_is_accepted_for_float_field() -> None:
+def test_int_and_exponent_strings_are_accepted_for_float_fields() -> None:
     cfg = load_config(None, ["trainer.lr=1"])
     assert isinstance(cfg.trainer.lr, float) and cfg.trainer.lr == 1.0
+    assert load_config(None, ["trainer.lr=2e-4"]).trainer.lr == 2e-4  # YAML 1.1 reads this as a string
+    with pytest.raises(ConfigError, match="trainer.lr: expected a number"):
+        load_config(None, ["trainer.lr=fast"])
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,12 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace) -> Config:
-    return load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides)
+    if cfg.run.torch_threads > 0:
+        import torch
+
+        torch.set_num_threads(cfg.run.torch_threads)
+    return cfg
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -80,15 +85,80 @@ def cmd_eval(args: argparse.Namespace) -> int:
         max_seq_len=cfg.eval.max_new_tokens + 512,
         device=cfg.model.device,
     )
-    score = make_score_fn(cfg.task.verifier, tokenizer)
+
+    async def run() -> dict[str, float]:
+        service = None
+        if cfg.task.verifier != "arithmetic":
+            from asyncrl.reward.service import RewardService
+
+            service = RewardService(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s)
+        try:
+            score = make_score_fn(cfg.task.verifier, tokenizer, service)
+            return await evaluate(
+                engine, held_out, score, greedy=cfg.eval.greedy, temperature=cfg.rollout.temperature,
+                max_new_tokens=cfg.eval.max_new_tokens, stop_token_ids=stop_token_ids(tokenizer, model),
+            )  # fmt: skip
+        finally:
+            if service is not None:
+                await service.close()
+
     try:
-        result = asyncio.run(evaluate(
-            engine, held_out, score, greedy=cfg.eval.greedy, temperature=cfg.rollout.temperature,
-            max_new_tokens=cfg.eval.max_new_tokens, stop_token_ids=stop_token_ids(tokenizer, model),
-        ))  # fmt: skip
+        result = asyncio.run(run())
     finally:
         engine.close()
     print(json.dumps({"model": str(model_dir), "n": len(held_out), **result}, indent=2))
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from asyncrl.rollout.batch_generate import generate_batch
+
+    summary = generate_batch(
+        args.model, args.input, args.output, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        greedy=args.greedy, n=args.n, top_p=args.top_p, top_k=args.top_k, seed=args.seed, max_slots=args.max_slots,
+        device=args.device,
+    )  # fmt: skip
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    match args.what:
+        case "engine":
+            if not args.model:
+                raise ConfigError("asyncrl serve engine needs --model DIR")
+            from asyncrl.rollout.server import serve_engine
+
+            serve_engine(
+                args.model, args.host, args.port if args.port is not None else 30000, max_slots=args.max_slots,
+                max_seq_len=args.max_seq_len, interrupt_mode=args.interrupt_mode, device=args.device,
+            )  # fmt: skip
+        case "reward":
+            from asyncrl.reward.remote import serve_reward
+
+            serve_reward(args.host, args.port if args.port is not None else 0, num_workers=args.workers,
+                         timeout_s=args.timeout)  # fmt: skip
+        case other:
+            raise ConfigError(f"unknown server {other!r}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    match args.name:
+        case "engine":
+            from asyncrl.bench.engine import run_engine_bench
+
+            run_engine_bench(args.json, model_dir=args.model)
+        case other:
+            raise ConfigError(f"unknown benchmark {other!r} (available: engine)")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from asyncrl.controller.report import make_report
+
+    for path in make_report(args.run_dir, args.output):
+        print(path)
     return 0
 
 
@@ -125,6 +195,45 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--model", help="local Hugging Face model directory")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("generate", help="batch generation from a JSONL file of prompts")
+    p.add_argument("--model", required=True, help="local Hugging Face model directory")
+    p.add_argument("--input", required=True, help="JSONL rows with `prompt` (text) or `input_ids`")
+    p.add_argument("--output", required=True, help="JSONL output: id, output_ids, text, logprobs, versions, ...")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--greedy", action="store_true")
+    p.add_argument("--n", type=int, default=1, help="samples per prompt")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-slots", type=int, default=64)
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("serve", help="serve an engine (SGLang-native subset) or the reward service over HTTP")
+    p.add_argument("what", choices=["engine", "reward"])
+    p.add_argument("--model", help="engine: local Hugging Face model directory")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
+    p.add_argument("--port", type=int, default=None, help="engine default 30000; reward default: any free port")
+    p.add_argument("--max-slots", type=int, default=64)
+    p.add_argument("--max-seq-len", type=int, default=1024)
+    p.add_argument("--interrupt-mode", choices=["abort", "keep"], default="abort")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--workers", type=int, default=2, help="reward: worker processes")
+    p.add_argument("--timeout", type=float, default=10.0, help="reward: per-item timeout in seconds")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
+    p.add_argument("name", help="engine")
+    p.add_argument("--json", help="write the result rows and ratios here")
+    p.add_argument("--model", help="model directory (default: the tiny model)")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("report", help="PNG plots of a run directory (reward, throughput, staleness, timeline)")
+    p.add_argument("run_dir")
+    p.add_argument("--output", help="directory for the plots (default RUN_DIR/plots)")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("check-config", help="validate a config and print the resolved tree")
     _add_config_args(p)

@@ -96,6 +96,9 @@ class Controller:
         self._stopping = False
         self._errors: list[BaseException] = []
         self._reward_latency: list[float] = []
+        self._scoring = 0
+        self._training = False
+        self._run_start = time.perf_counter()
 
     # ------------------------------------------------------------------ admission and episodes
     async def _admit_loop(self) -> None:
@@ -119,9 +122,31 @@ class Controller:
 
     async def _timed_score(self, prompt: Prompt, completion: Any) -> tuple[float, str | None]:
         t0 = time.perf_counter()
-        result = await self.score(prompt, completion)
+        self._scoring += 1
+        try:
+            result = await self.score(prompt, completion)
+        finally:
+            self._scoring -= 1
         self._reward_latency.append(time.perf_counter() - t0)
         return result
+
+    async def _sample_timeline(self, period_s: float = 0.25) -> None:
+        """Record what each component is doing a few times a second (``timeline.jsonl``)."""
+        while not self._stopping:
+            stats = self.engine.stats()
+            self.rundir.log_timeline(
+                {
+                    "t": time.perf_counter() - self._run_start,
+                    "engine_running": stats.get("running_samples", 0.0),
+                    "engine_generated_tokens": stats.get("generated_tokens", 0.0),
+                    "trainer_busy": self._training,
+                    "reward_in_flight": self._scoring,
+                    "buffer_groups": len(self.buffer),
+                    "running_groups": self.gate.running,
+                    "version": self.published_version,
+                }
+            )
+            await asyncio.sleep(period_s)
 
     async def _episode(self, prompt: Prompt, version: int) -> None:
         try:
@@ -177,8 +202,8 @@ class Controller:
     async def _train_loop(self, executor: ThreadPoolExecutor, bar: tqdm) -> None:
         loop = asyncio.get_running_loop()
         c = self.cfg.controller
-        run_start = time.perf_counter()
-        last_time = run_start
+        run_start = self._run_start
+        last_time = time.perf_counter()
         last_engine = self.engine.stats()
         while self.state.step < c.total_steps:
             step = self.state.step
@@ -188,7 +213,11 @@ class Controller:
             samples = groups_to_samples(groups, self.cfg.algo)
             gen_before = self.engine.stats()["generated_tokens"]
             t_train = time.perf_counter()
-            result = await loop.run_in_executor(executor, self.trainer.train_step, TrainBatch(tuple(samples), step))
+            self._training = True
+            try:
+                result = await loop.run_in_executor(executor, self.trainer.train_step, TrainBatch(tuple(samples), step))
+            finally:
+                self._training = False
             train_s = time.perf_counter() - t_train
             gen_during = self.engine.stats()["generated_tokens"] - gen_before
             t_sync = time.perf_counter()
@@ -220,6 +249,7 @@ class Controller:
                 "step": step,
                 "version": result.version,
                 "time_s": now - run_start,
+                "train_start_s": t_train - run_start,
                 "reward": sum(rewards) / len(rewards),
                 "accuracy": sum(1 for r in rewards if r >= 1.0) / len(rewards),
                 "response_len": sum(len(comp.output_ids) for g in groups for comp in g.completions) / len(rewards),
@@ -266,17 +296,20 @@ class Controller:
             disable=not self.cfg.run.progress,
             dynamic_ncols=True,
         )
+        self._run_start = time.perf_counter()
         admit = asyncio.create_task(self._admit_loop())
+        sampler = asyncio.create_task(self._sample_timeline())
         try:
             await self._train_loop(executor, bar)
         finally:
             self._stopping = True
             self._wake_admit.set()
             admit.cancel()
+            sampler.cancel()
             snapshot = dict(self._in_flight)
             for task in snapshot:
                 task.cancel()
-            await asyncio.gather(admit, *snapshot, return_exceptions=True)
+            await asyncio.gather(admit, sampler, *snapshot, return_exceptions=True)
             for task, (prompt, version) in snapshot.items():
                 if task.cancelled():
                     self.rundir.log_in_flight(prompt.prompt_id, version)

@@ -4,6 +4,7 @@
 - ``metrics.jsonl``: one JSON line per training step;
 - ``trajectories.jsonl`` (the ledger): one line per sample once its fate is known (trained,
   filtered, dropped as stale) and, at the end of a run, for samples still unused or in flight;
+- ``timeline.jsonl``: a few samples a second of what each component is doing (for the report);
 - ``summary.json``: written at the end;
 - ``tb/``: TensorBoard events of the per-step metrics (when tensorboard is installed).
 Lines are flushed as they are written so a killed run keeps everything up to the kill.
@@ -41,6 +42,7 @@ class RunDir:
             dump_yaml(cfg, self.path / "config.yaml")
         self._metrics = open(self.path / "metrics.jsonl", "a", encoding="utf-8")
         self._ledger = open(self.path / "trajectories.jsonl", "a", encoding="utf-8")
+        self._timeline = open(self.path / "timeline.jsonl", "a", encoding="utf-8")
         self._tb = None
         if tensorboard:
             try:
@@ -106,12 +108,18 @@ class RunDir:
         self._ledger.write(json.dumps(line) + "\n")
         self._ledger.flush()
 
+    def log_timeline(self, sample: dict[str, Any]) -> None:
+        """One activity sample (engine running requests, trainer busy, reward in flight, queues)."""
+        self._timeline.write(json.dumps(sample) + "\n")
+        self._timeline.flush()
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         (self.path / "summary.json").write_text(json.dumps({k: _clean(v) for k, v in summary.items()}, indent=2))
 
     def close(self) -> None:
         self._metrics.close()
         self._ledger.close()
+        self._timeline.close()
         if self._tb is not None:
             self._tb.close()
 

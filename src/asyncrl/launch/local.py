@@ -61,7 +61,14 @@ async def _train_async(cfg: Config, run_dir: Path) -> dict[str, Any]:
     )
     trainer = Trainer(model, cfg.trainer, cfg.algo, temperature=cfg.rollout.temperature, device=cfg.model.device)
     train_prompts, held_out, _ = build_task(cfg.task, tokenizer)
-    score = make_score_fn(cfg.task.verifier, tokenizer)
+    service = None
+    if cfg.task.verifier != "arithmetic":
+        from asyncrl.reward.service import RewardService
+
+        service = RewardService(
+            num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s, max_retries=cfg.reward.max_retries
+        )
+    score = make_score_fn(cfg.task.verifier, tokenizer, service)
     rundir = RunDir(run_dir, cfg)
     eval_kw = dict(
         greedy=cfg.eval.greedy,
@@ -87,6 +94,8 @@ async def _train_async(cfg: Config, run_dir: Path) -> dict[str, Any]:
         engine_stats = engine.stats()
     finally:
         engine.close()
+        if service is not None:
+            await service.close()
     summary = {
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"],
