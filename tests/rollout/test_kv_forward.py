@@ -28,7 +28,7 @@ def test_prefill_and_decode_with_split_attention_match_hf(load_tiny):
         pos = [len(s) for s in seqs]
         short, long_rows = f.plan_split(pos)
         split_seen |= bool(long_rows)
-        out = f.decode(torch.tensor(nxt), torch.tensor(pos), pos)
+        out, _ = f.step(nxt, pos, list(range(16)), [], [])
         for b in range(16):
             seqs[b].append(nxt[b])
         for b in (0, 7, 12, 15):
@@ -41,8 +41,8 @@ def test_idle_slots_inside_the_batch_are_harmless(load_tiny):
     f = SlotKVForward(model, max_slots=4, max_seq_len=64, device="cpu")
     seqs = [[5, 6, 7, 8], [9, 10]]
     f.prefill([0, 2], seqs)
-    # slot 1 is idle (token 0 at position 0); slot 3 is beyond hi
-    out = f.decode(torch.tensor([11, 0, 12]), torch.tensor([4, 0, 2]), [4, 0, 2])
+    # slot 1 is idle (token 0 at position 0, K/V to the scratch slot); slot 3 is beyond hi
+    out, _ = f.step([11, 0, 12], [4, 0, 2], [0, f.scratch, 2], [], [])
     assert (out[0] - hf_last_logits(model, seqs[0] + [11])).abs().max().item() < 1e-4
     assert (out[2] - hf_last_logits(model, seqs[1] + [12])).abs().max().item() < 1e-4
 
@@ -93,3 +93,18 @@ def test_mixed_step_prefills_new_prompts_while_decoding_others(load_tiny):
             seqs[slot] = prompts[b]
             assert (pre[b] - hf_last_logits(model, prompts[b])).abs().max().item() < 1e-4
     assert sorted(seqs) == [0, 1, 2, 5, 7]
+
+
+@pytest.mark.parametrize("one_by_one", [False, True])
+def test_several_new_prompts_batched_or_one_by_one(load_tiny, one_by_one):
+    model, _ = load_tiny()
+    f = SlotKVForward(model, max_slots=4, max_seq_len=64, device="cpu")
+    if one_by_one:
+        f.max_batched_scores = 0  # force the per-prompt path (used for long prompts)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15]]
+    logits = f.prefill([3, 0, 1], prompts)
+    for b, p in enumerate(prompts):
+        assert (logits[b] - hf_last_logits(model, p)).abs().max().item() < 1e-4
+    out, _ = f.step([20, 21, 22, 0], [7, 1, 0, 3], [0, 1, f.scratch, 3], [], [])
+    assert (out[0] - hf_last_logits(model, prompts[1] + [20])).abs().max().item() < 1e-4
+    assert (out[3] - hf_last_logits(model, prompts[0] + [0])).abs().max().item() < 1e-4

@@ -25,91 +25,22 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from asyncrl.rollout.kv_forward import SlotKVForward
-from asyncrl.rollout.sampling import SEED_MOD, SamplingParams, SlotParams, sample
+from asyncrl.rollout.requests import Request as _Request
+from asyncrl.rollout.requests import Sample as _Sample
+from asyncrl.rollout.requests import post as _post
+from asyncrl.rollout.sampling import SamplingParams, SlotParams, sample
+from asyncrl.rollout.weights import copy_state, load_update_tensors
 from asyncrl.types import Completion, WeightUpdate
 
 __all__ = ["LocalEngine", "SamplingParams", "load_update_tensors"]
 
 log = logging.getLogger(__name__)
 INTERRUPT_MODES = ("abort", "keep")
-
-
-class _Request:
-    """One ``generate`` call: a prompt and its n samples."""
-
-    def __init__(self, prompt: list[int], sampling: SamplingParams, n: int, base_seed: int, loop, fut):
-        self.prompt = prompt
-        self.sampling = sampling
-        self.stop = frozenset(sampling.stop_token_ids)
-        self.seeds = [(base_seed + i) % SEED_MOD for i in range(n)]
-        self.pending: deque[int] = deque(range(n))  # sample indices not yet admitted
-        self.results: list[Completion | None] = [None] * n
-        self.remaining = n
-        self.live: set[int] = set()  # slots running one of its samples
-        self.first_logits: torch.Tensor | None = None  # logits after the prompt (shared by samples)
-        self.first_epoch = -1
-        self.cancelled = False
-        self.loop, self.fut = loop, fut
-
-
-class _Sample:
-    """A running sample: lives in one slot."""
-
-    __slots__ = ("req", "idx", "out", "lps", "vers", "pos", "last", "limit", "interrupts")
-
-    def __init__(self, req: _Request, idx: int, limit: int):
-        self.req, self.idx, self.limit = req, idx, limit
-        self.out: list[int] = []
-        self.lps: list[float] = []
-        self.vers: list[int] = []
-        self.pos = len(req.prompt) - 1  # position of the last token (the next decode input)
-        self.last = -1  # the last token; -1 until the first token is sampled
-        self.interrupts = 0
-
-
-def _resolve(fut: asyncio.Future, value: Any = None, exc: BaseException | None = None) -> None:
-    if fut.done():
-        return
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(value)
-
-
-def _post(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, value: Any = None, exc: BaseException | None = None):
-    """Resolve ``fut`` on its loop from the engine thread; a caller whose loop has closed is gone."""
-    try:
-        loop.call_soon_threadsafe(_resolve, fut, value, exc)
-    except RuntimeError:  # "Event loop is closed": nobody is waiting any more
-        pass
-
-
-def load_update_tensors(update: WeightUpdate) -> dict[str, torch.Tensor]:
-    """The ``{HF name: tensor}`` state dict of a weight update (in-process tensors or a safetensors dir)."""
-    if update.tensors is not None:
-        return update.tensors
-    from safetensors.torch import load_file
-
-    path = Path(update.path)  # type: ignore[arg-type]
-    single = path / "model.safetensors"
-    if single.is_file():
-        return load_file(str(single))
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        import json
-
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        out: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            out.update(load_file(str(path / shard)))
-        return out
-    raise FileNotFoundError(f"weight update: {path} holds no model.safetensors (or sharded index)")
 
 
 class LocalEngine:
@@ -524,17 +455,7 @@ class LocalEngine:
 
     def _apply_update(self, update: WeightUpdate) -> None:
         t0 = time.perf_counter()
-        tensors = load_update_tensors(update)
-        unknown = [k for k in tensors if k not in self._state]
-        if unknown:
-            raise KeyError(f"weight update v{update.version}: unknown parameter names {unknown[:5]}")
-        for name, value in tensors.items():
-            dst = self._state[name]
-            if tuple(dst.shape) != tuple(value.shape):
-                raise ValueError(f"weight update: {name} has shape {tuple(value.shape)}, want {tuple(dst.shape)}")
-        with torch.no_grad():
-            for name, value in tensors.items():
-                self._state[name].copy_(value)
+        copy_state(self._state, load_update_tensors(update), update.version)
         self.fwd.refresh()
         self._version = int(update.version)
         self._epoch += 1

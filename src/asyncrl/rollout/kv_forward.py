@@ -5,10 +5,10 @@ code over the model's weights (``embed_tokens``, ``layers[i].self_attn.{q,k,v,o}
 + ``q_norm``/``k_norm``), the two RMSNorms, the gated MLP, ``norm``, ``lm_head``) and the model's
 own rotary module, with a preallocated cache ``[layers, slots, kv_heads, max_seq_len, head_dim]``.
 
-- ``prefill(slots, prompts)``: right-padded batch of prompts, causal attention, K/V written into the
-  given slots at positions ``[0, len)``; returns the logits of each prompt's last token.
-- ``decode(tokens, positions, hi)``: one token for every slot in ``[0, hi)``; the K/V of the input
-  token is written at its position and attention covers positions ``<= position`` of its own slot.
+- ``step(...)``: one forward over the decode rows of slots ``[0, hi)`` (one token each: its K/V is
+  written at its position, attention covers positions ``<= position`` of its own slot) and the
+  prompts of newly admitted requests (causal attention, K/V written into their slots); the linear
+  layers run once over all rows. ``prefill(slots, prompts)`` is the prompt-only case.
 - ``copy_prefix(src, dsts, length)``: share a prompt's KV between the samples of one group.
 
 Numerics follow Hugging Face's eager path in fp32 (same op order for rotary and attention), so the
@@ -115,6 +115,7 @@ class SlotKVForward:
         self.half = half
         self.arange_len = torch.arange(max_seq_len, device=self.device)
         self.split_min_keys = 48  # see plan_split
+        self.max_batched_scores = 1 << 24  # padded prompt batches above this many scores go one by one
         self.refresh()
 
     # ----------------------------------------------------------------------------------- weights
@@ -185,39 +186,11 @@ class SlotKVForward:
         return F.linear(x, self.lm_head)
 
     # ----------------------------------------------------------------------------------- prefill
-    @torch.no_grad()
     def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
         """Run the prompts (one per slot) from position 0; fill the slots' KV; return last logits [B, V]."""
-        lens = [len(p) for p in prompts]
-        pmax = max(lens)
-        ids = torch.zeros(len(prompts), pmax, dtype=torch.long)
-        for b, p in enumerate(prompts):
-            ids[b, : len(p)] = torch.as_tensor(p, dtype=torch.long)
-        ids = ids.to(self.device)
-        slot_t = torch.as_tensor(slots, dtype=torch.long, device=self.device)
-        bsz = len(prompts)
-        x = F.embedding(ids, self.embed)  # [B, P, H]
-        cos = self.cos[:pmax][:, None, :]  # [P, 1, D]
-        sin = self.sin_signed[:pmax][:, None, :]
-        for li, ly in enumerate(self.layers):
-            h = F.rms_norm(x, (x.shape[-1],), ly.in_norm, self.eps)
-            q, k, v = self._rope_qk(ly, self._qkv(ly, h), cos, sin)  # [B, P, heads, D]
-            k = k.transpose(1, 2)  # [B, KVH, P, D]
-            v = v.transpose(1, 2)
-            self.k_cache[li, slot_t, :, :pmax] = k
-            self.v_cache[li, slot_t, :, :pmax] = v
-            # Right padding + causal mask: a real token only ever sees real tokens before it.
-            q = q.transpose(1, 2)  # [B, H, P, D]
-            if self.groups > 1:
-                k = k.repeat_interleave(self.groups, dim=1)
-                v = v.repeat_interleave(self.groups, dim=1)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
-            o = o.transpose(1, 2).reshape(bsz, pmax, self.num_heads * self.head_dim)
-            x = x + F.linear(o, ly.o_w, ly.o_b)
-            x = self._mlp_block(ly, x)
-        last = torch.as_tensor([n - 1 for n in lens], device=self.device)
-        x_last = x[torch.arange(bsz, device=self.device), last]  # [B, H]
-        return self._logits(x_last).float()
+        _, logits = self.step([], [], [], slots, prompts)
+        assert logits is not None
+        return logits
 
     @torch.no_grad()
     def copy_prefix(self, src: int, dsts: list[int], length: int) -> None:
@@ -272,10 +245,13 @@ class SlotKVForward:
             slots_t = torch.as_tensor(new_slots, dtype=torch.long, device=dev)
             # padded [B, pmax] view of the prompt rows (pads point at any real row; their output is dropped)
             starts = [hi + sum(lens[:b]) for b in range(nb)]
-            pad_idx = torch.tensor(
-                [[st + min(t, n - 1) for t in range(pmax)] for st, n in zip(starts, lens, strict=True)], device=dev
-            )
-            keep = torch.tensor([b * pmax + t for b, n in enumerate(lens) for t in range(n)], device=dev)
+            # A padded batch materialises B x heads x P x P scores: above ~64 MiB go prompt by prompt.
+            per_prompt = nb == 1 or nb * pmax * pmax * self.num_heads > self.max_batched_scores
+            if not per_prompt:
+                pad_idx = torch.tensor(
+                    [[st + min(t, n - 1) for t in range(pmax)] for st, n in zip(starts, lens, strict=True)], device=dev
+                )
+                keep = torch.tensor([b * pmax + t for b, n in enumerate(lens) for t in range(n)], device=dev)
             causal = torch.full((pmax, pmax), float("-inf"), dtype=self.dtype, device=dev).triu_(1)
         for li, ly in enumerate(self.layers):
             h = F.rms_norm(x, (x.shape[-1],), ly.in_norm, self.eps)
@@ -294,13 +270,13 @@ class SlotKVForward:
                     )
                     o[long_ix] = o_long
                 outs.append(o.reshape(hi, -1))
-            if nb == 1:  # the common case: one new prompt, all views
-                slot, plen = new_slots[0], lens[0]
-                qp = q[hi : hi + plen].permute(1, 2, 0, 3)  # [KVH, G, P, D]
-                kp = kc[slot, :, :plen].unsqueeze(1)  # [KVH, 1, P, D]
-                vp = vc[slot, :, :plen].unsqueeze(1)
-                op = self._attend(qp, kp, vp, causal)
-                outs.append(op.permute(2, 0, 1, 3).reshape(plen, -1))
+            if nb and per_prompt:  # one new prompt (the common case), or long ones: views, one at a time
+                for slot, plen, st in zip(new_slots, lens, starts, strict=True):
+                    qp = q[st : st + plen].permute(1, 2, 0, 3)  # [KVH, G, P, D]
+                    kp = kc[slot, :, :plen].unsqueeze(1)  # [KVH, 1, P, D]
+                    vp = vc[slot, :, :plen].unsqueeze(1)
+                    op = self._attend(qp, kp, vp, causal[:plen, :plen])
+                    outs.append(op.permute(2, 0, 1, 3).reshape(plen, -1))
             elif nb:
                 qp = q[pad_idx].permute(0, 2, 3, 1, 4)  # [B, KVH, G, P, D]
                 kp = kc[slots_t, :, :pmax].unsqueeze(2)  # [B, KVH, 1, P, D]
@@ -333,39 +309,6 @@ class SlotKVForward:
         if length - short < self.split_min_keys:
             return length, []
         return short, [i for i, p in enumerate(pos_list) if p >= short]
-
-    @torch.no_grad()
-    def decode(self, tokens: torch.Tensor, positions: torch.Tensor, pos_list: list[int]) -> torch.Tensor:
-        """One decode step for slots ``[0, len(pos_list))``: ``tokens``/``positions`` are on the device,
-        ``pos_list`` the same positions on the host (idle slots: any token at position 0). Returns [n, V]."""
-        hi = len(pos_list)
-        short, long_rows = self.plan_split(pos_list)
-        x = F.embedding(tokens, self.embed)  # [n, H]
-        cos = self.cos[positions][:, None, :]  # [n, 1, D]
-        sin = self.sin_signed[positions][:, None, :]
-        mask = self._mask(positions, short)
-        if long_rows:
-            length = max(pos_list) + 1
-            long_t = torch.as_tensor(long_rows, dtype=torch.long, device=self.device)
-            long_mask = self._mask(positions[long_t], length)
-        rows = self.arange_len[:hi]
-        n, nkv, g, d = hi, self.num_kv_heads, self.groups, self.head_dim
-        for li, ly in enumerate(self.layers):
-            h = F.rms_norm(x, (x.shape[-1],), ly.in_norm, self.eps)
-            q, k, v = self._rope_qk(ly, self._qkv(ly, h), cos, sin)  # q [n, H, D], k/v [n, KVH, D]
-            kc, vc = self.k_cache[li], self.v_cache[li]
-            kc[rows, :, positions] = k
-            vc[rows, :, positions] = v
-            # GQA without repeat_kv: the G query heads of one KV head form the "query length" axis.
-            # Same op order as HF eager attention: (q @ k^T) * scale + mask, softmax, @ v.
-            q = q.reshape(n, nkv, g, d)
-            o = self._attend(q, kc[:hi, :, :short], vc[:hi, :, :short], mask)
-            if long_rows:
-                o_long = self._attend(q[long_t], kc[long_t, :, :length], vc[long_t, :, :length], long_mask)
-                o = o.index_copy(0, long_t, o_long)
-            x = x + F.linear(o.reshape(n, nkv * g * d), ly.o_w, ly.o_b)
-            x = self._mlp_block(ly, x)
-        return self._logits(x).float()
 
     def _mask(self, positions: torch.Tensor, length: int) -> torch.Tensor:
         """Additive mask [n, 1, 1, length]: 0 where key position <= the row's position, else -inf."""
