@@ -84,3 +84,56 @@ def test_prox_modes_agree_on_policy(tiny_policy_dir, prox_mode: str) -> None:
     ref = Trainer(ref_model, TrainerConfig(), AlgoConfig(prox_mode="recompute"))
     ref_result = ref.train_step(TrainBatch(tuple(_samples(ref)), version=0))
     assert result.metrics["loss"] == pytest.approx(ref_result.metrics["loss"], abs=1e-5)
+
+
+def test_lr_schedule_warmup_and_decay() -> None:
+    from asyncrl.trainer.trainer import lr_factor
+
+    cfg = TrainerConfig(warmup_steps=4, lr_schedule="cosine", decay_steps=14, min_lr_ratio=0.1)
+    factors = [lr_factor(s, cfg, None) for s in range(16)]
+    assert factors[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert factors[4] == pytest.approx(1.0) and factors[9] == pytest.approx(0.55)  # half-way: (1 + 0.1) / 2
+    assert factors[14] == pytest.approx(0.1) and factors[15] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(factors[4:], factors[5:], strict=False))
+    linear = TrainerConfig(warmup_steps=0, lr_schedule="linear")
+    assert [lr_factor(s, linear, 5) for s in (0, 5)] == [1.0, 0.0]  # horizon from the run's total steps
+    assert lr_factor(100, TrainerConfig(warmup_steps=2), None) == 1.0  # constant
+
+
+def test_lr_follows_the_version_and_is_reported(tiny_policy_dir) -> None:
+    model, _ = load_policy(tiny_policy_dir)
+    cfg = TrainerConfig(lr=1e-2, warmup_steps=2, lr_schedule="linear", decay_steps=4)
+    trainer = Trainer(model, cfg, AlgoConfig())
+    lrs = [trainer.train_step(TrainBatch(tuple(_samples(trainer, 2)), v)).metrics["lr"] for v in range(4)]
+    assert lrs == pytest.approx([5e-3, 1e-2, 1e-2, 5e-3])  # warm-up, peak, then linear to 0 at step 4
+
+
+def test_first_token_cannot_carry_loss(tiny_policy_dir) -> None:
+    model, _ = load_policy(tiny_policy_dir)
+    trainer = Trainer(model, TrainerConfig(), AlgoConfig())
+    s = _samples(trainer, 1)[0]
+    bad = TrainSample(s.prompt_id, 0, s.token_ids, (1,) + s.loss_mask[1:], s.behav_logprobs, s.advantages,
+                      s.versions, 0, 0)  # fmt: skip
+    with pytest.raises(ValueError, match="first token"):
+        trainer.train_step(TrainBatch((bad,), 0))
+
+
+@pytest.mark.parametrize("overrides", [{"micro_batching": "padded", "padded_micro_batch_size": 3}, {"balance": "kk"}])
+def test_step_modes_train(tiny_policy_dir, overrides) -> None:
+    model, _ = load_policy(tiny_policy_dir)
+    trainer = Trainer(model, TrainerConfig(lr=1e-2, max_tokens_per_micro_batch=24, **overrides), AlgoConfig())
+    before = [p.detach().clone() for p in model.parameters()]
+    result = trainer.train_step(TrainBatch(tuple(_samples(trainer, 5)), 0))
+    assert result.applied and math.isfinite(result.metrics["loss"]) and result.metrics["micro_batches"] >= 2
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_ppo_minibatches_make_several_optimizer_updates(tiny_policy_dir) -> None:
+    model, _ = load_policy(tiny_policy_dir)
+    trainer = Trainer(model, TrainerConfig(ppo_minibatches=3), AlgoConfig())
+    result = trainer.train_step(TrainBatch(tuple(_samples(trainer, 6)), 0))
+    assert result.applied and trainer.version == 1
+    state = trainer.optimizer.state[next(iter(trainer._params()))]
+    assert int(state["step"]) == 3
+    # the second and third updates see a moved policy: the ratio is no longer exactly 1
+    assert result.metrics["approx_kl_prox"] > 0.0
