@@ -184,8 +184,13 @@ class ControllerConfig:
 
 @dataclass
 class EvalConfig:
-    greedy: bool = True
-    """Held-out accuracy with greedy decoding (False: sample at rollout temperature)."""
+    greedy: bool = False
+    """How ``accuracy_before``/``accuracy_after`` decode: False samples at the rollout temperature
+    (the policy's own pass@1, averaged over ``samples_per_prompt`` samples); True is argmax."""
+    samples_per_prompt: int = 4
+    """Samples per held-out prompt for the sampled accuracy (ignored when greedy)."""
+    report_greedy: bool = True
+    """Also measure greedy accuracy (``accuracy_greedy_before``/``_after`` in the summary)."""
     max_new_tokens: int = 160
 
 
@@ -323,6 +328,7 @@ def validate(cfg: Config) -> Config:
         "trainer.dist_timeout_s": cfg.trainer.dist_timeout_s,
         "task.eval_size": cfg.task.eval_size,
         "reward.num_workers": cfg.reward.num_workers,
+        "eval.samples_per_prompt": cfg.eval.samples_per_prompt,
         "reward.timeout_s": cfg.reward.timeout_s,
     }
     for key, value in positive.items():

@@ -22,8 +22,11 @@ async def evaluate(
     max_new_tokens: int = 256,
     stop_token_ids: tuple[int, ...] = (),
     seed: int = 0,
+    samples_per_prompt: int = 1,
 ) -> dict[str, float]:
-    """Accuracy (fraction of reward 1.0), mean reward and mean response length on ``prompts``."""
+    """Accuracy (fraction of reward 1.0), mean reward and mean response length on ``prompts``,
+    averaged over ``samples_per_prompt`` samples each (1 when greedy: argmax is deterministic)."""
+    n = 1 if greedy else max(1, samples_per_prompt)
     sampling = SamplingParams(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
@@ -32,15 +35,15 @@ async def evaluate(
         seed=seed,
     )
 
-    async def one(prompt: Prompt) -> tuple[float, int]:
-        (completion,) = await generate_group(engine, prompt.token_ids, sampling, 1)
-        reward, _failure = await score(prompt, completion)
-        return reward, len(completion.output_ids)
+    async def one(prompt: Prompt) -> list[tuple[float, int]]:
+        completions = await generate_group(engine, prompt.token_ids, sampling, n)
+        scored = await asyncio.gather(*(score(prompt, c) for c in completions))
+        return [(reward, len(c.output_ids)) for (reward, _failure), c in zip(scored, completions, strict=True)]
 
-    results = await asyncio.gather(*(one(p) for p in prompts))
-    n = max(1, len(results))
+    results = [r for group in await asyncio.gather(*(one(p) for p in prompts)) for r in group]
+    total = max(1, len(results))
     return {
-        "accuracy": sum(1 for r, _ in results if r >= 1.0) / n,
-        "reward": sum(r for r, _ in results) / n,
-        "response_len": sum(n_tok for _, n_tok in results) / n,
+        "accuracy": sum(1 for r, _ in results if r >= 1.0) / total,
+        "reward": sum(r for r, _ in results) / total,
+        "response_len": sum(n_tok for _, n_tok in results) / total,
     }

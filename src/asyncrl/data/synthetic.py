@@ -8,9 +8,8 @@ scratchpad step per operation and the final answer after ``#``::
 The number of operands is drawn from a long-tailed distribution (2 plus a geometric number of
 extra operands, capped at ``max_terms``), so most responses are short and a few are long, like
 the outputs of reasoning models. Running totals stay in ``[0, 10 * max_operand]``. Problems are
-generated from a fixed seed; the train and held-out splits are disjoint by construction (the
-held-out split is drawn from a separate seed stream and any problem text that also occurs in
-train is skipped).
+generated from a fixed seed; the held-out split has distinct questions and train never contains
+a held-out question, while both follow the same length distribution.
 """
 
 from __future__ import annotations
@@ -54,20 +53,31 @@ def _make_problem(
 
 
 def make_splits(
-    seed: int, train_size: int, eval_size: int, *, max_terms: int = 8, tail: float = 0.5, max_operand: int = 20
+    seed: int, train_size: int, eval_size: int, *, max_terms: int = 8, tail: float = 0.5, max_operand: int = 9
 ) -> tuple[list[ArithmeticProblem], list[ArithmeticProblem]]:
-    """Deterministic (train, held_out) splits; no held-out question appears in train."""
-    train_rng = random.Random(f"{seed}-train")
-    train = [_make_problem(train_rng, f"train-{i}", max_terms, tail, max_operand) for i in range(train_size)]
-    seen = {p.question for p in train}
+    """Deterministic (train, held_out) splits from the same length distribution.
+
+    The held-out split is drawn first from its own seed stream (distinct questions), then train
+    is drawn from another stream skipping any question in held-out, so no held-out question is
+    ever trained on while both splits keep the long-tailed length distribution (drawing held-out
+    second and skipping train questions would bias it toward long problems: short questions
+    are few and all occur in a large train set)."""
     eval_rng = random.Random(f"{seed}-eval")
     held_out: list[ArithmeticProblem] = []
+    seen: set[str] = set()
     index = 0
     while len(held_out) < eval_size:
         problem = _make_problem(eval_rng, f"eval-{index}", max_terms, tail, max_operand)
         index += 1
-        if problem.question in seen:
-            continue
-        seen.add(problem.question)
-        held_out.append(problem)
+        if problem.question not in seen:
+            seen.add(problem.question)
+            held_out.append(problem)
+    train_rng = random.Random(f"{seed}-train")
+    train: list[ArithmeticProblem] = []
+    index = 0
+    while len(train) < train_size:
+        problem = _make_problem(train_rng, f"train-{index}", max_terms, tail, max_operand)
+        index += 1
+        if problem.question not in seen:
+            train.append(problem)
     return train, held_out

@@ -75,10 +75,14 @@ async def _train_async(cfg: Config, run_dir: Path) -> dict[str, Any]:
         temperature=cfg.rollout.temperature,
         max_new_tokens=cfg.eval.max_new_tokens,
         stop_token_ids=stops,
+        samples_per_prompt=cfg.eval.samples_per_prompt,
     )
+    greedy_kw = {**eval_kw, "greedy": True}
     try:
         before = await evaluate(engine, held_out, score, **eval_kw)
-        print(f"held-out accuracy before RL: {before['accuracy']:.3f}")
+        if cfg.eval.report_greedy:
+            before["greedy_accuracy"] = (await evaluate(engine, held_out, score, **greedy_kw))["accuracy"]
+        print(f"held-out accuracy before RL: {before['accuracy']:.3f} (greedy {before.get('greedy_accuracy')})")
         controller = Controller(
             cfg, engine, trainer, PromptSource(train_prompts, cfg.run.seed), score, rundir,
             tokenizer=tokenizer, stop_token_ids=stops,
@@ -87,7 +91,9 @@ async def _train_async(cfg: Config, run_dir: Path) -> dict[str, Any]:
         state = await controller.run()
         rl_wall = time.perf_counter() - t_rl
         after = await evaluate(engine, held_out, score, **eval_kw)
-        print(f"held-out accuracy after RL:  {after['accuracy']:.3f}")
+        if cfg.eval.report_greedy:
+            after["greedy_accuracy"] = (await evaluate(engine, held_out, score, **greedy_kw))["accuracy"]
+        print(f"held-out accuracy after RL:  {after['accuracy']:.3f} (greedy {after.get('greedy_accuracy')})")
         ckpt = run_dir / "checkpoint"
         model.save_pretrained(str(ckpt), safe_serialization=True)
         tokenizer.save_pretrained(str(ckpt))
@@ -100,6 +106,10 @@ async def _train_async(cfg: Config, run_dir: Path) -> dict[str, Any]:
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"],
         "accuracy_gain": after["accuracy"] - before["accuracy"],
+        "accuracy_mode": "greedy" if cfg.eval.greedy else f"sampled (T={cfg.rollout.temperature}, "
+        f"{cfg.eval.samples_per_prompt} per prompt)",
+        "accuracy_greedy_before": before.get("greedy_accuracy"),
+        "accuracy_greedy_after": after.get("greedy_accuracy"),
         "response_len_before": before["response_len"],
         "response_len_after": after["response_len"],
         "steps": state.step,
