@@ -33,18 +33,37 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    cfg = _load(args)
-    if args.run_dir:
-        cfg.run.run_dir = args.run_dir
+    if args.resume:
+        # the run's own resolved config, then --config / --set on top (e.g. more total_steps)
+        saved = Path(args.resume) / "config.yaml"
+        if not saved.is_file():
+            raise FileNotFoundError(f"cannot resume: {saved} does not exist")
+        cfg = load_config(saved, args.overrides)
+        if args.config:
+            cfg = load_config(args.config, args.overrides)
+        if cfg.run.torch_threads > 0:
+            import torch
+
+            torch.set_num_threads(cfg.run.torch_threads)
+        cfg.run.run_dir = args.resume
+    else:
+        cfg = _load(args)
+        if args.run_dir:
+            cfg.run.run_dir = args.run_dir
     if args.model:
         cfg.model.path = args.model
     from asyncrl.launch.local import train
 
-    run_dir, summary = train(cfg)
+    run_dir, summary = train(cfg, resume=bool(args.resume))
     print(json.dumps({k: summary[k] for k in (
         "accuracy_before", "accuracy_after", "steps", "wall_s", "trained_tokens_per_s", "max_staleness_seen"
     )}, indent=2))  # fmt: skip
     print(f"run directory: {run_dir}")
+    stop = summary.get("stop_reason")
+    if stop:
+        import signal
+
+        return 128 + int(getattr(signal, stop, signal.SIGTERM))
     return 0
 
 
@@ -184,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--run-dir", help="output directory (default runs/<timestamp>)")
     p.add_argument("--model", help="local Hugging Face model directory (default: the tiny warm-started model)")
+    p.add_argument(
+        "--resume", metavar="RUN_DIR",
+        help="continue RUN_DIR from its newest checkpoint (its config.yaml, then --set on top)",
+    )  # fmt: skip
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sft", help="build and warm-start the tiny default model (cached)")

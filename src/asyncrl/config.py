@@ -77,6 +77,10 @@ class SFTConfig:
     lr: float = 3e-3
     warmup_steps: int = 30
     seed: int = 0
+    teacher_slip_rate: float = 0.6
+    """Synthetic task: fraction of demonstrations whose final answer slips to the running total
+    before the last operation (a flawed teacher; RL with the verifier has to unlearn the slip).
+    0 gives clean demonstrations."""
     cache_dir: str = ".cache/asyncrl"
     """Where the built tiny model and its warm start are cached (keyed by the SFT settings)."""
 
@@ -178,8 +182,22 @@ class ControllerConfig:
     total_steps: int = 60
     eval_every: int = 0
     """Evaluate held-out accuracy every N steps (0: only before and after)."""
-    checkpoint_every: int = 0
-    """Save a checkpoint every N steps (0: only at the end)."""
+    checkpoint_every: int = 10
+    """Save a resumable checkpoint (trainer state, data position, ledger offsets, staleness
+    counters) every N steps into ``RUN_DIR/checkpoints/``; 0: only at the end and on SIGINT/SIGTERM."""
+    keep_checkpoints: int = 2
+    """Resumable checkpoints kept (the newest ones)."""
+    episode_retries: int = 2
+    """Retries of an episode whose engine request failed or timed out; after them the prompt is
+    dropped (ledger: ``engine_failure``) and its budget given back."""
+    episode_timeout_s: float = 600.0
+    """Wall-clock limit of one episode attempt (generation + scoring); 0: none."""
+    max_engine_failures: int = 8
+    """Consecutive episodes dropped after all retries that stop the run with an error."""
+    weight_sync: str = "inflight"
+    """inflight (new weights reach the engine between two decode steps, in
+    ``rollout.interrupt_mode``) | drain (stop admitting and wait until every running episode
+    finished, then update: the no-interruption baseline of ``asyncrl bench interrupt``)."""
 
 
 @dataclass
@@ -235,6 +253,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.lr_schedule": ("constant", "linear", "cosine"),
     "trainer.precision": ("auto", "fp32", "bf16"),
     "trainer.weight_transport": ("tensors", "safetensors"),
+    "controller.weight_sync": ("inflight", "drain"),
 }
 
 
@@ -338,12 +357,23 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"controller.max_staleness must be >= 0, got {cfg.controller.max_staleness}")
     if cfg.controller.total_steps < 0:
         raise ConfigError("controller.total_steps must be >= 0")
+    c = cfg.controller
+    if (
+        min(c.checkpoint_every, c.episode_retries, c.episode_timeout_s) < 0
+        or min(c.keep_checkpoints, c.max_engine_failures) < 1
+    ):
+        raise ConfigError(
+            "controller: checkpoint_every, episode_retries, episode_timeout_s must be >= 0; "
+            "keep_checkpoints, max_engine_failures >= 1"
+        )
     if cfg.rollout.temperature <= 0:
         raise ConfigError("rollout.temperature must be > 0 (use eval.greedy for argmax decoding)")
     if cfg.algo.advantage == "rloo" and cfg.rollout.group_size < 2:
         raise ConfigError("algo.advantage=rloo needs rollout.group_size >= 2")
     if cfg.trainer.lora_rank < 0 or cfg.trainer.decay_steps < 0 or not 0.0 <= cfg.trainer.min_lr_ratio <= 1.0:
         raise ConfigError("trainer.lora_rank and trainer.decay_steps must be >= 0, trainer.min_lr_ratio in [0, 1]")
+    if not 0.0 <= cfg.sft.teacher_slip_rate <= 1.0:
+        raise ConfigError("sft.teacher_slip_rate must be in [0, 1]")
     if cfg.task.max_terms < 2:
         raise ConfigError("task.max_terms must be >= 2")
     return cfg

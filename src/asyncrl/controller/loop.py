@@ -1,30 +1,41 @@
-"""The asynchronous RL controller: admission, rollouts, batching, training, weight sync.
+"""The asynchronous RL controller: admission, rollouts, batching, training, weight sync, checkpoints.
 
 ::
 
       PromptSource ──next()──► admit loop ──(StalenessGate.capacity(v) > 0)──► episode task
-                                   ▲                                      (engine.generate_group
-                                   │ wake                                   + score; in flight)
-                                   │                                               │ Group
-                                   │                        filtered ◄─(all rewards equal)─┤
-                                   │                        (ledger)                       ▼
+      (re-admitted prompts          ▲        (ledger: admitted)       (engine.generate_group
+       of a resume first)           │ wake                             + score; retried on
+                                    │                                   failure / timeout)
+                                    │                        filtered ◄─(all rewards equal)─┤
+                                    │                        (ledger)                       ▼ Group
       engines ◄── update_weights(v+1) ◄── train loop ◄── take_fresh(step, η) ◄── GroupBuffer
-      (abort | keep, in flight)          (trainer thread:    (stale → dropped,
-                                          prox + PPO step)    ledger)
+      (abort | keep in flight,            (trainer thread:     (stale → dropped,
+       or drain first)                     batch + prox +       ledger)
+                                           PPO step; a non-finite
+                                           step is skipped)
+                                                │ every checkpoint_every steps, at the end,
+                                                ▼ on SIGINT/SIGTERM
+                                   checkpoints/step-k (trainer state + controller snapshot)
 
-Generation never waits for training: the engine decodes in its own thread, the trainer steps
-in another (``run_in_executor``), and this asyncio loop only moves prompts, groups and weights.
-A training step i starts from version i and publishes version i + 1 (DESIGN §7); the new
-weights reach the engine in flight. With ``max_staleness = 0`` the gate admits one batch per
+Generation never waits for training: the engine decodes in its own thread, the trainer batches
+and steps in another (``run_in_executor``), and this asyncio loop only moves prompts, groups and
+weights. A training step i starts from version i and publishes version i + 1 (DESIGN §7); the
+new weights reach the engine in flight. With ``max_staleness = 0`` the gate admits one batch per
 version and the same code trains synchronously.
+
+Every admitted prompt is tracked until its fate is in the ledger (``_open``); a checkpoint saves
+the counters, the prompt-stream position, the ledger offsets and the open prompts
+(``controller.resume`` documents the snapshot), so a resumed run re-admits what was in flight and
+trains nothing twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,12 +44,19 @@ from tqdm import tqdm
 
 from asyncrl.config import Config
 from asyncrl.controller.buffer import GroupBuffer, groups_to_samples
+from asyncrl.controller.resume import (
+    SNAPSHOT_FORMAT,
+    check_snapshot,
+    checkpoint_dir,
+    prompt_at,
+    prune_checkpoints,
+)
 from asyncrl.controller.rundir import RunDir
 from asyncrl.controller.staleness import StalenessGate
 from asyncrl.data.prompts import PromptSource
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.workflow import ScoreFn, run_episode
-from asyncrl.types import Group, Prompt, TrainBatch
+from asyncrl.types import Group, Prompt, TrainBatch, TrainSample
 
 
 @dataclass
@@ -48,12 +66,34 @@ class ControllerState:
     step: int = 0
     trained_tokens: int = 0
     trained_samples: int = 0
+    admitted: int = 0
+    readmitted: int = 0
     filtered_groups: int = 0
     stale_groups: int = 0
     reward_failures: int = 0
     skipped_steps: int = 0
+    engine_failures: int = 0
+    """Episodes dropped after all their retries."""
+    episode_retries: int = 0
     max_staleness_seen: int = 0
     staleness_hist: Counter = field(default_factory=Counter)
+    rl_elapsed_s: float = 0.0
+    """RL wall time of the run (across resumes; the time lost between a checkpoint and a kill excluded)."""
+    resumes: int = 0
+    stop_reason: str | None = None
+    """None: ran to ``total_steps``; else why it stopped early (e.g. ``SIGTERM``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["staleness_hist"] = {str(k): int(v) for k, v in self.staleness_hist.items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ControllerState:
+        names = {f.name for f in dataclasses.fields(cls)}
+        state = cls(**{k: v for k, v in data.items() if k in names and k != "staleness_hist"})
+        state.staleness_hist = Counter({int(k): int(v) for k, v in data.get("staleness_hist", {}).items()})
+        return state
 
 
 class Controller:
@@ -70,7 +110,11 @@ class Controller:
         *,
         tokenizer: Any = None,
         stop_token_ids: tuple[int, ...] = (),
+        resume: dict[str, Any] | None = None,
+        checkpoint_extra: dict[str, Any] | None = None,
     ) -> None:
+        """``resume``: the controller snapshot of the checkpoint the trainer was restored from.
+        ``checkpoint_extra``: the launcher's own values, saved with every checkpoint."""
         self.cfg = cfg
         self.engine = engine
         self.trainer = trainer
@@ -78,6 +122,7 @@ class Controller:
         self.score = score
         self.rundir = rundir
         self.tokenizer = tokenizer
+        self.checkpoint_extra = dict(checkpoint_extra or {})
         c = cfg.controller
         self.gate = StalenessGate(c.batch_size, c.max_staleness, c.max_concurrent)
         self.buffer = GroupBuffer()
@@ -91,23 +136,102 @@ class Controller:
             stop_token_ids=stop_token_ids,
         )
         self._in_flight: dict[asyncio.Task, tuple[Prompt, int]] = {}
+        self._open: dict[str, int] = {}  # prompt id -> stream index, admitted and fate not yet recorded
+        self._readmit: deque[int] = deque()  # stream indices to admit again first (resume)
         self._wake_admit = asyncio.Event()
         self._wake_train = asyncio.Event()
         self._stopping = False
+        self._stop_reason: str | None = None
+        self._draining = False
         self._errors: list[BaseException] = []
         self._reward_latency: list[float] = []
+        self._consecutive_failures = 0
         self._scoring = 0
         self._training = False
+        self._checkpointing = False
+        self._checkpoint_s = 0.0
+        self._last_checkpoint_step: int | None = None
+        self._elapsed0 = 0.0
         self._run_start = time.perf_counter()
+        self._resumed = resume is not None
+        if resume is not None:
+            self._restore(resume)
+
+    # ------------------------------------------------------------------ resume and stop
+    def _restore(self, snapshot: dict[str, Any]) -> None:
+        snap = check_snapshot(snapshot)
+        step = int(snap["step"])
+        if self.trainer.version != step:
+            raise ValueError(f"resume: trainer is at version {self.trainer.version}, snapshot at step {step}")
+        self.state = ControllerState.from_dict(snap["state"])
+        self.state.step = step
+        self.state.resumes += 1
+        self.state.stop_reason = None
+        self.gate.load_state_dict(snap["gate"])
+        self.source.load_state_dict(snap["source"])
+        self._readmit = deque(int(i) for i in snap["readmit"])
+        self._elapsed0 = float(self.state.rl_elapsed_s)
+        self._last_checkpoint_step = step
+
+    def request_stop(self, reason: str) -> None:
+        """Stop after the training step in progress (if any) with a checkpoint (SIGINT/SIGTERM)."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        self._wake_train.set()
+
+    def _now(self) -> float:
+        """RL wall time of the run so far (seconds, across resumes)."""
+        return self._elapsed0 + time.perf_counter() - self._run_start
+
+    def snapshot(self) -> dict[str, Any]:
+        """The controller's share of a checkpoint (see ``controller.resume``); one consistent cut:
+        call it on the event-loop thread between two training steps."""
+        state = self.state.to_dict()
+        state["rl_elapsed_s"] = self._now()
+        return {
+            "format": SNAPSHOT_FORMAT,
+            "step": self.state.step,
+            "state": state,
+            "gate": {"accepted": self.gate.accepted - len(self.buffer)},
+            "source": self.source.state_dict(),
+            "readmit": list(self._readmit) + list(self._open.values()),
+            "offsets": self.rundir.offsets(),
+            "launcher": self.checkpoint_extra,
+        }
+
+    async def _checkpoint(self, executor: ThreadPoolExecutor) -> None:
+        extra = self.snapshot()
+        step = self.state.step
+        t0 = time.perf_counter()
+        self._checkpointing = True
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                executor, self.trainer.save_checkpoint, checkpoint_dir(self.rundir.path, step), extra, self.tokenizer
+            )
+        finally:
+            self._checkpointing = False
+        prune_checkpoints(self.rundir.path, self.cfg.controller.keep_checkpoints)
+        self._checkpoint_s += time.perf_counter() - t0
+        self._last_checkpoint_step = step
 
     # ------------------------------------------------------------------ admission and episodes
     async def _admit_loop(self) -> None:
         while not self._stopping:
-            capacity = self.gate.capacity(self.published_version)
+            capacity = 0 if self._draining else self.gate.capacity(self.published_version)
             for _ in range(capacity):
-                prompt = self.source.next()
+                readmitted = bool(self._readmit)
+                if readmitted:
+                    index = self._readmit.popleft()
+                    prompt = prompt_at(self.source, index)
+                else:
+                    index = self.source.position
+                    prompt = self.source.next()
                 self.gate.on_admit()
                 version = self.published_version
+                self._open[prompt.prompt_id] = index
+                self.state.admitted += 1
+                self.state.readmitted += int(readmitted)
+                self.rundir.log_admitted(prompt.prompt_id, index, version, readmitted)
                 task = asyncio.create_task(self._episode(prompt, version))
                 self._in_flight[task] = (prompt, version)
                 task.add_done_callback(self._in_flight_done)
@@ -136,10 +260,12 @@ class Controller:
             stats = self.engine.stats()
             self.rundir.log_timeline(
                 {
-                    "t": time.perf_counter() - self._run_start,
+                    "t": self._now(),
                     "engine_running": stats.get("running_samples", 0.0),
+                    "engine_waiting": stats.get("waiting_requests", 0.0),
                     "engine_generated_tokens": stats.get("generated_tokens", 0.0),
                     "trainer_busy": self._training,
+                    "checkpointing": self._checkpointing,
                     "reward_in_flight": self._scoring,
                     "buffer_groups": len(self.buffer),
                     "running_groups": self.gate.running,
@@ -148,17 +274,35 @@ class Controller:
             )
             await asyncio.sleep(period_s)
 
+    async def _attempt(self, prompt: Prompt, version: int) -> Group:
+        episode = run_episode(
+            self.engine, prompt, self.sampling, self.cfg.rollout.group_size, self._timed_score, version
+        )
+        timeout = self.cfg.controller.episode_timeout_s
+        return await (asyncio.wait_for(episode, timeout) if timeout > 0 else episode)
+
     async def _episode(self, prompt: Prompt, version: int) -> None:
+        c = self.cfg.controller
+        group: Group | None = None
+        error: BaseException | None = None
         try:
-            group = await run_episode(
-                self.engine, prompt, self.sampling, self.cfg.rollout.group_size, self._timed_score, version
-            )
+            for attempt in range(c.episode_retries + 1):
+                try:
+                    group = await self._attempt(prompt, version)
+                    break
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # engine failure or timeout: retry, then drop
+                    error = exc
+                    if attempt < c.episode_retries:
+                        self.state.episode_retries += 1
         except asyncio.CancelledError:
             self.gate.on_cancel()
             raise
-        except BaseException:
-            self.gate.on_cancel()
-            raise
+        if group is None:
+            self._engine_failure(prompt, version, error)
+            return
+        self._consecutive_failures = 0
         reason = self._filter_reason(group)
         if reason is None:
             self.gate.on_finish(accepted=True)
@@ -167,7 +311,22 @@ class Controller:
         else:
             self.gate.on_finish(accepted=False)
             self.state.filtered_groups += 1
+            self._open.pop(prompt.prompt_id, None)
             self.rundir.log_group(group, trained_step=None, dropped=reason, status="filtered")
+        self._wake_admit.set()
+
+    def _engine_failure(self, prompt: Prompt, version: int, error: BaseException | None) -> None:
+        self.gate.on_finish(accepted=False)
+        self.state.engine_failures += 1
+        self._consecutive_failures += 1
+        self._open.pop(prompt.prompt_id, None)
+        what = f"{type(error).__name__}: {error}" if error is not None else "unknown"
+        self.rundir.log_prompt_dropped(prompt.prompt_id, version, "engine_failure", f"engine_failure: {what}")
+        if self._consecutive_failures >= self.cfg.controller.max_engine_failures:
+            failure = RuntimeError(f"{self._consecutive_failures} consecutive episodes failed after retries: {what}")
+            failure.__cause__ = error
+            self._errors.append(failure)
+            self._wake_train.set()
         self._wake_admit.set()
 
     def _filter_reason(self, group: Group) -> str | None:
@@ -180,16 +339,20 @@ class Controller:
         return None
 
     # ------------------------------------------------------------------ training
-    async def _next_batch(self, step: int) -> list[Group]:
+    async def _next_batch(self, step: int) -> list[Group] | None:
+        """The groups of step ``step`` (None: a stop was requested while waiting)."""
         c = self.cfg.controller
         while True:
             if self._errors:
                 raise RuntimeError("an episode failed") from self._errors[0]
+            if self._stop_reason is not None:
+                return None
             fresh, stale = self.buffer.take_fresh(step, c.max_staleness, c.batch_size)
             for group in stale:
                 self.gate.on_drop_accepted()
                 self.state.stale_groups += 1
-                self.rundir.log_group(group, trained_step=None, dropped="stale", status="stale")
+                self._open.pop(group.prompt.prompt_id, None)
+                self.rundir.log_group(group, trained_step=None, dropped="stale", status="stale", step=step)
             if len(fresh) == c.batch_size:
                 return fresh
             for group in reversed(fresh):  # not enough yet: put them back, oldest first
@@ -199,82 +362,75 @@ class Controller:
             self._wake_train.clear()
             await self._wake_train.wait()
 
+    def _train_blocking(self, groups: list[Group], step: int) -> tuple[list[TrainSample], Any]:
+        """Batching and the training step, on the trainer thread."""
+        samples = groups_to_samples(groups, self.cfg.algo)
+        return samples, self.trainer.train_step(TrainBatch(tuple(samples), step))
+
+    async def _publish(self, executor: ThreadPoolExecutor) -> float:
+        """Export the new weights and load them into the engine; returns the seconds it took."""
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        if self.cfg.controller.weight_sync == "drain":
+            self._draining = True
+            while self.gate.running > 0 and not self._errors:
+                await asyncio.sleep(0.005)
+        update = await loop.run_in_executor(executor, self.trainer.export_weights)
+        await self.engine.update_weights(update)
+        self._draining = False
+        return time.perf_counter() - t0
+
     async def _train_loop(self, executor: ThreadPoolExecutor, bar: tqdm) -> None:
         loop = asyncio.get_running_loop()
         c = self.cfg.controller
-        run_start = self._run_start
         last_time = time.perf_counter()
         last_engine = self.engine.stats()
-        while self.state.step < c.total_steps:
+        while self.state.step < c.total_steps and self._stop_reason is None:
             step = self.state.step
             t_wait = time.perf_counter()
             groups = await self._next_batch(step)
+            if groups is None:
+                break
             wait_s = time.perf_counter() - t_wait
-            samples = groups_to_samples(groups, self.cfg.algo)
             gen_before = self.engine.stats()["generated_tokens"]
             t_train = time.perf_counter()
+            train_start = self._now()
             self._training = True
             try:
-                result = await loop.run_in_executor(executor, self.trainer.train_step, TrainBatch(tuple(samples), step))
+                samples, result = await loop.run_in_executor(executor, self._train_blocking, groups, step)
             finally:
                 self._training = False
             train_s = time.perf_counter() - t_train
             gen_during = self.engine.stats()["generated_tokens"] - gen_before
-            t_sync = time.perf_counter()
-            update = await loop.run_in_executor(executor, self.trainer.export_weights)
-            await self.engine.update_weights(update)
-            sync_s = time.perf_counter() - t_sync
+            sync_s = await self._publish(executor)
             self.published_version = result.version
             self._wake_admit.set()
 
             staleness = [step - g.min_version for g in groups]
             for g in groups:
-                self.rundir.log_group(g, trained_step=step, dropped=None, status="trained", tokenizer=self.tokenizer)
-            self.state.staleness_hist.update(staleness)
-            self.state.max_staleness_seen = max(self.state.max_staleness_seen, *staleness)
+                self._open.pop(g.prompt.prompt_id, None)
+                if result.applied:
+                    self.rundir.log_group(
+                        g, trained_step=step, dropped=None, status="trained", tokenizer=self.tokenizer
+                    )
+                else:  # a non-finite loss or gradient: the update was not applied
+                    self.rundir.log_group(g, trained_step=None, dropped="non_finite_step", status="skipped", step=step)
             trained_tokens = sum(len(s.token_ids) for s in samples)
-            self.state.trained_tokens += trained_tokens
-            self.state.trained_samples += len(samples)
-            self.state.skipped_steps += 0 if result.applied else 1
+            if result.applied:
+                self.state.staleness_hist.update(staleness)
+                self.state.max_staleness_seen = max(self.state.max_staleness_seen, *staleness)
+                self.state.trained_tokens += trained_tokens
+                self.state.trained_samples += len(samples)
+            else:
+                self.state.skipped_steps += 1
             self.state.step += 1
 
             now = time.perf_counter()
             engine_now = self.engine.stats()
-            wall = now - last_time
-            rewards = [r for g in groups for r in g.rewards]
-            interruptions = [comp.num_interruptions for g in groups for comp in g.completions]
-            latency = sorted(self._reward_latency)
-            self._reward_latency.clear()
-            record: dict[str, Any] = {
-                "step": step,
-                "version": result.version,
-                "time_s": now - run_start,
-                "train_start_s": t_train - run_start,
-                "reward": sum(rewards) / len(rewards),
-                "accuracy": sum(1 for r in rewards if r >= 1.0) / len(rewards),
-                "response_len": sum(len(comp.output_ids) for g in groups for comp in g.completions) / len(rewards),
-                "trained_tokens": trained_tokens,
-                "trained_tokens_per_s": self.state.trained_tokens / (now - run_start),
-                "generated_tokens_per_s": (engine_now["generated_tokens"] - last_engine["generated_tokens"]) / wall,
-                "generated_tokens_during_train": gen_during,
-                "engine_busy_frac": min(1.0, (engine_now["busy_s"] - last_engine["busy_s"]) / wall),
-                "trainer_busy_frac": min(1.0, (train_s + sync_s) / wall),
-                "wait_for_batch_s": wait_s,
-                "train_step_s": train_s,
-                "weight_sync_s": sync_s,
-                "staleness_mean": sum(staleness) / len(staleness),
-                "staleness_max": max(staleness),
-                "staleness_hist": dict(Counter(staleness)),
-                "interruptions_per_sample": sum(interruptions) / len(interruptions),
-                "buffer_groups": len(self.buffer),
-                "running_groups": self.gate.running,
-                "filtered_groups_total": self.state.filtered_groups,
-                "stale_groups_total": self.state.stale_groups,
-                "reward_latency_p50_s": latency[len(latency) // 2] if latency else 0.0,
-                "reward_latency_p99_s": latency[min(len(latency) - 1, int(0.99 * len(latency)))] if latency else 0.0,
-                "applied": result.applied,
-            }
-            record.update({k: v for k, v in result.metrics.items() if k not in record})
+            record = self._step_record(
+                step, groups, result, staleness, trained_tokens, engine_now, last_engine, now - last_time,
+                train_start=train_start, wait_s=wait_s, train_s=train_s, sync_s=sync_s, gen_during=gen_during,
+            )  # fmt: skip
             self.rundir.log_step(record)
             last_time, last_engine = now, engine_now
             bar.update(1)
@@ -283,11 +439,77 @@ class Controller:
                 stale=f"{record['staleness_mean']:.1f}",
                 tok_s=f"{record['trained_tokens_per_s']:.0f}",
             )
-            if not math.isfinite(record.get("loss", 0.0)) or not result.applied:
-                tqdm.write(f"step {step}: non-finite loss or gradient, update skipped")
+            if not result.applied:
+                tqdm.write(f"step {step}: non-finite loss or gradient, update skipped (ledger: status=skipped)")
+            if c.checkpoint_every and self.state.step % c.checkpoint_every == 0 and self.state.step < c.total_steps:
+                await self._checkpoint(executor)
+
+    def _step_record(
+        self,
+        step: int,
+        groups: list[Group],
+        result: Any,
+        staleness: list[int],
+        trained_tokens: int,
+        engine_now: dict[str, float],
+        last_engine: dict[str, float],
+        wall: float,
+        *,
+        train_start: float,
+        wait_s: float,
+        train_s: float,
+        sync_s: float,
+        gen_during: float,
+    ) -> dict[str, Any]:
+        rewards = [r for g in groups for r in g.rewards]
+        interruptions = [comp.num_interruptions for g in groups for comp in g.completions]
+        latency = sorted(self._reward_latency)
+        self._reward_latency.clear()
+        checkpoint_s, self._checkpoint_s = self._checkpoint_s, 0.0
+        now = self._now()
+        record: dict[str, Any] = {
+            "step": step,
+            "version": result.version,
+            "time_s": now,
+            "train_start_s": train_start,
+            "reward": sum(rewards) / len(rewards),
+            "accuracy": sum(1 for r in rewards if r >= 1.0) / len(rewards),
+            "response_len": sum(len(comp.output_ids) for g in groups for comp in g.completions) / len(rewards),
+            "trained_tokens": trained_tokens,
+            "trained_tokens_per_s": self.state.trained_tokens / max(now, 1e-9),
+            "trained_tokens_per_s_step": trained_tokens / max(wall, 1e-9),
+            "generated_tokens_per_s": (engine_now["generated_tokens"] - last_engine["generated_tokens"]) / wall,
+            "generated_tokens_during_train": gen_during,
+            "engine_busy_frac": min(1.0, (engine_now["busy_s"] - last_engine["busy_s"]) / wall),
+            "trainer_busy_frac": min(1.0, (train_s + sync_s) / wall),
+            "wait_for_batch_s": wait_s,
+            "train_step_s": train_s,
+            "weight_sync_s": sync_s,
+            "checkpoint_s": checkpoint_s,
+            "staleness_mean": sum(staleness) / len(staleness),
+            "staleness_max": max(staleness),
+            "staleness_hist": dict(Counter(staleness)),
+            "interruptions_per_sample": sum(interruptions) / len(interruptions),
+            "buffer_groups": len(self.buffer),
+            "running_groups": self.gate.running,
+            "engine_waiting_requests": engine_now.get("waiting_requests", 0.0),
+            "admitted_total": self.state.admitted,
+            "filtered_groups_total": self.state.filtered_groups,
+            "stale_groups_total": self.state.stale_groups,
+            "engine_failures_total": self.state.engine_failures,
+            "episode_retries_total": self.state.episode_retries,
+            "reward_latency_p50_s": latency[len(latency) // 2] if latency else 0.0,
+            "reward_latency_p99_s": latency[min(len(latency) - 1, int(0.99 * len(latency)))] if latency else 0.0,
+            "applied": result.applied,
+        }
+        record.update({k: v for k, v in result.metrics.items() if k not in record})
+        if not math.isfinite(record.get("loss", 0.0)):
+            record["loss"] = None
+        return record
 
     async def run(self) -> ControllerState:
-        """Train for ``controller.total_steps`` steps; returns the run's counters."""
+        """Train until ``controller.total_steps`` steps (or a stop request); returns the counters.
+        Saves a checkpoint at the end (and on a stop) unless one was just taken."""
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncrl-trainer")
         bar = tqdm(
             total=self.cfg.controller.total_steps,
@@ -297,11 +519,17 @@ class Controller:
             dynamic_ncols=True,
         )
         self._run_start = time.perf_counter()
+        if self._resumed:
+            self.rundir.log_resumed(self.state.step, len(self._readmit))
         admit = asyncio.create_task(self._admit_loop())
         sampler = asyncio.create_task(self._sample_timeline())
         try:
             await self._train_loop(executor, bar)
+            self.state.stop_reason = self._stop_reason
+            if self._last_checkpoint_step != self.state.step:
+                await self._checkpoint(executor)
         finally:
+            self.state.rl_elapsed_s = self._now()
             self._stopping = True
             self._wake_admit.set()
             admit.cancel()

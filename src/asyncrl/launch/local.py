@@ -2,6 +2,11 @@
 
 ``train(cfg)`` is what ``asyncrl train`` runs: warm start (cached), held-out accuracy before,
 the asynchronous RL loop, held-out accuracy after, a final checkpoint, ``summary.json``.
+``train(cfg, resume=True)`` (``asyncrl train --resume RUN_DIR``) continues a run from its newest
+checkpoint in ``RUN_DIR/checkpoints/`` (trainer state, engine weights, controller snapshot; the
+held-out accuracy before RL comes from the snapshot); with no checkpoint yet it starts over.
+SIGINT/SIGTERM stop the loop after the training step in progress, save a checkpoint, skip the
+final evaluation and return with ``summary["stop_reason"]`` set (the run can be resumed).
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import random
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +22,7 @@ from typing import Any
 from asyncrl.config import Config
 from asyncrl.controller.evaluate import evaluate
 from asyncrl.controller.loop import Controller
+from asyncrl.controller.resume import check_snapshot, latest_checkpoint
 from asyncrl.controller.rundir import RunDir, default_run_dir
 from asyncrl.controller.scoring import make_score_fn
 from asyncrl.controller.warm_start import ensure_policy
@@ -39,7 +46,26 @@ def configure_torch(cfg: Config) -> None:
         torch.set_num_threads(cfg.run.torch_threads)
 
 
-async def _train_async(cfg: Config, run_dir: Path) -> dict[str, Any]:
+def _install_stop_handlers(controller: Controller) -> list[int]:
+    """First SIGINT/SIGTERM: graceful stop with a checkpoint; a second one: the default action."""
+    loop = asyncio.get_running_loop()
+    installed: list[int] = []
+
+    def handler(sig: signal.Signals) -> None:
+        print(f"\n{sig.name}: stopping after the current training step (checkpoint follows); again to abort")
+        controller.request_stop(sig.name)
+        loop.remove_signal_handler(sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, handler, sig)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / platform
+            pass
+    return installed
+
+
+async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, Any]:
     from asyncrl.rollout.engine import LocalEngine
     from asyncrl.trainer.trainer import Trainer
 
@@ -60,6 +86,14 @@ async def _train_async(cfg: Config, run_dir: Path) -> dict[str, Any]:
         device=cfg.model.device,
     )
     trainer = Trainer(model, cfg.trainer, cfg.algo, temperature=cfg.rollout.temperature, device=cfg.model.device)
+    snapshot: dict[str, Any] | None = None
+    ckpt = latest_checkpoint(run_dir) if resume else None
+    if ckpt is not None:
+        snapshot = check_snapshot(trainer.load_checkpoint(ckpt))
+        await engine.update_weights(trainer.export_weights())
+        print(f"resuming {run_dir} from {ckpt.name} (step {snapshot['step']})")
+    elif resume:
+        print(f"no checkpoint in {run_dir}: starting it over")
     train_prompts, held_out, _ = build_task(cfg.task, tokenizer)
     service = None
     if cfg.task.verifier != "arithmetic":
@@ -69,50 +103,56 @@ async def _train_async(cfg: Config, run_dir: Path) -> dict[str, Any]:
             num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s, max_retries=cfg.reward.max_retries
         )
     score = make_score_fn(cfg.task.verifier, tokenizer, service)
-    rundir = RunDir(run_dir, cfg)
+    truncate = snapshot["offsets"] if snapshot is not None else ({} if resume else None)
+    rundir = RunDir(run_dir, cfg, truncate=truncate, purge_step=snapshot["step"] if snapshot else None)
     eval_kw = dict(
         greedy=cfg.eval.greedy,
         temperature=cfg.rollout.temperature,
         max_new_tokens=cfg.eval.max_new_tokens,
         stop_token_ids=stops,
-        samples_per_prompt=cfg.eval.samples_per_prompt,
     )
-    greedy_kw = {**eval_kw, "greedy": True}
+    after: dict[str, float] | None = None
     try:
-        before = await evaluate(engine, held_out, score, **eval_kw)
-        if cfg.eval.report_greedy:
-            before["greedy_accuracy"] = (await evaluate(engine, held_out, score, **greedy_kw))["accuracy"]
-        print(f"held-out accuracy before RL: {before['accuracy']:.3f} (greedy {before.get('greedy_accuracy')})")
+        if snapshot is not None:
+            before = dict(snapshot["launcher"]["before"])
+        else:
+            before = await evaluate(engine, held_out, score, **eval_kw)
+        print(f"held-out accuracy before RL: {before['accuracy']:.3f}")
         controller = Controller(
             cfg, engine, trainer, PromptSource(train_prompts, cfg.run.seed), score, rundir,
-            tokenizer=tokenizer, stop_token_ids=stops,
+            tokenizer=tokenizer, stop_token_ids=stops, resume=snapshot, checkpoint_extra={"before": before},
         )  # fmt: skip
-        t_rl = time.perf_counter()
-        state = await controller.run()
-        rl_wall = time.perf_counter() - t_rl
-        after = await evaluate(engine, held_out, score, **eval_kw)
-        if cfg.eval.report_greedy:
-            after["greedy_accuracy"] = (await evaluate(engine, held_out, score, **greedy_kw))["accuracy"]
-        print(f"held-out accuracy after RL:  {after['accuracy']:.3f} (greedy {after.get('greedy_accuracy')})")
-        ckpt = run_dir / "checkpoint"
-        model.save_pretrained(str(ckpt), safe_serialization=True)
-        tokenizer.save_pretrained(str(ckpt))
+        handlers = _install_stop_handlers(controller)
+        try:
+            state = await controller.run()
+        finally:
+            for sig in handlers:
+                asyncio.get_running_loop().remove_signal_handler(sig)
+        if state.stop_reason is None:
+            after = await evaluate(engine, held_out, score, **eval_kw)
+            print(f"held-out accuracy after RL:  {after['accuracy']:.3f}")
+            ckpt_final = run_dir / "checkpoint"
+            model.save_pretrained(str(ckpt_final), safe_serialization=True)
+            tokenizer.save_pretrained(str(ckpt_final))
+        else:
+            print(
+                f"stopped ({state.stop_reason}) at step {state.step}; continue with: asyncrl train --resume {run_dir}"
+            )
         engine_stats = engine.stats()
     finally:
         engine.close()
         if service is not None:
             await service.close()
+    rl_wall = state.rl_elapsed_s
     summary = {
         "accuracy_before": before["accuracy"],
-        "accuracy_after": after["accuracy"],
-        "accuracy_gain": after["accuracy"] - before["accuracy"],
-        "accuracy_mode": "greedy" if cfg.eval.greedy else f"sampled (T={cfg.rollout.temperature}, "
-        f"{cfg.eval.samples_per_prompt} per prompt)",
-        "accuracy_greedy_before": before.get("greedy_accuracy"),
-        "accuracy_greedy_after": after.get("greedy_accuracy"),
+        "accuracy_after": after["accuracy"] if after else None,
+        "accuracy_gain": after["accuracy"] - before["accuracy"] if after else None,
         "response_len_before": before["response_len"],
-        "response_len_after": after["response_len"],
+        "response_len_after": after["response_len"] if after else None,
         "steps": state.step,
+        "stop_reason": state.stop_reason,
+        "resumes": state.resumes,
         "wall_s": time.perf_counter() - t_start,
         "warm_start_s": t_warm,
         "rl_wall_s": rl_wall,
@@ -122,23 +162,30 @@ async def _train_async(cfg: Config, run_dir: Path) -> dict[str, Any]:
         "max_staleness": cfg.controller.max_staleness,
         "max_staleness_seen": state.max_staleness_seen,
         "staleness_hist": {str(k): v for k, v in sorted(state.staleness_hist.items())},
+        "admitted_prompts": state.admitted,
+        "readmitted_prompts": state.readmitted,
         "filtered_groups": state.filtered_groups,
         "stale_groups": state.stale_groups,
         "reward_failures": state.reward_failures,
+        "engine_failures": state.engine_failures,
+        "episode_retries": state.episode_retries,
         "skipped_steps": state.skipped_steps,
         "engine_generated_tokens": engine_stats.get("generated_tokens", 0.0),
         "engine_slot_utilisation": engine_stats.get("slot_utilisation", 0.0),
         "model_dir": str(model_dir),
-        "checkpoint": str(run_dir / "checkpoint"),
+        "checkpoint": str(run_dir / "checkpoint") if after else None,
     }
     rundir.write_summary(summary)
     rundir.close()
     return summary
 
 
-def train(cfg: Config) -> tuple[Path, dict[str, Any]]:
-    """Run one training job; returns (run directory, summary)."""
+def train(cfg: Config, resume: bool = False) -> tuple[Path, dict[str, Any]]:
+    """Run one training job (``resume``: continue ``cfg.run.run_dir`` from its newest
+    checkpoint); returns (run directory, summary)."""
     configure_torch(cfg)
     run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else default_run_dir()
-    summary = asyncio.run(_train_async(cfg, run_dir))
+    if resume and not run_dir.is_dir():
+        raise FileNotFoundError(f"cannot resume: {run_dir} is not a run directory")
+    summary = asyncio.run(_train_async(cfg, run_dir, resume))
     return run_dir, summary

@@ -1,0 +1,92 @@
+"""Checkpoints of a run and what a resume restores (``asyncrl train --resume RUN_DIR``).
+
+Owns the on-disk layout of periodic checkpoints and the controller's share of them:
+
+```
+RUN_DIR/checkpoints/step-00000012/   Trainer.save_checkpoint (HF weights, optimizer, RNG, version)
+                                     + ``extra`` = the controller snapshot below
+```
+
+The controller snapshot (plain values, stored as the trainer checkpoint's ``extra``) is taken on
+the event-loop thread right after training step ``k - 1`` published version ``k``, with no
+``await`` in between, so it is one consistent cut:
+
+- ``step``: k, the next training step (equals the trainer's version);
+- ``state``: the controller counters (trained tokens, drops, staleness histogram, RL wall time);
+- ``gate``: ``accepted`` minus the groups still in the buffer (the groups trained so far): the
+  staleness counters, restored so that admission after a resume obeys the same bound (the
+  failure of AReaL after recovery was resetting them);
+- ``source``: the prompt stream position (every prompt before it was admitted);
+- ``readmit``: stream indices of prompts admitted but not finished-and-recorded at the cut
+  (in flight or waiting in the buffer): they are admitted again, first, after a resume;
+- ``offsets``: byte lengths of ``metrics.jsonl``, ``trajectories.jsonl`` and ``timeline.jsonl``.
+  A resume cuts the files back to them: whatever happened after the cut (steps whose weights
+  were lost with the kill, finished groups never trained) is undone, so the ledger never shows
+  a sample trained twice, and every prompt admitted before the cut ends up re-admitted.
+
+A checkpoint directory appears atomically (``trainer.checkpoint.atomic_dir``): a kill during a
+save leaves the previous one, which is then the resume point.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from asyncrl.data.prompts import PromptSource
+from asyncrl.types import Prompt
+
+CHECKPOINTS = "checkpoints"
+SNAPSHOT_FORMAT = 1
+
+
+def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    """Where the checkpoint taken before training step ``step`` lives."""
+    return Path(run_dir) / CHECKPOINTS / f"step-{step:08d}"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of ``run_dir``, oldest first."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [p for p in root.glob("step-*") if p.is_dir() and (p / "trainer_state.pt").is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("-", 1)[1]))
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint of ``run_dir`` (None: the run saved none yet)."""
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
+    """Remove all but the ``keep`` newest checkpoints (and leftovers of interrupted saves)."""
+    found = list_checkpoints(run_dir)
+    for old in found[: max(0, len(found) - max(1, keep))]:
+        shutil.rmtree(old, ignore_errors=True)
+    root = Path(run_dir) / CHECKPOINTS
+    if root.is_dir():
+        for tmp in root.glob(".step-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prompt_at(source: PromptSource, index: int) -> Prompt:
+    """The prompt at position ``index`` of ``source``'s stream (the source's position is kept)."""
+    saved = source.position
+    source.position = index
+    try:
+        return source.next()
+    finally:
+        source.position = saved
+
+
+def check_snapshot(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """Validate a controller snapshot read back from a checkpoint; returns it."""
+    if not isinstance(snapshot, dict) or snapshot.get("format") != SNAPSHOT_FORMAT:
+        raise ValueError("checkpoint has no controller snapshot of a supported format (was it saved by asyncrl train?)")
+    for key in ("step", "state", "gate", "source", "readmit", "offsets"):
+        if key not in snapshot:
+            raise ValueError(f"controller snapshot lacks {key!r}")
+    return snapshot
