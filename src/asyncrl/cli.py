@@ -168,8 +168,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from asyncrl.bench.engine import run_engine_bench
 
             run_engine_bench(args.json, model_dir=args.model)
+        case "async" | "interrupt" | "ablation":
+            from asyncrl.bench import async_bench
+
+            load_config(None, args.overrides)  # fail fast on a bad override
+            common = dict(overrides=args.overrides, steps=args.steps)
+            if args.out:
+                common["out_dir"] = args.out
+            if args.name == "async":
+                etas = tuple(int(x) for x in args.etas.split(",")) if args.etas else (0, 1, 2, 4, 8)
+                workloads = tuple(args.workload.split(",")) if args.workload else ("a", "b")
+                unknown = set(workloads) - set(async_bench.WORKLOADS)
+                if unknown:
+                    raise ConfigError(f"unknown workload(s) {sorted(unknown)} (available: a, b)")
+                async_bench.run_async_bench(args.json, etas=etas, workloads=workloads, **common)
+            elif args.name == "interrupt":
+                async_bench.run_interrupt_bench(args.json, **common)
+            else:
+                etas = tuple(int(x) for x in args.etas.split(",")) if args.etas else (4, 8)
+                async_bench.run_ablation_bench(args.json, etas=etas, **common)
         case other:
-            raise ConfigError(f"unknown benchmark {other!r} (available: engine)")
+            raise ConfigError(f"unknown benchmark {other!r} (available: engine, async, interrupt, ablation)")
     return 0
 
 
@@ -248,9 +267,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
-    p.add_argument("name", help="engine")
+    p.add_argument("name", help="engine | async | interrupt | ablation")
     p.add_argument("--json", help="write the result rows and ratios here")
     p.add_argument("--model", help="model directory (default: the tiny model)")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="async|interrupt|ablation: config override applied to every run (repeatable)",
+    )  # fmt: skip
+    p.add_argument("--steps", type=int, help="async|interrupt|ablation: training steps per run (default: config)")
+    p.add_argument("--etas", help="async|ablation: comma-separated max_staleness values (default 0,1,2,4,8 | 4,8)")
+    p.add_argument("--workload", help="async: comma-separated workloads, a (default task) and/or b (generation-heavy)")
+    p.add_argument("--out", help="async|interrupt|ablation: directory of the run directories (default runs/bench-*)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("report", help="PNG plots of a run directory (reward, throughput, staleness, timeline)")

@@ -1,0 +1,92 @@
+"""Faults inside a run: engine requests that fail or hang are retried; a non-finite step is skipped.
+
+The real loop (tiny random-init model, LocalEngine, Trainer) with an engine wrapper that makes
+some ``generate`` calls raise and one hang past ``controller.episode_timeout_s``, and a score
+function that gives one prompt a NaN reward (so the loss of the step that trains it is NaN).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config import load_config
+from asyncrl.controller.loop import Controller
+from asyncrl.controller.resume import prompt_at
+from asyncrl.controller.rundir import RunDir, read_jsonl
+from asyncrl.controller.scoring import make_score_fn
+from asyncrl.data.prompts import PromptSource, build_task
+from asyncrl.models import load_policy, stop_token_ids
+from asyncrl.rollout.engine import LocalEngine
+from asyncrl.trainer.trainer import Trainer
+
+
+class FlakyEngine:
+    """Delegates to a real engine; generate calls number ``fail`` raise, number ``hang`` hangs."""
+
+    def __init__(self, engine: LocalEngine, fail: set[int], hang: set[int]) -> None:
+        self.engine, self.fail, self.hang, self.calls = engine, fail, hang, 0
+
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls in self.fail:
+            raise RuntimeError(f"injected engine failure (call {self.calls})")
+        if self.calls in self.hang:
+            await asyncio.sleep(3600)
+        return await self.engine.generate(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+
+def test_retries_timeouts_and_a_skipped_non_finite_step(tiny_policy_dir: Path, tmp_path: Path) -> None:
+    steps, batch, group = 4, 4, 4
+    cfg = load_config(None, [
+        f"controller.total_steps={steps}", f"controller.batch_size={batch}", "controller.max_concurrent=8",
+        "controller.max_staleness=1", "controller.episode_timeout_s=4", "controller.episode_retries=2",
+        "controller.checkpoint_every=0", f"rollout.group_size={group}", "rollout.max_new_tokens=16",
+        "rollout.max_slots=32", "task.train_size=200", "algo.filter_equal_rewards=false", "run.progress=false",
+    ])  # fmt: skip
+
+    async def run() -> Any:
+        model, tok = load_policy(tiny_policy_dir)
+        engine = LocalEngine(copy.deepcopy(model), tok, max_slots=32, max_seq_len=600)
+        flaky = FlakyEngine(engine, fail={2, 5, 6}, hang={3})
+        trainer = Trainer(model, cfg.trainer, cfg.algo)
+        prompts, _, _ = build_task(cfg.task, tok)
+        source = PromptSource(prompts, 0)
+        poisoned = prompt_at(source, 0).prompt_id
+        inline = make_score_fn("arithmetic", tok)
+
+        async def score(prompt: Any, completion: Any) -> tuple[float, str | None]:
+            reward, failure = await inline(prompt, completion)
+            return (math.nan if prompt.prompt_id == poisoned else reward), failure
+
+        rundir = RunDir(tmp_path, cfg, tensorboard=False)
+        controller = Controller(cfg, flaky, trainer, source, score, rundir, stop_token_ids=stop_token_ids(tok, model))
+        try:
+            state = await controller.run()
+        finally:
+            engine.close()
+            rundir.close()
+        return state, poisoned, trainer
+
+    state, poisoned, trainer = asyncio.run(run())
+    assert state.step == steps and trainer.version == steps
+    assert state.episode_retries >= 3  # two failures, a double failure, one timeout
+    assert state.engine_failures == 0  # every retried episode succeeded within its retries
+    ledger = read_jsonl(tmp_path / "trajectories.jsonl")
+    assert not [r for r in ledger if r["status"] == "engine_failure"]
+    skipped = [r for r in ledger if r["status"] == "skipped"]
+    assert {r["prompt_id"] for r in skipped} >= {poisoned} and all(r["dropped"] == "non_finite_step" for r in skipped)
+    assert len(skipped) == batch * group and state.skipped_steps == 1
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    bad = [m for m in metrics if not m["applied"]]
+    assert len(bad) == 1 and bad[0]["loss"] is None and bad[0]["step"] == skipped[0]["step"]
+    trained = Counter(r["trained_step"] for r in ledger if r["status"] == "trained")
+    assert trained == {s: batch * group for s in range(steps) if s != bad[0]["step"]}
+    assert state.trained_samples == (steps - 1) * batch * group
