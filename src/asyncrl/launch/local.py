@@ -110,14 +110,24 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
         temperature=cfg.rollout.temperature,
         max_new_tokens=cfg.eval.max_new_tokens,
         stop_token_ids=stops,
+        samples_per_prompt=cfg.eval.samples_per_prompt,
     )
+
+    async def measure() -> dict[str, float]:
+        """Held-out accuracy as configured, plus greedy accuracy when ``eval.report_greedy``."""
+        result = await evaluate(engine, held_out, score, **eval_kw)
+        if cfg.eval.report_greedy:
+            greedy = await evaluate(engine, held_out, score, **{**eval_kw, "greedy": True})
+            result["greedy_accuracy"] = greedy["accuracy"]
+        return result
+
     after: dict[str, float] | None = None
     try:
         if snapshot is not None:
             before = dict(snapshot["launcher"]["before"])
         else:
-            before = await evaluate(engine, held_out, score, **eval_kw)
-        print(f"held-out accuracy before RL: {before['accuracy']:.3f}")
+            before = await measure()
+        print(f"held-out accuracy before RL: {before['accuracy']:.3f} (greedy {before.get('greedy_accuracy')})")
         controller = Controller(
             cfg, engine, trainer, PromptSource(train_prompts, cfg.run.seed), score, rundir,
             tokenizer=tokenizer, stop_token_ids=stops, resume=snapshot, checkpoint_extra={"before": before},
@@ -129,8 +139,8 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
             for sig in handlers:
                 asyncio.get_running_loop().remove_signal_handler(sig)
         if state.stop_reason is None:
-            after = await evaluate(engine, held_out, score, **eval_kw)
-            print(f"held-out accuracy after RL:  {after['accuracy']:.3f}")
+            after = await measure()
+            print(f"held-out accuracy after RL:  {after['accuracy']:.3f} (greedy {after.get('greedy_accuracy')})")
             ckpt_final = run_dir / "checkpoint"
             model.save_pretrained(str(ckpt_final), safe_serialization=True)
             tokenizer.save_pretrained(str(ckpt_final))
@@ -148,6 +158,11 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"] if after else None,
         "accuracy_gain": after["accuracy"] - before["accuracy"] if after else None,
+        "accuracy_mode": "greedy"
+        if cfg.eval.greedy
+        else f"sampled at T={cfg.rollout.temperature}, {cfg.eval.samples_per_prompt} per prompt",
+        "accuracy_greedy_before": before.get("greedy_accuracy"),
+        "accuracy_greedy_after": after.get("greedy_accuracy") if after else None,
         "response_len_before": before["response_len"],
         "response_len_after": after["response_len"] if after else None,
         "steps": state.step,
