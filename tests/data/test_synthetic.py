@@ -46,3 +46,25 @@ def test_verifier_edge_cases() -> None:
     assert arithmetic_reward("#03", "3") == 1.0
     assert arithmetic_reward("#-3", "-3") == 1.0
     assert arithmetic_reward("#3", "x") == 0.0
+
+
+def test_flawed_teacher_slips_at_the_configured_rate() -> None:
+    import random
+
+    from asyncrl.data.synthetic import teacher_solution
+
+    train, _ = make_splits(5, 2000, 10)
+    rng = random.Random(0)
+    slipped = 0
+    for p in train:
+        demo = teacher_solution(p, rng, 0.6)
+        steps, final = demo.rsplit(";", 1)
+        assert steps == p.solution.rsplit(";", 1)[0]  # the worked steps are always right
+        last_lhs = steps.split(";")[-1].split("=")[0]
+        before_last = last_lhs[: max(last_lhs.rfind("+"), last_lhs.rfind("-"))]
+        assert final in (f"#{p.answer}", f"#{before_last}")
+        slipped += final != f"#{p.answer}"
+    # the slip is invisible when the last operand is 0; otherwise about 60% of demos slip
+    assert 0.45 < slipped / len(train) < 0.65
+    clean = random.Random(0)
+    assert all(teacher_solution(p, clean, 0.0) == p.solution for p in train[:50])

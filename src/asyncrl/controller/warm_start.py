@@ -39,7 +39,7 @@ def run_warm_start(cfg: Config, out_dir: str | Path, spec: TinyModelSpec | None 
     out = Path(out_dir)
     build_tiny_policy(out, spec)
     model, tokenizer = load_policy(out, device=cfg.model.device)
-    _, _, demos = build_task(cfg.task, tokenizer)
+    _, _, demos = build_task(cfg.task, tokenizer, teacher_slip_rate=cfg.sft.teacher_slip_rate)
     if not demos:
         raise ValueError(f"task {cfg.task.name!r} has no demonstrations for a warm start; pass --model DIR")
     eos = [tokenizer.eos_token_id]

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from asyncrl.config import TaskConfig
-from asyncrl.data.synthetic import make_splits
+from asyncrl.data.synthetic import make_splits, teacher_solution
 from asyncrl.types import Prompt
 
 
@@ -28,11 +28,14 @@ def render_prompt(tokenizer: Any, question: str) -> tuple[int, ...]:
     return tuple(tokenizer.encode(text, add_special_tokens=False))
 
 
-def build_task(task: TaskConfig, tokenizer: Any) -> tuple[list[Prompt], list[Prompt], list[tuple[str, str]]]:
+def build_task(
+    task: TaskConfig, tokenizer: Any, *, teacher_slip_rate: float = 0.0
+) -> tuple[list[Prompt], list[Prompt], list[tuple[str, str]]]:
     """``(train_prompts, held_out_prompts, demonstrations)`` for the configured task.
 
     Demonstrations are (question, worked solution) pairs for the warm start (empty where the
-    task has none)."""
+    task has none); for the synthetic task they come from a teacher that slips on the final
+    answer at ``teacher_slip_rate`` (seeded by the task seed)."""
     match task.name:
         case "arithmetic":
             train, held_out = make_splits(
@@ -52,7 +55,8 @@ def build_task(task: TaskConfig, tokenizer: Any) -> tuple[list[Prompt], list[Pro
                     meta={"question": p.question, "num_terms": p.num_terms},
                 )
 
-            demos = [(p.question, p.solution) for p in train]
+            teacher_rng = random.Random(f"{task.seed}-teacher")
+            demos = [(p.question, teacher_solution(p, teacher_rng, teacher_slip_rate)) for p in train]
             return [to_prompt(p) for p in train], [to_prompt(p) for p in held_out], demos
         case "gsm8k":
             from asyncrl.data.gsm8k import default_data_dir, load_gsm8k

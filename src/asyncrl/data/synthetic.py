@@ -7,7 +7,8 @@ scratchpad step per operation and the final answer after ``#``::
 
 The number of operands is drawn from a long-tailed distribution (2 plus a geometric number of
 extra operands, capped at ``max_terms``), so most responses are short and a few are long, like
-the outputs of reasoning models. Running totals stay in ``[0, 10 * max_operand]``. Problems are
+the outputs of reasoning models. ``teacher_solution`` gives the warm start's demonstrations,
+optionally from a flawed teacher (see its docstring). Running totals stay in ``[0, 10 * max_operand]``. Problems are
 generated from a fixed seed; the held-out split has distinct questions and train never contains
 a held-out question, while both follow the same length distribution.
 """
@@ -50,6 +51,21 @@ def _make_problem(
         total = new_total
     solution = "".join(steps) + f"#{total}"
     return ArithmeticProblem(problem_id, question, solution, str(total), num_terms)
+
+
+def teacher_solution(problem: ArithmeticProblem, rng: random.Random, slip_rate: float) -> str:
+    """A demonstration from a flawed teacher: with probability ``slip_rate`` the worked steps are
+    right but the final answer repeats the running total *before* the last operation (a slip a
+    weak teacher makes). Imitation copies the slip; the verifier's reward lets RL unlearn it."""
+    if slip_rate <= 0 or rng.random() >= slip_rate:
+        return problem.solution
+    steps = problem.solution.split(";")[:-1]
+    previous = steps[-1].split("=")[0]
+    for op in "+-":
+        if op in previous[1:]:
+            previous = previous[: previous.index(op, 1)]
+            break
+    return ";".join(steps) + f";#{previous}"
 
 
 def make_splits(
