@@ -127,11 +127,13 @@ class AlgoConfig:
 
 @dataclass
 class TrainerConfig:
-    lr: float = 1e-3
+    lr: float = 1e-4
+    """Adam step size. Measured on the default task: 1e-4 learns (sampled held-out accuracy 0.37 -> 0.73 in 80
+    steps); 3e-4 rises then collapses; 1e-3 collapses within 10 steps."""
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.99)
     grad_clip: float = 1.0
-    warmup_steps: int = 2
+    warmup_steps: int = 10
     ppo_minibatches: int = 1
     max_tokens_per_micro_batch: int = 1024
     seed: int = 0
@@ -179,7 +181,7 @@ class ControllerConfig:
     """η: a sample trained at step i has min_version >= i - η. 0 is synchronous training."""
     max_concurrent: int = 64
     """Cap on prompt groups in flight (admitted, not yet in the buffer)."""
-    total_steps: int = 60
+    total_steps: int = 100
     eval_every: int = 0
     """Evaluate held-out accuracy every N steps (0: only before and after)."""
     checkpoint_every: int = 10
