@@ -181,7 +181,7 @@ class ControllerConfig:
     """η: a sample trained at step i has min_version >= i - η. 0 is synchronous training."""
     max_concurrent: int = 64
     """Cap on prompt groups in flight (admitted, not yet in the buffer)."""
-    total_steps: int = 100
+    total_steps: int = 160
     eval_every: int = 0
     """Evaluate held-out accuracy every N steps (0: only before and after)."""
     checkpoint_every: int = 10
@@ -200,6 +200,9 @@ class ControllerConfig:
     """inflight (new weights reach the engine between two decode steps, in
     ``rollout.interrupt_mode``) | drain (stop admitting and wait until every running episode
     finished, then update: the no-interruption baseline of ``asyncrl bench interrupt``)."""
+    trainer_process: bool = True
+    """Local launcher: run the trainer in its own process (``controller.trainer_process``); as a
+    thread of the engine's process the two take turns on the GIL (measured: both ~2x slower)."""
 
 
 @dataclass
