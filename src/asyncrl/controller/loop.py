@@ -145,6 +145,7 @@ class Controller:
         self._draining = False
         self._errors: list[BaseException] = []
         self._reward_latency: list[float] = []
+        self._rollout_rewards: list[float] = []  # every scored sample since the last step (filtered ones too)
         self._consecutive_failures = 0
         self._scoring = 0
         self._training = False
@@ -303,6 +304,8 @@ class Controller:
             self._engine_failure(prompt, version, error)
             return
         self._consecutive_failures = 0
+        if not any(f is not None for f in group.reward_failures):
+            self._rollout_rewards.extend(group.rewards)
         reason = self._filter_reason(group)
         if reason is None:
             self.gate.on_finish(accepted=True)
@@ -466,6 +469,7 @@ class Controller:
         latency = sorted(self._reward_latency)
         self._reward_latency.clear()
         checkpoint_s, self._checkpoint_s = self._checkpoint_s, 0.0
+        rollout, self._rollout_rewards = self._rollout_rewards, []
         now = self._now()
         record: dict[str, Any] = {
             "step": step,
@@ -474,6 +478,9 @@ class Controller:
             "train_start_s": train_start,
             "reward": sum(rewards) / len(rewards),
             "accuracy": sum(1 for r in rewards if r >= 1.0) / len(rewards),
+            "rollout_reward": sum(rollout) / len(rollout) if rollout else None,
+            "rollout_accuracy": sum(1 for r in rollout if r >= 1.0) / len(rollout) if rollout else None,
+            "rollout_samples": len(rollout),
             "response_len": sum(len(comp.output_ids) for g in groups for comp in g.completions) / len(rewards),
             "trained_tokens": trained_tokens,
             "trained_tokens_per_s": self.state.trained_tokens / max(now, 1e-9),

@@ -1,12 +1,15 @@
 """``asyncrl report RUN_DIR``: PNG plots of a run, read from its run directory only.
 
-- ``reward.png``: training reward and accuracy of trained samples per step against wall time,
-  with the held-out accuracy before and after RL (from ``summary.json``) as markers;
-- ``throughput.png``: trained and generated tokens/s against wall time;
+- ``reward.png``: accuracy of every scored rollout sample per step (filtered groups included, so
+  dynamic sampling does not bias it) and of the trained batch, against RL wall time, with the
+  held-out accuracy before and after RL (from ``summary.json``) as markers;
+- ``throughput.png``: trained tokens/s per step and since the start (the effective throughput),
+  generated tokens/s per step, against wall time;
 - ``staleness.png``: distribution of ``trained_step - min_version`` over trained samples (the
   ledger), with the configured bound;
-- ``timeline.png``: engine running requests, trainer busy spans and rewards in flight on one
-  time axis (like the AReaL paper's Figure 1), so the overlap of generation and training shows.
+- ``timeline.png``: engine running samples and waiting requests, trainer step and weight-sync
+  spans, rewards in flight, buffer and in-flight groups on one time axis (like the AReaL
+  paper's Figure 1), so the overlap of generation and training shows.
 """
 
 from __future__ import annotations
@@ -52,27 +55,40 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
     t = [m["time_s"] for m in metrics]
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.plot(t, [m["reward"] for m in metrics], label="train reward (batch mean)", alpha=0.8)
-    ax.plot(t, [m["accuracy"] for m in metrics], label="train accuracy (batch)", alpha=0.6)
-    if "accuracy_before" in summary:
+    rollout = [(m["time_s"], m["rollout_accuracy"]) for m in metrics if m.get("rollout_accuracy") is not None]
+    if rollout:
+        ax.plot(*zip(*rollout, strict=True), label="rollout accuracy (every scored sample)", color="tab:blue")
+        ax.plot(*zip(*_smooth(rollout), strict=True), color="tab:blue", linewidth=2.5, alpha=0.5,
+                label="  moving average")  # fmt: skip
+    filtered = config.get("algo", {}).get("filter_equal_rewards")
+    label = "trained-batch accuracy" + (" (after dynamic sampling: biased to mixed groups)" if filtered else "")
+    ax.plot(t, [m["accuracy"] for m in metrics], label=label, color="tab:orange", alpha=0.6, linestyle="--")
+    if summary.get("accuracy_before") is not None:
         ax.scatter([0], [summary["accuracy_before"]], color="k", marker="o", zorder=3, label="held-out before RL")
+    if summary.get("accuracy_after") is not None:
         ax.scatter([t[-1]], [summary["accuracy_after"]], color="r", marker="*", s=120, zorder=3,
                    label="held-out after RL")  # fmt: skip
-    ax.set_xlabel("wall time since RL start (s)")
-    ax.set_ylabel("reward / accuracy")
+    ax.set_xlabel("RL wall time (s)")
+    ax.set_ylabel("accuracy (fraction of reward 1)")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title(f"Reward and accuracy (max_staleness={eta})")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(f"Accuracy against wall time (max_staleness={eta}, {len(metrics)} steps)")
+    ax.legend(loc="best", fontsize=8)
     ax.grid(alpha=0.3)
     written.append(_save(fig, out / "reward.png"))
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    ax.plot(t, [m["trained_tokens_per_s"] for m in metrics], label="trained tokens/s (cumulative average)")
-    ax.plot(t, [m["generated_tokens_per_s"] for m in metrics], label="generated tokens/s (per step)", alpha=0.7)
-    ax.set_xlabel("wall time since RL start (s)")
+    step_rate = [m.get("trained_tokens_per_s_step") for m in metrics]
+    if all(v is not None for v in step_rate):
+        ax.plot(t, step_rate, label="trained tokens/s (per step)", color="tab:blue", alpha=0.5)
+    ax.plot(t, [m["trained_tokens_per_s"] for m in metrics], label="effective: trained tokens/s (since start)",
+            color="tab:blue", linewidth=2.5)  # fmt: skip
+    ax.plot(t, [m["generated_tokens_per_s"] for m in metrics], label="generated tokens/s (per step)",
+            color="tab:green", alpha=0.7)  # fmt: skip
+    ax.set_xlabel("RL wall time (s)")
     ax.set_ylabel("tokens / s")
     ax.set_ylim(bottom=0)
-    ax.set_title("Throughput")
+    ax.set_title("Throughput (trained: prompt + response tokens of trained samples; generated: new tokens)")
+    ax.title.set_fontsize(9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     written.append(_save(fig, out / "throughput.png"))
@@ -81,7 +97,7 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
     counts = Counter(r["trained_step"] - r["min_version"] for r in trained)
     fig, ax = plt.subplots(figsize=(6, 4))
     if counts:
-        keys = list(range(0, max(counts) + 1))
+        keys = list(range(0, max(max(counts), eta or 0) + 1))
         ax.bar(keys, [counts.get(k, 0) for k in keys], color="tab:blue")
         ax.set_xticks(keys)
     if eta is not None:
@@ -89,29 +105,53 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
         ax.legend(fontsize=8)
     ax.set_xlabel("staleness of a trained sample (trained step - oldest token version)")
     ax.set_ylabel("samples")
-    dropped = sum(1 for r in ledger if r.get("status") == "stale")
-    ax.set_title(f"Staleness of {len(trained)} trained samples ({dropped} dropped as stale)")
+    dropped = len({r["prompt_id"] for r in ledger if r.get("status") == "stale"})
+    ax.set_title(f"Staleness of {len(trained)} trained samples ({dropped} groups dropped as stale)", fontsize=10)
     written.append(_save(fig, out / "staleness.png"))
 
-    fig, axes = plt.subplots(3, 1, figsize=(10, 6), sharex=True)
+    written.append(_timeline(plt, metrics, timeline, eta, out / "timeline.png"))
+    return written
+
+
+def _smooth(points: list[tuple[float, float]], window: int = 5) -> list[tuple[float, float]]:
+    """Trailing moving average of (t, y) points."""
+    out = []
+    for i, (t, _) in enumerate(points):
+        part = [y for _, y in points[max(0, i - window + 1) : i + 1]]
+        out.append((t, sum(part) / len(part)))
+    return out
+
+
+def _timeline(plt: Any, metrics: list[dict], timeline: list[dict], eta: Any, path: Path) -> Path:
+    """Engine, trainer, reward and queues on one time axis (like the AReaL paper's Figure 1)."""
+    fig, axes = plt.subplots(4, 1, figsize=(11, 7.5), sharex=True, height_ratios=[2, 1, 1, 1.5])
     if timeline:
         tt = [s["t"] for s in timeline]
-        axes[0].fill_between(tt, [s["engine_running"] for s in timeline], step="post", alpha=0.6)
-        axes[0].set_ylabel("engine\nrunning")
+        axes[0].fill_between(tt, [s["engine_running"] for s in timeline], step="post", alpha=0.6,
+                             label="running samples (decoding)")  # fmt: skip
+        if "engine_waiting" in timeline[0]:
+            axes[0].plot(tt, [s["engine_waiting"] for s in timeline], drawstyle="steps-post", color="tab:gray",
+                         label="waiting requests")  # fmt: skip
+        axes[0].legend(fontsize=7, loc="upper right")
         axes[2].plot(tt, [s["reward_in_flight"] for s in timeline], drawstyle="steps-post", color="tab:green")
-        axes[2].set_ylabel("reward\nin flight")
+        axes[3].plot(tt, [s["buffer_groups"] for s in timeline], drawstyle="steps-post", label="buffer (groups)")
+        axes[3].plot(tt, [s["running_groups"] for s in timeline], drawstyle="steps-post", label="in flight (groups)")
+        axes[3].legend(fontsize=7, loc="upper right")
+    axes[0].set_ylabel("engine")
     for m in metrics:
         start = m.get("train_start_s", m["time_s"] - m["train_step_s"] - m["weight_sync_s"])
         axes[1].broken_barh([(start, m["train_step_s"])], (0.1, 0.8), color="tab:orange")
         axes[1].broken_barh([(start + m["train_step_s"], m["weight_sync_s"])], (0.1, 0.8), color="tab:red")
     axes[1].set_yticks([])
-    axes[1].set_ylabel("trainer\n(step|sync)")
-    axes[2].set_xlabel("wall time since RL start (s)")
-    axes[0].set_title(f"Activity timeline (max_staleness={eta}): engine, trainer, reward")
+    axes[1].set_ylabel("trainer\nstep | sync")
+    axes[2].set_ylabel("reward\nin flight")
+    axes[3].set_ylabel("queues")
+    axes[3].set_xlabel("RL wall time (s)")
+    axes[0].set_title(f"Activity timeline (max_staleness={eta}): engine, trainer (orange: step, red: weight sync), "
+                      "reward, queues", fontsize=9)  # fmt: skip
     for ax in axes:
         ax.grid(alpha=0.3)
-    written.append(_save(fig, out / "timeline.png"))
-    return written
+    return _save(fig, path)
 
 
 def _save(fig: Any, path: Path) -> Path:

@@ -25,6 +25,7 @@ from asyncrl.controller.loop import Controller
 from asyncrl.controller.resume import check_snapshot, latest_checkpoint
 from asyncrl.controller.rundir import RunDir, default_run_dir
 from asyncrl.controller.scoring import make_score_fn
+from asyncrl.controller.trainer_process import TrainerProcess
 from asyncrl.controller.warm_start import ensure_policy
 from asyncrl.data.prompts import PromptSource, build_task
 from asyncrl.models import load_policy, stop_token_ids
@@ -74,7 +75,8 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
     t_warm = time.perf_counter() - t_start
     seed_everything(cfg.run.seed)
     model, tokenizer = load_policy(model_dir, device=cfg.model.device, dtype=cfg.model.dtype)
-    engine_model = copy.deepcopy(model)
+    # the trainer process builds its own copy; a trainer thread needs the engine's to be separate
+    engine_model = model if cfg.controller.trainer_process else copy.deepcopy(model)
     stops = stop_token_ids(tokenizer, model)
     max_len = cfg.rollout.max_new_tokens + 512
     engine = LocalEngine(
@@ -85,7 +87,13 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
         interrupt_mode=cfg.rollout.interrupt_mode,
         device=cfg.model.device,
     )
-    trainer = Trainer(model, cfg.trainer, cfg.algo, temperature=cfg.rollout.temperature, device=cfg.model.device)
+    if cfg.controller.trainer_process:  # its own process: no GIL shared with the engine's decode loop
+        trainer: Any = TrainerProcess(str(model_dir), cfg)
+    else:
+        trainer = Trainer(
+            model, cfg.trainer, cfg.algo, temperature=cfg.rollout.temperature, device=cfg.model.device,
+            tokenizer=tokenizer, total_steps=cfg.controller.total_steps,
+        )  # fmt: skip
     snapshot: dict[str, Any] | None = None
     ckpt = latest_checkpoint(run_dir) if resume else None
     if ckpt is not None:
@@ -142,7 +150,7 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
             after = await measure()
             print(f"held-out accuracy after RL:  {after['accuracy']:.3f} (greedy {after.get('greedy_accuracy')})")
             ckpt_final = run_dir / "checkpoint"
-            model.save_pretrained(str(ckpt_final), safe_serialization=True)
+            trainer.save_pretrained(str(ckpt_final))
             tokenizer.save_pretrained(str(ckpt_final))
         else:
             print(
@@ -151,6 +159,8 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
         engine_stats = engine.stats()
     finally:
         engine.close()
+        if isinstance(trainer, TrainerProcess):
+            trainer.close()
         if service is not None:
             await service.close()
     rl_wall = state.rl_elapsed_s
