@@ -6,8 +6,8 @@ under ``--out``) on the same model, data and seed; only the varied parameter cha
 
 - ``async``: ``controller.max_staleness`` in {0, 1, 2, 4, 8} on two workloads:
   (a) the default task as configured; (b) a generation-heavy long-tailed one: the same
-  warm-started policy on longer problems (``task.max_terms=20``, ``task.length_tail=0.8``,
-  ``rollout.max_new_tokens=256``), so a few responses are several times longer than most.
+  warm-started policy on longer problems (``task.max_terms=32``, ``task.length_tail=0.85``,
+  ``rollout.max_new_tokens=384``), so a few responses are ten times longer than most.
   Metrics: effective throughput ``trained_tokens_per_s`` (tokens of trained sequences per second
   of RL wall time, the paper's measure), held-out ``accuracy_after``, and the ratios to
   max_staleness = 0. For workload (a) also the bottleneck limit: min(trainer alone, engine alone)
@@ -37,7 +37,7 @@ __all__ = ["WORKLOADS", "run_async_bench", "run_interrupt_bench", "run_ablation_
 
 WORKLOADS: dict[str, list[str]] = {
     "a": [],
-    "b": ["task.max_terms=20", "task.length_tail=0.8", "rollout.max_new_tokens=256", "eval.max_new_tokens=256"],
+    "b": ["task.max_terms=32", "task.length_tail=0.85", "rollout.max_new_tokens=384", "eval.max_new_tokens=384"],
 }
 """Config overrides of each workload of ``bench async`` (on top of the user's ``--set``)."""
 

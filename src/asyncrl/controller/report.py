@@ -109,7 +109,7 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
     ax.set_title(f"Staleness of {len(trained)} trained samples ({dropped} groups dropped as stale)", fontsize=10)
     written.append(_save(fig, out / "staleness.png"))
 
-    written.append(_timeline(plt, metrics, timeline, eta, out / "timeline.png"))
+    written.append(_timeline(plt, metrics, timeline, config, out / "timeline.png"))
     return written
 
 
@@ -122,8 +122,10 @@ def _smooth(points: list[tuple[float, float]], window: int = 5) -> list[tuple[fl
     return out
 
 
-def _timeline(plt: Any, metrics: list[dict], timeline: list[dict], eta: Any, path: Path) -> Path:
+def _timeline(plt: Any, metrics: list[dict], timeline: list[dict], config: dict[str, Any], path: Path) -> Path:
     """Engine, trainer, reward and queues on one time axis (like the AReaL paper's Figure 1)."""
+    ctrl, rollout = config.get("controller", {}), config.get("rollout", {})
+    eta = ctrl.get("max_staleness")
     fig, axes = plt.subplots(4, 1, figsize=(11, 7.5), sharex=True, height_ratios=[2, 1, 1, 1.5])
     if timeline:
         tt = [s["t"] for s in timeline]
@@ -131,11 +133,22 @@ def _timeline(plt: Any, metrics: list[dict], timeline: list[dict], eta: Any, pat
                              label="running samples (decoding)")  # fmt: skip
         if "engine_waiting" in timeline[0]:
             axes[0].plot(tt, [s["engine_waiting"] for s in timeline], drawstyle="steps-post", color="tab:gray",
-                         label="waiting requests")  # fmt: skip
+                         label="waiting requests (a group, or one resubmitted sample)")  # fmt: skip
+        if rollout.get("max_slots"):
+            axes[0].axhline(rollout["max_slots"], color="k", linestyle=":", linewidth=1, label="decode slots")
         axes[0].legend(fontsize=7, loc="upper right")
-        axes[2].plot(tt, [s["reward_in_flight"] for s in timeline], drawstyle="steps-post", color="tab:green")
+        rewards = [s["reward_in_flight"] for s in timeline]
+        axes[2].plot(tt, rewards, drawstyle="steps-post", color="tab:green")
+        if not any(rewards):
+            verifier = config.get("task", {}).get("verifier", "?")
+            note = f"verifier '{verifier}' scores inline in microseconds: never seen in flight"
+            axes[2].text(0.5, 0.5, note, transform=axes[2].transAxes, ha="center", va="center", fontsize=8,
+                         color="tab:green")  # fmt: skip
         axes[3].plot(tt, [s["buffer_groups"] for s in timeline], drawstyle="steps-post", label="buffer (groups)")
         axes[3].plot(tt, [s["running_groups"] for s in timeline], drawstyle="steps-post", label="in flight (groups)")
+        if ctrl.get("max_concurrent"):
+            axes[3].axhline(ctrl["max_concurrent"], color="tab:orange", linestyle=":", linewidth=1,
+                            label="max_concurrent")  # fmt: skip
         axes[3].legend(fontsize=7, loc="upper right")
     axes[0].set_ylabel("engine")
     for m in metrics:
