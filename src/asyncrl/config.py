@@ -43,7 +43,9 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = "arithmetic"
-    """arithmetic (synthetic, embedded default) | gsm8k | jsonl."""
+    """arithmetic (synthetic, embedded default) | gsm8k | humaneval (../shared/data or task.path) |
+    jsonl (task.path: rows with `prompt`, `answer`, optional `id`). Set task.verifier to match
+    (math for gsm8k, code for humaneval)."""
     seed: int = 1234
     """Seed of the synthetic generator and of the train/held-out split."""
     train_size: int = 20000
@@ -245,7 +247,7 @@ class Config:
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("float32", "bfloat16", "float16"),
-    "task.name": ("arithmetic", "gsm8k", "jsonl"),
+    "task.name": ("arithmetic", "gsm8k", "humaneval", "jsonl"),
     "rollout.interrupt_mode": ("abort", "keep"),
     "algo.advantage": ("grpo", "dr_grpo", "rloo", "reinforce_pp"),
     "algo.loss_type": ("ppo", "gspo", "cispo"),

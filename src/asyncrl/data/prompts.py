@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -58,26 +59,56 @@ def build_task(
             teacher_rng = random.Random(f"{task.seed}-teacher")
             demos = [(p.question, teacher_solution(p, teacher_rng, teacher_slip_rate)) for p in train]
             return [to_prompt(p) for p in train], [to_prompt(p) for p in held_out], demos
-        case "gsm8k":
-            from asyncrl.data.gsm8k import default_data_dir, load_gsm8k
-
-            path = task.path or str(default_data_dir() / "gsm8k_test.jsonl")
-            rows = load_gsm8k(path)
+        case "gsm8k" | "humaneval" | "jsonl":
+            rows, prompt_key, reference_key = _load_rows(task)
             rng = random.Random(task.seed)
             rng.shuffle(rows)
             held, rest = rows[: task.eval_size], rows[task.eval_size :][: task.train_size]
+            if not rest:
+                raise ValueError(
+                    f"task {task.name}: {len(rows)} rows leave none for training after eval_size={task.eval_size}"
+                )
 
             def row_prompt(row: dict[str, Any]) -> Prompt:
                 return Prompt(
                     prompt_id=str(row["id"]),
-                    token_ids=render_prompt(tokenizer, row["question"]),
-                    answer=str(row["answer"]),
-                    meta={"question": row["question"]},
+                    token_ids=render_prompt(tokenizer, str(row[prompt_key])),
+                    answer=str(row[reference_key]),
+                    meta={**row, "question": str(row[prompt_key])},
                 )
 
             return [row_prompt(r) for r in rest], [row_prompt(r) for r in held], []
         case other:
-            raise ValueError(f"task.name={other!r} is not supported here (choose arithmetic or gsm8k)")
+            raise ValueError(f"task.name={other!r} is not supported (arithmetic, gsm8k, humaneval, jsonl)")
+
+
+def _load_rows(task: TaskConfig) -> tuple[list[dict[str, Any]], str, str]:
+    """Rows of a real dataset and the names of their prompt and reference fields."""
+    match task.name:
+        case "gsm8k":
+            from asyncrl.data.gsm8k import GSM8K_TASK, load_gsm8k
+
+            return load_gsm8k(task.path), GSM8K_TASK["prompt_key"], GSM8K_TASK["reference_key"]
+        case "humaneval":
+            from asyncrl.data.humaneval import HUMANEVAL_TASK, load_humaneval
+
+            return load_humaneval(task.path), HUMANEVAL_TASK["prompt_key"], HUMANEVAL_TASK["reference_key"]
+        case "jsonl":
+            if not task.path:
+                raise ValueError("task.name=jsonl needs task.path: a JSONL file with `prompt` and `answer` fields")
+            rows = []
+            with open(task.path, encoding="utf-8") as handle:
+                for line_no, line in enumerate(handle, 1):
+                    if not line.strip():
+                        continue
+                    row = json.loads(line)
+                    if "prompt" not in row or "answer" not in row:
+                        raise ValueError(f"{task.path}:{line_no}: each row needs `prompt` and `answer`")
+                    row.setdefault("id", f"row-{line_no}")
+                    rows.append(row)
+            return rows, "prompt", "answer"
+        case other:
+            raise ValueError(f"task.name={other!r} has no dataset loader")
 
 
 class PromptSource:
