@@ -144,8 +144,9 @@ def run_train_bench(
     samples: int = 128,
     samples_20m: int = 64,
     budget: int = 2048,
-    padded_sizes: tuple[int, ...] = (4, 8, 16),
+    padded_sizes: tuple[int, ...] = (1, 2, 4, 8, 16),
     steps: int = 3,
+    steps_20m: int = 1,
     seed: int = 0,
     threads: int = 1,
 ) -> dict[str, Any]:
@@ -158,8 +159,8 @@ def run_train_bench(
     with tempfile.TemporaryDirectory(prefix="asyncrl-bench-train-") as tmp:
         for name in models:
             model_dir = _build_model(name, Path(tmp))
-            n = samples_20m if name != "tiny" else samples
-            got = _bench_model(name, model_dir, bench_samples(n, seed), budget, list(padded_sizes), steps)
+            n, k = (samples, steps) if name == "tiny" else (samples_20m, steps_20m)
+            got = _bench_model(name, model_dir, bench_samples(n, seed), budget, list(padded_sizes), k)
             rows.extend(got)
             packed = next(r for r in got if r["micro_batching"] == "packed")
             padded = [r for r in got if r["micro_batching"] == "padded"]
@@ -171,7 +172,7 @@ def run_train_bench(
     result = {
         "benchmark": "train",
         "config": {"samples": samples, "samples_20m": samples_20m, "budget": budget, "steps": steps,
-                   "threads": threads, "seed": seed},
+                   "steps_20m": steps_20m, "threads": threads, "seed": seed},
         "rows": rows,
         "ratios": ratios,
     }  # fmt: skip
@@ -204,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=128)
     p.add_argument("--budget", type=int, default=2048, help="packed max_tokens_per_micro_batch")
     p.add_argument("--steps", type=int, default=3, help="timed steps per configuration (after one warm-up)")
+    p.add_argument("--steps-20m", type=int, default=1, help="timed steps for the 20M model")
     args = p.parse_args(argv)
     run_train_bench(args.json, models=tuple(args.models.split(",")), samples=args.samples, budget=args.budget,
-                    steps=args.steps)  # fmt: skip
+                    steps=args.steps, steps_20m=args.steps_20m)  # fmt: skip
     return 0
 
 

@@ -73,10 +73,20 @@ class DistContext:
         dist.barrier(group=self.object_group)
 
 
-def init_distributed(backend: str | None = None, timeout_s: int = 7200) -> DistContext:
-    """Initialise the default process group from the ``torchrun`` environment (idempotent).
+def init_distributed(
+    backend: str | None = None,
+    timeout_s: int = 7200,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    init_method: str | None = None,
+) -> DistContext:
+    """Initialise the default process group (idempotent).
 
-    ``backend``: None picks NCCL when CUDA is available, else gloo."""
+    By default from the ``torchrun`` environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...);
+    processes started otherwise (e.g. trainer children of the controller) pass ``rank``,
+    ``world_size`` and ``init_method`` (``tcp://host:port``). ``backend``: None picks NCCL when
+    CUDA is available, else gloo."""
     global _CONTEXT
     if _CONTEXT is not None:
         return _CONTEXT
@@ -84,12 +94,13 @@ def init_distributed(backend: str | None = None, timeout_s: int = 7200) -> DistC
     backend = backend or ("nccl" if use_cuda else "gloo")
     device = torch.device("cpu")
     if backend == "nccl":
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        local_rank = int(os.environ.get("LOCAL_RANK", str(rank or 0)))
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     timeout = timedelta(seconds=timeout_s)
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=timeout)
+        explicit = {"init_method": init_method, "rank": rank, "world_size": world_size} if init_method else {}
+        dist.init_process_group(backend=backend, timeout=timeout, **explicit)
     object_group = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
     _CONTEXT = DistContext(dist.get_rank(), dist.get_world_size(), device, object_group)
     return _CONTEXT
@@ -250,21 +261,34 @@ def run_trainer_worker(ctx: DistContext | None = None) -> int:
                 raise RuntimeError(f"follower got unknown command {other!r}")
 
 
-def run_distributed(leader_fn: Callable[[], T], *, backend: str | None = None, timeout_s: int = 7200) -> T | None:
+def run_distributed(
+    leader_fn: Callable[[], T],
+    *,
+    backend: str | None = None,
+    timeout_s: int = 7200,
+    rank: int | None = None,
+    world_size: int | None = None,
+    init_method: str | None = None,
+) -> T | None:
     """Entry point for every ``torchrun`` rank: rank 0 runs ``leader_fn`` (the controller and
     its ``Trainer``, which leads), the other ranks follow. Returns ``leader_fn``'s result on
-    rank 0 and None elsewhere; the followers are stopped even when ``leader_fn`` fails."""
+    rank 0 and None elsewhere.
+
+    When ``leader_fn`` raises, the exception propagates without a ``stop`` (the followers may be
+    inside a collective that no longer pairs with one): rank 0's process ends and ``torchrun``
+    tears the other ranks down (processes started without ``torchrun`` must be reaped by their
+    parent). ``rank``/``world_size``/``init_method``: see ``init_distributed``."""
     global _LEADER
-    ctx = init_distributed(backend, timeout_s)
-    try:
-        if ctx.rank == 0:
-            _LEADER = True
-            try:
-                return leader_fn()
-            finally:
-                send_command(ctx, "stop")
-                _LEADER = False
+    ctx = init_distributed(backend, timeout_s, rank=rank, world_size=world_size, init_method=init_method)
+    if ctx.rank != 0:
         run_trainer_worker(ctx)
-        return None
-    finally:
         shutdown_distributed()
+        return None
+    _LEADER = True
+    try:
+        result = leader_fn()
+    finally:
+        _LEADER = False
+    send_command(ctx, "stop")
+    shutdown_distributed()
+    return result
