@@ -183,7 +183,7 @@ class ControllerConfig:
     """η: a sample trained at step i has min_version >= i - η. 0 is synchronous training."""
     max_concurrent: int = 64
     """Cap on prompt groups in flight (admitted, not yet in the buffer)."""
-    total_steps: int = 160
+    total_steps: int = 120
     eval_every: int = 0
     """Evaluate held-out accuracy every N steps (0: only before and after)."""
     checkpoint_every: int = 10
