@@ -118,7 +118,9 @@ def test_first_token_cannot_carry_loss(tiny_policy_dir) -> None:
         trainer.train_step(TrainBatch((bad,), 0))
 
 
-@pytest.mark.parametrize("overrides", [{"micro_batching": "padded", "padded_micro_batch_size": 3}, {"balance": "kk"}])
+@pytest.mark.parametrize(
+    "overrides", [{"micro_batching": "padded", "padded_micro_batch_size": 3}, {"balance": "kk"}, {"precision": "bf16"}]
+)
 def test_step_modes_train(tiny_policy_dir, overrides) -> None:
     model, _ = load_policy(tiny_policy_dir)
     trainer = Trainer(model, TrainerConfig(lr=1e-2, max_tokens_per_micro_batch=24, **overrides), AlgoConfig())
@@ -137,3 +139,19 @@ def test_ppo_minibatches_make_several_optimizer_updates(tiny_policy_dir) -> None
     assert int(state["step"]) == 3
     # the second and third updates see a moved policy: the ratio is no longer exactly 1
     assert result.metrics["approx_kl_prox"] > 0.0
+
+
+def test_activation_checkpointing_gives_the_same_gradients(tiny_policy_dir) -> None:
+    from tests.trainer.synthetic import make_samples, rel_diff
+
+    grads = []
+    for checkpointing in (False, True):
+        model, _ = load_policy(tiny_policy_dir)
+        cfg = TrainerConfig(max_tokens_per_micro_batch=40, activation_checkpointing=checkpointing)
+        trainer = Trainer(model, cfg, AlgoConfig())
+        flag = getattr(trainer.model, "is_activation_checkpointing", None)
+        assert (flag if flag is not None else trainer.model.is_gradient_checkpointing) == checkpointing
+        trainer.accumulate_gradients(make_samples(6, seed=4))
+        grads.append([p.grad.clone() for p in trainer.model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        assert rel_diff(b, a) <= 1e-6

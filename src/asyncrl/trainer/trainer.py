@@ -176,12 +176,17 @@ class Trainer(TrainerStateMixin):
         model.to(self.device)
         if train_cfg.lora_rank > 0:
             model = apply_lora(model, train_cfg)
-        self.attention = use_packed_attention(base_model(model), self.device, dtype)
         cuda = self.device.type == "cuda"
         self.bf16 = train_cfg.precision == "bf16" or (train_cfg.precision == "auto" and cuda)
+        # the dtype attention computes in (flash attention needs half precision)
+        self.attention = use_packed_attention(base_model(model), self.device, torch.bfloat16 if self.bf16 else dtype)
         checkpointing = train_cfg.activation_checkpointing
         if checkpointing if checkpointing is not None else cuda:
-            base_model(model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            hf = base_model(model)
+            if hasattr(hf, "activation_checkpointing_enable"):  # transformers >= 5.2x
+                hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.model = model
         if self.ctx is not None:
             full = {k: v.detach() for k, v in model.state_dict().items()} if self.rank == 0 else {}
