@@ -90,18 +90,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from asyncrl.controller.evaluate import evaluate
     from asyncrl.controller.scoring import make_score_fn
     from asyncrl.controller.warm_start import ensure_policy
-    from asyncrl.data.prompts import build_task
+    from asyncrl.data.prompts import build_task, drop_long_prompts
     from asyncrl.models import load_policy, stop_token_ids
     from asyncrl.rollout.engine import LocalEngine
 
     model_dir = ensure_policy(cfg)
     model, tokenizer = load_policy(model_dir, device=cfg.model.device, dtype=cfg.model.dtype)
     _, held_out, _ = build_task(cfg.task, tokenizer)
+    held_out = drop_long_prompts(held_out, cfg.rollout.max_prompt_len, "held-out prompts")
     engine = LocalEngine(
         model,
         tokenizer,
         max_slots=cfg.rollout.max_slots,
-        max_seq_len=cfg.eval.max_new_tokens + 512,
+        max_seq_len=cfg.rollout.max_prompt_len + cfg.eval.max_new_tokens,
         device=cfg.model.device,
     )
 

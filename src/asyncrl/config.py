@@ -95,6 +95,9 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     max_new_tokens: int = 160
+    max_prompt_len: int = 1024
+    """Longest prompt (tokens) a run admits; longer dataset prompts are dropped with a warning.
+    The engine's KV cache holds ``max_prompt_len + max_new_tokens`` tokens per slot."""
     max_slots: int = 128
     """Engine concurrency (decode slots)."""
     interrupt_mode: str = "abort"
@@ -344,6 +347,7 @@ def validate(cfg: Config) -> Config:
     positive = {
         "rollout.group_size": cfg.rollout.group_size,
         "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+        "rollout.max_prompt_len": cfg.rollout.max_prompt_len,
         "rollout.max_slots": cfg.rollout.max_slots,
         "controller.batch_size": cfg.controller.batch_size,
         "controller.max_concurrent": cfg.controller.max_concurrent,

@@ -111,6 +111,19 @@ def _load_rows(task: TaskConfig) -> tuple[list[dict[str, Any]], str, str]:
             raise ValueError(f"task.name={other!r} has no dataset loader")
 
 
+def drop_long_prompts(prompts: Sequence[Prompt], max_len: int, what: str = "prompts") -> list[Prompt]:
+    """The prompts of at most ``max_len`` tokens; says how many were dropped (never silently)."""
+    kept = [p for p in prompts if len(p.token_ids) <= max_len]
+    if len(kept) < len(prompts):
+        print(
+            f"warning: dropped {len(prompts) - len(kept)} of {len(prompts)} {what} longer than "
+            f"rollout.max_prompt_len={max_len} tokens"
+        )
+    if prompts and not kept:
+        raise ValueError(f"every one of the {len(prompts)} {what} is longer than rollout.max_prompt_len={max_len}")
+    return kept
+
+
 class PromptSource:
     """Endless seeded stream over ``prompts``: each epoch is a fresh shuffle."""
 

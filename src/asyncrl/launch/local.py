@@ -27,7 +27,7 @@ from asyncrl.controller.rundir import RunDir, default_run_dir
 from asyncrl.controller.scoring import make_score_fn
 from asyncrl.controller.trainer_process import TrainerProcess
 from asyncrl.controller.warm_start import ensure_policy
-from asyncrl.data.prompts import PromptSource, build_task
+from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
 from asyncrl.models import load_policy, stop_token_ids
 
 
@@ -78,7 +78,7 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
     # the trainer process builds its own copy; a trainer thread needs the engine's to be separate
     engine_model = model if cfg.controller.trainer_process else copy.deepcopy(model)
     stops = stop_token_ids(tokenizer, model)
-    max_len = cfg.rollout.max_new_tokens + 512
+    max_len = cfg.rollout.max_prompt_len + max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens)
     engine = LocalEngine(
         engine_model,
         tokenizer,
@@ -103,6 +103,8 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
     elif resume:
         print(f"no checkpoint in {run_dir}: starting it over")
     train_prompts, held_out, _ = build_task(cfg.task, tokenizer)
+    train_prompts = drop_long_prompts(train_prompts, cfg.rollout.max_prompt_len, "training prompts")
+    held_out = drop_long_prompts(held_out, cfg.rollout.max_prompt_len, "held-out prompts")
     service = None
     if cfg.task.verifier != "arithmetic":
         from asyncrl.reward.service import RewardService
