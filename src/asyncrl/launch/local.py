@@ -23,7 +23,7 @@ from asyncrl.config import Config
 from asyncrl.controller.evaluate import evaluate
 from asyncrl.controller.loop import Controller
 from asyncrl.controller.resume import check_snapshot, latest_checkpoint
-from asyncrl.controller.rundir import RunDir, default_run_dir
+from asyncrl.controller.rundir import RunDir, default_run_dir, read_jsonl
 from asyncrl.controller.scoring import make_score_fn
 from asyncrl.controller.trainer_process import TrainerProcess
 from asyncrl.controller.warm_start import ensure_policy
@@ -166,6 +166,9 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
         if service is not None:
             await service.close()
     rl_wall = state.rl_elapsed_s
+    gen_during_train = float(
+        sum(m.get("generated_tokens_during_train") or 0.0 for m in read_jsonl(run_dir / "metrics.jsonl"))
+    )
     summary = {
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"] if after else None,
@@ -198,6 +201,9 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
         "episode_retries": state.episode_retries,
         "skipped_steps": state.skipped_steps,
         "engine_generated_tokens": engine_stats.get("generated_tokens", 0.0),
+        # generation overlapping training: tokens the engine produced while a training step ran
+        "generated_tokens_during_train_steps": gen_during_train,
+        "generation_during_training_frac": gen_during_train / max(1.0, engine_stats.get("generated_tokens", 0.0)),
         "engine_slot_utilisation": engine_stats.get("slot_utilisation", 0.0),
         "model_dir": str(model_dir),
         "checkpoint": str(run_dir / "checkpoint") if after else None,
