@@ -120,3 +120,56 @@ def test_ranks_started_without_torchrun(tiny_policy_dir) -> None:
     assert result["rank0"] == pytest.approx(expect.metrics["loss"], rel=1e-5, abs=1e-7)
     for name, value in one.full_state_dict().items():
         assert rel_diff(result["state"][name], value) <= 1e-5
+
+
+def _spmd_rank(rank: int, port: int, policy_dir: str, out: dict) -> None:
+    import torch
+
+    from asyncrl.config import AlgoConfig, TrainerConfig
+    from asyncrl.models import load_policy
+    from asyncrl.trainer.distributed import init_distributed, sharded_state_dict, shutdown_distributed
+    from asyncrl.trainer.trainer import Trainer
+    from asyncrl.types import TrainBatch
+    from tests.trainer.synthetic import make_samples
+
+    torch.set_num_threads(1)
+    ctx = init_distributed("gloo", 120, rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
+    trainer = Trainer(load_policy(policy_dir)[0], TrainerConfig(lr=1e-2), AlgoConfig())  # SPMD: every rank builds
+    assert not trainer.leader and trainer.world_size == 2
+    trainer.train_step(TrainBatch(tuple(make_samples(5, seed=3)), 0))
+    sharded = sharded_state_dict(trainer.model)
+    shards = {k: (v.to_local().clone(), [p.is_shard(0) for p in v.placements]) for k, v in sharded.items()}
+    every = ctx.all_gather_object(shards)
+    full = trainer.full_state_dict()
+    if rank == 0:
+        out["full"] = {k: v.clone() for k, v in full.items()}
+        out["shards"] = every
+    shutdown_distributed()
+
+
+@pytest.mark.timeout(180)
+def test_spmd_ranks_full_and_sharded_state_dicts_agree(tiny_policy_dir) -> None:
+    import socket
+
+    import torch
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        out = manager.dict()
+        ctx = mp.get_context("spawn")
+        procs = [ctx.Process(target=_spmd_rank, args=(r, port, str(tiny_policy_dir), out)) for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(150)
+        assert [p.exitcode for p in procs] == [0, 0]
+        full, shards = out["full"], out["shards"]
+    assert set(shards[0]) == set(full)
+    for name, (piece, placements) in shards[0].items():
+        assert placements == [True]  # one mesh dimension, sharded along dim 0
+        whole = torch.cat([piece, shards[1][name][0]])  # dim-0 shards of rank 0 then rank 1
+        assert torch.equal(whole, full[name]), name
+        assert piece.shape[0] >= shards[1][name][0].shape[0]
