@@ -30,24 +30,29 @@ class FlakyEngine:
 
     def __init__(self, engine: LocalEngine, fail: set[int], hang: set[int]) -> None:
         self.engine, self.fail, self.hang, self.calls = engine, fail, hang, 0
+        self.hung: list[tuple[int, ...]] = []  # prompts of the calls that hung
+        self.served: list[tuple[int, ...]] = []  # prompts of the calls that returned
 
-    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+    async def generate(self, input_ids: Any, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
         if self.calls in self.fail:
             raise RuntimeError(f"injected engine failure (call {self.calls})")
         if self.calls in self.hang:
+            self.hung.append(tuple(input_ids))
             await asyncio.sleep(3600)
-        return await self.engine.generate(*args, **kwargs)
+        out = await self.engine.generate(input_ids, *args, **kwargs)
+        self.served.append(tuple(input_ids))
+        return out
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.engine, name)
 
 
 def test_retries_timeouts_and_a_skipped_non_finite_step(tiny_policy_dir: Path, tmp_path: Path) -> None:
-    steps, batch, group = 4, 4, 4
+    steps, batch, group = 8, 4, 4
     cfg = load_config(None, [
         f"controller.total_steps={steps}", f"controller.batch_size={batch}", "controller.max_concurrent=8",
-        "controller.max_staleness=1", "controller.episode_timeout_s=4", "controller.episode_retries=2",
+        "controller.max_staleness=1", "controller.episode_timeout_s=1.5", "controller.episode_retries=2",
         "controller.checkpoint_every=0", f"rollout.group_size={group}", "rollout.max_new_tokens=16",
         "rollout.max_slots=32", "task.train_size=200", "algo.filter_equal_rewards=false", "run.progress=false",
     ])  # fmt: skip
@@ -73,10 +78,11 @@ def test_retries_timeouts_and_a_skipped_non_finite_step(tiny_policy_dir: Path, t
         finally:
             engine.close()
             rundir.close()
-        return state, poisoned, trainer
+        return state, poisoned, trainer, flaky
 
-    state, poisoned, trainer = asyncio.run(run())
+    state, poisoned, trainer, flaky = asyncio.run(run())
     assert state.step == steps and trainer.version == steps
+    assert len(flaky.hung) == 1 and flaky.hung[0] in flaky.served  # timed out, then retried and served
     assert state.episode_retries >= 3  # two failures, a double failure, one timeout
     assert state.engine_failures == 0  # every retried episode succeeded within its retries
     ledger = read_jsonl(tmp_path / "trajectories.jsonl")

@@ -3,7 +3,7 @@
 Checks the walking-skeleton contract: versions advance, the staleness bound holds for every
 trained sample (read back from the ledger), losses are finite, the run directory is complete,
 synchronous mode (η = 0) never generates while the trainer steps and η > 0 does, and every
-admitted prompt is accounted for.
+admitted prompt is accounted for; with the trainer in its own process (default) and as a thread.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from asyncrl.controller.rundir import read_jsonl
 from asyncrl.launch.local import train
 
 
-def _cfg(model_dir, run_dir, max_staleness: int, steps: int = 4):
+def _cfg(model_dir, run_dir, max_staleness: int, steps: int = 4, trainer_process: bool = True):
     return load_config(
         None,
         [
+            f"controller.trainer_process={str(trainer_process).lower()}",
             f"model.path={model_dir}",
             f"run.run_dir={run_dir}",
             f"controller.max_staleness={max_staleness}",
@@ -41,10 +42,10 @@ def _cfg(model_dir, run_dir, max_staleness: int, steps: int = 4):
     )
 
 
-@pytest.mark.parametrize("max_staleness", [0, 2])
-def test_loop_runs_and_respects_staleness(tiny_policy_dir, tmp_path, max_staleness: int) -> None:
+@pytest.mark.parametrize(("max_staleness", "trainer_process"), [(0, True), (2, True), (2, False)])
+def test_loop_runs_and_respects_staleness(tiny_policy_dir, tmp_path, max_staleness: int, trainer_process: bool) -> None:
     run_dir = tmp_path / f"run-eta{max_staleness}"
-    out_dir, summary = train(_cfg(tiny_policy_dir, run_dir, max_staleness))
+    out_dir, summary = train(_cfg(tiny_policy_dir, run_dir, max_staleness, trainer_process=trainer_process))
     assert out_dir == run_dir
     for name in ("config.yaml", "metrics.jsonl", "trajectories.jsonl", "summary.json"):
         assert (run_dir / name).is_file(), name

@@ -87,10 +87,13 @@ def _serve(conn: Any, model_dir: str, cfg: Config) -> None:
                     value = trainer.save_pretrained(*args)
                 case other:
                     raise ValueError(f"unknown trainer call {other!r}")
+            reply: tuple[str, Any] = ("ok", value)
         except Exception:
-            conn.send(("error", traceback.format_exc()))
-        else:
-            conn.send(("ok", value))
+            reply = ("error", traceback.format_exc())
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, EOFError, OSError):  # the parent is gone
+            return
 
 
 class TrainerProcess:
