@@ -74,6 +74,13 @@ def test_loop_runs_and_respects_staleness(tiny_policy_dir, tmp_path, max_stalene
     assert summary_file["max_staleness_seen"] <= max_staleness
     assert summary["trained_tokens_per_s"] > 0
 
+    if max_staleness == 2 and trainer_process:  # the report reads a real run directory
+        from asyncrl.controller.report import make_report
+
+        plots = make_report(run_dir)
+        assert sorted(p.name for p in plots) == ["reward.png", "staleness.png", "throughput.png", "timeline.png"]
+        assert all(p.stat().st_size > 10_000 for p in plots)
+
     overlap = sum(m["generated_tokens_during_train"] for m in metrics)
     if max_staleness == 0:
         assert max(r["trained_step"] - r["min_version"] for r in trained) == 0

@@ -142,7 +142,7 @@ def _timeline(plt: Any, metrics: list[dict], timeline: list[dict], config: dict[
         if not any(rewards):
             verifier = config.get("task", {}).get("verifier", "?")
             note = f"verifier '{verifier}' scores inline in microseconds: never seen in flight"
-            axes[2].text(0.5, 0.5, note, transform=axes[2].transAxes, ha="center", va="center", fontsize=8,
+            axes[2].text(0.5, 0.75, note, transform=axes[2].transAxes, ha="center", va="center", fontsize=8,
                          color="tab:green")  # fmt: skip
         axes[3].plot(tt, [s["buffer_groups"] for s in timeline], drawstyle="steps-post", label="buffer (groups)")
         axes[3].plot(tt, [s["running_groups"] for s in timeline], drawstyle="steps-post", label="in flight (groups)")
