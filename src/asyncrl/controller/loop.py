@@ -9,7 +9,7 @@
                                     │                        filtered ◄─(all rewards equal)─┤
                                     │                        (ledger)                       ▼ Group
       engines ◄── update_weights(v+1) ◄── train loop ◄── take_fresh(step, η) ◄── GroupBuffer
-      (abort | keep in flight,            (trainer thread:     (stale → dropped,
+      (abort | keep in flight,            (trainer executor:   (stale → dropped,
        or drain first)                     batch + prox +       ledger)
                                            PPO step; a non-finite
                                            step is skipped)
@@ -18,10 +18,12 @@
                                    checkpoints/step-k (trainer state + controller snapshot)
 
 Generation never waits for training: the engine decodes in its own thread, the trainer batches
-and steps in another (``run_in_executor``), and this asyncio loop only moves prompts, groups and
-weights. A training step i starts from version i and publishes version i + 1 (DESIGN §7); the
-new weights reach the engine in flight. With ``max_staleness = 0`` the gate admits one batch per
-version and the same code trains synchronously.
+and steps from an executor thread (``run_in_executor``; the local launcher puts the trainer
+itself in its own process, ``controller.trainer_process``, so it shares no GIL with the engine),
+and this asyncio loop only moves prompts, groups and weights. A training step i starts from
+version i and publishes version i + 1 (DESIGN §7); the new weights reach the engine in flight.
+With ``max_staleness = 0`` the gate admits one batch per version and the same code trains
+synchronously.
 
 Every admitted prompt is tracked until its fate is in the ledger (``_open``); a checkpoint saves
 the counters, the prompt-stream position, the ledger offsets and the open prompts
@@ -366,7 +368,7 @@ class Controller:
             await self._wake_train.wait()
 
     def _train_blocking(self, groups: list[Group], step: int) -> tuple[list[TrainSample], Any]:
-        """Batching and the training step, on the trainer thread."""
+        """Batching and the training step, on the executor thread (the step may run in the trainer process)."""
         samples = groups_to_samples(groups, self.cfg.algo)
         return samples, self.trainer.train_step(TrainBatch(tuple(samples), step))
 
