@@ -25,7 +25,7 @@ from pathlib import Path
 from asyncrl.controller.resume import list_checkpoints
 from asyncrl.controller.rundir import read_jsonl
 
-STEPS, BATCH, GROUP, ETA = 12, 4, 4, 2
+STEPS, BATCH, GROUP, ETA = 10, 4, 4, 2
 
 
 def _args(model_dir: Path) -> list[str]:
