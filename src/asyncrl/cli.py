@@ -169,6 +169,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from asyncrl.bench.engine import run_engine_bench
 
             run_engine_bench(args.json, model_dir=args.model)
+        case "train":
+            from asyncrl.bench.train import run_train_bench
+
+            run_train_bench(args.json)
         case "async" | "interrupt" | "ablation":
             from asyncrl.bench import async_bench
 
@@ -189,7 +193,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 etas = tuple(int(x) for x in args.etas.split(",")) if args.etas else (4, 8)
                 async_bench.run_ablation_bench(args.json, etas=etas, **common)
         case other:
-            raise ConfigError(f"unknown benchmark {other!r} (available: engine, async, interrupt, ablation)")
+            raise ConfigError(f"unknown benchmark {other!r} (available: engine, train, async, interrupt, ablation)")
     return 0
 
 
