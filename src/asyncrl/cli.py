@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
-    p.add_argument("name", help="engine | async | interrupt | ablation")
+    p.add_argument("name", help="engine | train | async | interrupt | ablation")
     p.add_argument("--json", help="write the result rows and ratios here")
     p.add_argument("--model", help="model directory (default: the tiny model)")
     p.add_argument(
