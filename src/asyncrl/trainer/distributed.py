@@ -22,6 +22,7 @@ This module owns everything the trainer needs to run on several ranks:
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -130,7 +131,15 @@ def shutdown_distributed() -> None:
     """Destroy the process group (end of a distributed run)."""
     global _CONTEXT, _LEADER
     if dist.is_available() and dist.is_initialized():
+        # Sharded parameters keep their device mesh, and with it the process group, alive; if
+        # they are only collected at interpreter exit, the group's transport threads are torn
+        # down in arbitrary order and the process aborts ("terminate called without an active
+        # exception"). Collect the dead trainer first, and let every rank get here before any
+        # closes its connections.
+        gc.collect()
+        dist.barrier(group=_CONTEXT.object_group if _CONTEXT is not None else None)
         dist.destroy_process_group()
+        gc.collect()
     _CONTEXT = None
     _LEADER = False
 
