@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.controller.loop import ControllerState
+from asyncrl.controller.state import ControllerState
 from asyncrl.controller.resume import (
     check_snapshot,
     checkpoint_dir,

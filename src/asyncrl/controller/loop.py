@@ -34,12 +34,10 @@ trains nothing twice.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import time
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from tqdm import tqdm
@@ -55,47 +53,11 @@ from asyncrl.controller.resume import (
 )
 from asyncrl.controller.rundir import RunDir
 from asyncrl.controller.staleness import StalenessGate
+from asyncrl.controller.state import ControllerState
 from asyncrl.data.prompts import PromptSource
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.workflow import ScoreFn, run_episode
 from asyncrl.types import Group, Prompt, TrainBatch, TrainSample
-
-
-@dataclass
-class ControllerState:
-    """What the controller counts over a run (also what a checkpoint saves)."""
-
-    step: int = 0
-    trained_tokens: int = 0
-    trained_samples: int = 0
-    admitted: int = 0
-    readmitted: int = 0
-    filtered_groups: int = 0
-    stale_groups: int = 0
-    reward_failures: int = 0
-    skipped_steps: int = 0
-    engine_failures: int = 0
-    """Episodes dropped after all their retries."""
-    episode_retries: int = 0
-    max_staleness_seen: int = 0
-    staleness_hist: Counter = field(default_factory=Counter)
-    rl_elapsed_s: float = 0.0
-    """RL wall time of the run (across resumes; the time lost between a checkpoint and a kill excluded)."""
-    resumes: int = 0
-    stop_reason: str | None = None
-    """None: ran to ``total_steps``; else why it stopped early (e.g. ``SIGTERM``)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["staleness_hist"] = {str(k): int(v) for k, v in self.staleness_hist.items()}
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ControllerState:
-        names = {f.name for f in dataclasses.fields(cls)}
-        state = cls(**{k: v for k, v in data.items() if k in names and k != "staleness_hist"})
-        state.staleness_hist = Counter({int(k): int(v) for k, v in data.get("staleness_hist", {}).items()})
-        return state
 
 
 class Controller:
