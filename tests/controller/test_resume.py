@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.controller.state import ControllerState
 from asyncrl.controller.resume import (
     check_snapshot,
     checkpoint_dir,
@@ -19,6 +18,7 @@ from asyncrl.controller.resume import (
 )
 from asyncrl.controller.rundir import RunDir, read_jsonl
 from asyncrl.controller.staleness import StalenessGate
+from asyncrl.controller.state import ControllerState
 from asyncrl.data.prompts import PromptSource
 from asyncrl.types import Prompt
 
