@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -54,7 +55,17 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg.model.path = args.model
     from asyncrl.launch.local import train
 
-    run_dir, summary = train(cfg, resume=bool(args.resume))
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # under torchrun: rank 0 runs the controller and leads the FSDP2 trainer, other ranks follow
+        from asyncrl.trainer.distributed import run_distributed
+
+        cfg.controller.trainer_process = False  # the trainer must live in the ranks' process group
+        result = run_distributed(lambda: train(cfg, resume=bool(args.resume)), timeout_s=cfg.trainer.dist_timeout_s)
+        if result is None:
+            return 0
+        run_dir, summary = result
+    else:
+        run_dir, summary = train(cfg, resume=bool(args.resume))
     print(json.dumps({k: summary[k] for k in (
         "accuracy_before", "accuracy_after", "steps", "wall_s", "trained_tokens_per_s", "max_staleness_seen"
     )}, indent=2))  # fmt: skip
