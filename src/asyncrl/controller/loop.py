@@ -34,9 +34,8 @@ trains nothing twice.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
-from collections import Counter, deque
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -44,6 +43,7 @@ from tqdm import tqdm
 
 from asyncrl.config import Config
 from asyncrl.controller.buffer import GroupBuffer, groups_to_samples
+from asyncrl.controller.metrics import step_metrics
 from asyncrl.controller.resume import (
     SNAPSHOT_FORMAT,
     check_snapshot,
@@ -428,55 +428,15 @@ class Controller:
         sync_s: float,
         gen_during: float,
     ) -> dict[str, Any]:
-        rewards = [r for g in groups for r in g.rewards]
-        interruptions = [comp.num_interruptions for g in groups for comp in g.completions]
-        latency = sorted(self._reward_latency)
-        self._reward_latency.clear()
+        latency, self._reward_latency = self._reward_latency, []
         checkpoint_s, self._checkpoint_s = self._checkpoint_s, 0.0
         rollout, self._rollout_rewards = self._rollout_rewards, []
-        now = self._now()
-        record: dict[str, Any] = {
-            "step": step,
-            "version": result.version,
-            "time_s": now,
-            "train_start_s": train_start,
-            "reward": sum(rewards) / len(rewards),
-            "accuracy": sum(1 for r in rewards if r >= 1.0) / len(rewards),
-            "rollout_reward": sum(rollout) / len(rollout) if rollout else None,
-            "rollout_accuracy": sum(1 for r in rollout if r >= 1.0) / len(rollout) if rollout else None,
-            "rollout_samples": len(rollout),
-            "response_len": sum(len(comp.output_ids) for g in groups for comp in g.completions) / len(rewards),
-            "trained_tokens": trained_tokens,
-            "trained_tokens_per_s": self.state.trained_tokens / max(now, 1e-9),
-            "trained_tokens_per_s_step": trained_tokens / max(wall, 1e-9),
-            "generated_tokens_per_s": (engine_now["generated_tokens"] - last_engine["generated_tokens"]) / wall,
-            "generated_tokens_during_train": gen_during,
-            "engine_busy_frac": min(1.0, (engine_now["busy_s"] - last_engine["busy_s"]) / wall),
-            "trainer_busy_frac": min(1.0, (train_s + sync_s) / wall),
-            "wait_for_batch_s": wait_s,
-            "train_step_s": train_s,
-            "weight_sync_s": sync_s,
-            "checkpoint_s": checkpoint_s,
-            "staleness_mean": sum(staleness) / len(staleness),
-            "staleness_max": max(staleness),
-            "staleness_hist": dict(Counter(staleness)),
-            "interruptions_per_sample": sum(interruptions) / len(interruptions),
-            "buffer_groups": len(self.buffer),
-            "running_groups": self.gate.running,
-            "engine_waiting_requests": engine_now.get("waiting_requests", 0.0),
-            "admitted_total": self.state.admitted,
-            "filtered_groups_total": self.state.filtered_groups,
-            "stale_groups_total": self.state.stale_groups,
-            "engine_failures_total": self.state.engine_failures,
-            "episode_retries_total": self.state.episode_retries,
-            "reward_latency_p50_s": latency[len(latency) // 2] if latency else 0.0,
-            "reward_latency_p99_s": latency[min(len(latency) - 1, int(0.99 * len(latency)))] if latency else 0.0,
-            "applied": result.applied,
-        }
-        record.update({k: v for k, v in result.metrics.items() if k not in record})
-        if not math.isfinite(record.get("loss", 0.0)):
-            record["loss"] = None
-        return record
+        return step_metrics(
+            step, groups, result, staleness, trained_tokens, engine_now, last_engine, wall,
+            now=self._now(), state=self.state, buffer_groups=len(self.buffer), running_groups=self.gate.running,
+            reward_latency=latency, rollout_rewards=rollout, checkpoint_s=checkpoint_s,
+            train_start=train_start, wait_s=wait_s, train_s=train_s, sync_s=sync_s, gen_during=gen_during,
+        )  # fmt: skip
 
     async def run(self) -> ControllerState:
         """Train until ``controller.total_steps`` steps (or a stop request); returns the counters.
