@@ -65,7 +65,8 @@ class TaskConfig:
 @dataclass
 class RewardConfig:
     num_workers: int = 2
-    """Reward-service worker processes (verifiers other than the inline arithmetic one)."""
+    """Reward-service worker processes (verifiers other than the inline arithmetic one); under
+    launch.kind=ray, K reward-worker actors that score every verifier, arithmetic included."""
     timeout_s: float = 10.0
     """Per-item verification timeout; a timeout is a failure (sample filtered), never a 0."""
     max_retries: int = 2
@@ -103,6 +104,8 @@ class RolloutConfig:
     interrupt_mode: str = "abort"
     """abort (AReaL: stop, re-prefill under new weights) | keep (swap weights, keep KV cache)."""
     num_engines: int = 1
+    """N: engine instances (launch.kind=ray; the local launcher runs one). Requests go to the engine
+    with the fewest tokens in flight."""
 
 
 @dataclass
@@ -186,9 +189,17 @@ class ControllerConfig:
     """η: a sample trained at step i has min_version >= i - η. 0 is synchronous training."""
     max_concurrent: int = 64
     """Cap on prompt groups in flight (admitted, not yet in the buffer)."""
+    high_water_batches: int = 2
+    """High-water mark of admission, in batches: admit only while buffered + running groups
+    < high_water_batches * batch_size (the staleness rule still applies); 0: off, the engine may
+    fill the whole staleness budget ((max_staleness + 1) * batch_size groups ahead). Keeps the
+    engine from running ahead of a trainer-bound loop (CPU taken from the trainer, staler samples,
+    batches generated and never trained)."""
     total_steps: int = 120
     eval_every: int = 0
-    """Evaluate held-out accuracy every N steps (0: only before and after)."""
+    """Held-out accuracy every N steps during RL (``eval_accuracy`` etc. in that step's line of
+    metrics.jsonl; the trainer waits meanwhile, the time counts in RL wall time); 0: only before
+    and after."""
     checkpoint_every: int = 10
     """Save a resumable checkpoint (trainer state, data position, ledger offsets, staleness
     counters) every N steps into ``RUN_DIR/checkpoints/``; 0: only at the end and on SIGINT/SIGTERM."""
@@ -208,6 +219,44 @@ class ControllerConfig:
     trainer_process: bool = True
     """Local launcher: run the trainer in its own process (``controller.trainer_process``); as a
     thread of the engine's process the two take turns on the GIL (measured: both ~2x slower)."""
+
+
+@dataclass
+class LaunchConfig:
+    """Where the stages run (``docs/ray.md``). The controller is the same for every launcher."""
+
+    kind: str = "local"
+    """local (one machine: engine thread + trainer process) | ray (engines, trainer ranks and reward
+    workers as Ray actors; ``pip install asyncrl[ray]``). ``asyncrl train --launcher ray`` sets it."""
+    ray_address: str | None = None
+    """None: start a Ray instance on this machine; "auto": join the running cluster (``ray start
+    --head`` first); or ``host:port`` of its head."""
+    ray_num_cpus: int = 0
+    """Logical CPUs of a Ray instance started here (0: Ray counts them). Oversubscribing is allowed."""
+    trainer_ranks: int = 1
+    """M: trainer processes, one FSDP2 process group (gloo on CPU, NCCL when gpus_per_trainer > 0)."""
+    cpus_per_engine: float = 1.0
+    gpus_per_engine: float = 0.0
+    cpus_per_trainer: float = 1.0
+    gpus_per_trainer: float = 0.0
+    cpus_per_reward_worker: float = 1.0
+    """Resource requests of each actor (Ray's logical units; fractions allowed). Engines count
+    ``rollout.num_engines``, reward workers ``reward.num_workers``."""
+    placement_strategy: str = "PACK"
+    """Ray placement group strategy of all actors: PACK | SPREAD | STRICT_PACK | STRICT_SPREAD."""
+    weight_sync: str = "object_store"
+    """Trainer -> engines: object_store (rank 0 puts byte buckets in Ray's object store, every engine
+    reads them) | disk (a safetensors directory under trainer.weight_export_dir: a shared filesystem)."""
+    engine_mode: str = "actor"
+    """actor (engines are Ray actors called directly) | server (each engine actor serves the
+    SGLang-native HTTP protocol and the controller reaches it with RemoteEngine; weight_sync=disk)."""
+    engine_urls: str = ""
+    """Comma-separated URLs of running engine servers (``asyncrl serve engine`` or SGLang) to use
+    instead of starting engines (any launcher; weights go through disk)."""
+    max_engine_restarts: int = 3
+    """An engine that dies is restarted (its requests re-run elsewhere) at most this many times."""
+    startup_timeout_s: float = 300.0
+    """How long to wait for the placement group and the actors to come up."""
 
 
 @dataclass
@@ -245,6 +294,7 @@ class Config:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
 
@@ -264,6 +314,10 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.precision": ("auto", "fp32", "bf16"),
     "trainer.weight_transport": ("tensors", "safetensors"),
     "controller.weight_sync": ("inflight", "drain"),
+    "launch.kind": ("local", "ray"),
+    "launch.placement_strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+    "launch.weight_sync": ("object_store", "disk"),
+    "launch.engine_mode": ("actor", "server"),
 }
 
 
@@ -368,6 +422,8 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"controller.max_staleness must be >= 0, got {cfg.controller.max_staleness}")
     if cfg.controller.total_steps < 0:
         raise ConfigError("controller.total_steps must be >= 0")
+    if cfg.controller.high_water_batches < 0 or cfg.controller.eval_every < 0:
+        raise ConfigError("controller.high_water_batches and controller.eval_every must be >= 0")
     c = cfg.controller
     if (
         min(c.checkpoint_every, c.episode_retries, c.episode_timeout_s) < 0
@@ -387,6 +443,19 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("sft.teacher_slip_rate must be in [0, 1]")
     if cfg.task.max_terms < 2:
         raise ConfigError("task.max_terms must be >= 2")
+    launch = cfg.launch
+    if cfg.rollout.num_engines < 1 or launch.trainer_ranks < 1 or launch.max_engine_restarts < 0:
+        raise ConfigError("rollout.num_engines and launch.trainer_ranks must be >= 1, launch.max_engine_restarts >= 0")
+    resources = [launch.cpus_per_engine, launch.gpus_per_engine, launch.cpus_per_trainer, launch.gpus_per_trainer]
+    if min(resources + [launch.cpus_per_reward_worker, launch.ray_num_cpus]) < 0:
+        raise ConfigError("launch: resource requests and ray_num_cpus must be >= 0")
+    if launch.engine_mode == "server" and launch.weight_sync != "disk":
+        raise ConfigError("launch.engine_mode=server needs launch.weight_sync=disk (servers load weights from a path)")
+    if launch.kind == "local" and (cfg.rollout.num_engines > 1 or launch.trainer_ranks > 1) and not launch.engine_urls:
+        raise ConfigError(
+            "the local launcher runs one engine and one trainer process: use launch.kind=ray for "
+            "rollout.num_engines > 1 or launch.trainer_ranks > 1 (or torchrun for trainer ranks)"
+        )
     return cfg
 
 

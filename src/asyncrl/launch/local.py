@@ -1,69 +1,40 @@
-"""The local launcher: one process, asyncio, LocalEngine in a thread, the trainer in another.
+"""The local launcher: one machine, asyncio; LocalEngine in a thread, the trainer in its own process.
 
-``train(cfg)`` is what ``asyncrl train`` runs: warm start (cached), held-out accuracy before,
-the asynchronous RL loop, held-out accuracy after, a final checkpoint, ``summary.json``.
-``train(cfg, resume=True)`` (``asyncrl train --resume RUN_DIR``) continues a run from its newest
-checkpoint in ``RUN_DIR/checkpoints/`` (trainer state, engine weights, controller snapshot; the
-held-out accuracy before RL comes from the snapshot); with no checkpoint yet it starts over.
-SIGINT/SIGTERM stop the loop after the training step in progress, save a checkpoint, skip the
-final evaluation and return with ``summary["stop_reason"]`` set (the run can be resumed).
+``train(cfg)`` is what ``asyncrl train`` runs by default (``launch.kind=local``): warm start
+(cached), then ``launch.runner.run_stages`` over a ``LocalEngine`` (or, with ``launch.engine_urls``,
+an ``EnginePool`` of ``RemoteEngine`` clients of running servers), the trainer in a child process
+(``controller.trainer_process``; in this process under ``torchrun`` or when turned off) and the
+arithmetic verifier inline or a ``RewardService`` for the others. ``train(cfg, resume=True)``
+(``asyncrl train --resume RUN_DIR``) continues a run from its newest checkpoint in
+``RUN_DIR/checkpoints/``; with no checkpoint yet it starts over. ``launch.kind=ray`` hands over to
+``launch.ray.train_ray``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import random
-import signal
 import time
 from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config
-from asyncrl.controller.evaluate import evaluate
-from asyncrl.controller.loop import Controller
-from asyncrl.controller.resume import check_snapshot, latest_checkpoint
-from asyncrl.controller.rundir import RunDir, default_run_dir, read_jsonl
+from asyncrl.controller.rundir import default_run_dir
 from asyncrl.controller.scoring import make_score_fn
 from asyncrl.controller.trainer_process import TrainerProcess
 from asyncrl.controller.warm_start import ensure_policy
-from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
+from asyncrl.launch.runner import Stages, configure_torch, run_stages, seed_everything
 from asyncrl.models import load_policy, stop_token_ids
 
-
-def seed_everything(seed: int) -> None:
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+__all__ = ["configure_torch", "remote_engine_pool", "seed_everything", "train"]
 
 
-def configure_torch(cfg: Config) -> None:
-    import torch
+def remote_engine_pool(urls: str) -> Any:
+    """An ``EnginePool`` of ``RemoteEngine`` clients of the comma-separated server ``urls``."""
+    from asyncrl.rollout.pool import EnginePool
+    from asyncrl.rollout.remote import RemoteEngine
 
-    if cfg.run.torch_threads > 0:
-        torch.set_num_threads(cfg.run.torch_threads)
-
-
-def _install_stop_handlers(controller: Controller) -> list[int]:
-    """First SIGINT/SIGTERM: graceful stop with a checkpoint; a second one: the default action."""
-    loop = asyncio.get_running_loop()
-    installed: list[int] = []
-
-    def handler(sig: signal.Signals) -> None:
-        print(f"\n{sig.name}: stopping after the current training step (checkpoint follows); again to abort")
-        controller.request_stop(sig.name)
-        loop.remove_signal_handler(sig)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, handler, sig)
-            installed.append(sig)
-        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / platform
-            pass
-    return installed
+    return EnginePool([RemoteEngine(u.strip()) for u in urls.split(",") if u.strip()], max_restarts=0)
 
 
 async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, Any]:
@@ -75,18 +46,22 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
     t_warm = time.perf_counter() - t_start
     seed_everything(cfg.run.seed)
     model, tokenizer = load_policy(model_dir, device=cfg.model.device, dtype=cfg.model.dtype)
-    # the trainer process builds its own copy; a trainer thread needs the engine's to be separate
-    engine_model = model if cfg.controller.trainer_process else copy.deepcopy(model)
     stops = stop_token_ids(tokenizer, model)
-    max_len = cfg.rollout.max_prompt_len + max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens)
-    engine = LocalEngine(
-        engine_model,
-        tokenizer,
-        max_slots=cfg.rollout.max_slots,
-        max_seq_len=max_len,
-        interrupt_mode=cfg.rollout.interrupt_mode,
-        device=cfg.model.device,
-    )
+    if cfg.launch.engine_urls:  # servers that load weights from a path
+        cfg.trainer.weight_transport = "safetensors"
+        engine: Any = remote_engine_pool(cfg.launch.engine_urls)
+    else:
+        # the trainer process builds its own copy; a trainer thread needs the engine's to be separate
+        engine_model = model if cfg.controller.trainer_process else copy.deepcopy(model)
+        max_len = cfg.rollout.max_prompt_len + max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens)
+        engine = LocalEngine(
+            engine_model,
+            tokenizer,
+            max_slots=cfg.rollout.max_slots,
+            max_seq_len=max_len,
+            interrupt_mode=cfg.rollout.interrupt_mode,
+            device=cfg.model.device,
+        )
     if cfg.controller.trainer_process:  # its own process: no GIL shared with the engine's decode loop
         trainer: Any = TrainerProcess(str(model_dir), cfg)
     else:
@@ -94,17 +69,6 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
             model, cfg.trainer, cfg.algo, temperature=cfg.rollout.temperature, device=cfg.model.device,
             tokenizer=tokenizer, total_steps=cfg.controller.total_steps,
         )  # fmt: skip
-    snapshot: dict[str, Any] | None = None
-    ckpt = latest_checkpoint(run_dir) if resume else None
-    if ckpt is not None:
-        snapshot = check_snapshot(trainer.load_checkpoint(ckpt))
-        await engine.update_weights(trainer.export_weights())
-        print(f"resuming {run_dir} from {ckpt.name} (step {snapshot['step']})")
-    elif resume:
-        print(f"no checkpoint in {run_dir}: starting it over")
-    train_prompts, held_out, _ = build_task(cfg.task, tokenizer)
-    train_prompts = drop_long_prompts(train_prompts, cfg.rollout.max_prompt_len, "training prompts")
-    held_out = drop_long_prompts(held_out, cfg.rollout.max_prompt_len, "held-out prompts")
     service = None
     if cfg.task.verifier != "arithmetic":
         from asyncrl.reward.service import RewardService
@@ -112,110 +76,33 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
         service = RewardService(
             num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s, max_retries=cfg.reward.max_retries
         )
-    score = make_score_fn(cfg.task.verifier, tokenizer, service)
-    truncate = snapshot["offsets"] if snapshot is not None else ({} if resume else None)
-    rundir = RunDir(run_dir, cfg, truncate=truncate, purge_step=snapshot["step"] if snapshot else None)
-    eval_kw = dict(
-        greedy=cfg.eval.greedy,
-        temperature=cfg.rollout.temperature,
-        max_new_tokens=cfg.eval.max_new_tokens,
-        stop_token_ids=stops,
-        samples_per_prompt=cfg.eval.samples_per_prompt,
-    )
 
-    async def measure() -> dict[str, float]:
-        """Held-out accuracy as configured, plus greedy accuracy when ``eval.report_greedy``."""
-        result = await evaluate(engine, held_out, score, **eval_kw)
-        if cfg.eval.report_greedy:
-            greedy = await evaluate(engine, held_out, score, **{**eval_kw, "greedy": True})
-            result["greedy_accuracy"] = greedy["accuracy"]
-        return result
-
-    after: dict[str, float] | None = None
-    try:
-        if snapshot is not None:
-            before = dict(snapshot["launcher"]["before"])
-        else:
-            before = await measure()
-        print(f"held-out accuracy before RL: {before['accuracy']:.3f} (greedy {before.get('greedy_accuracy')})")
-        controller = Controller(
-            cfg, engine, trainer, PromptSource(train_prompts, cfg.run.seed), score, rundir,
-            tokenizer=tokenizer, stop_token_ids=stops, resume=snapshot, checkpoint_extra={"before": before},
-        )  # fmt: skip
-        handlers = _install_stop_handlers(controller)
-        try:
-            state = await controller.run()
-        finally:
-            for sig in handlers:
-                asyncio.get_running_loop().remove_signal_handler(sig)
-        if state.stop_reason is None:
-            after = await measure()
-            print(f"held-out accuracy after RL:  {after['accuracy']:.3f} (greedy {after.get('greedy_accuracy')})")
-            ckpt_final = run_dir / "checkpoint"
-            trainer.save_pretrained(str(ckpt_final))
-            tokenizer.save_pretrained(str(ckpt_final))
-        else:
-            print(
-                f"stopped ({state.stop_reason}) at step {state.step}; continue with: asyncrl train --resume {run_dir}"
-            )
-        engine_stats = engine.stats()
-    finally:
+    async def close() -> None:
         engine.close()
         if isinstance(trainer, TrainerProcess):
             trainer.close()
         if service is not None:
             await service.close()
-    rl_wall = state.rl_elapsed_s
-    gen_during_train = float(
-        sum(m.get("generated_tokens_during_train") or 0.0 for m in read_jsonl(run_dir / "metrics.jsonl"))
+
+    stages = Stages(
+        engine=engine,
+        trainer=trainer,
+        score=make_score_fn(cfg.task.verifier, tokenizer, service),
+        tokenizer=tokenizer,
+        stop_token_ids=stops,
+        model_dir=Path(model_dir),
+        close=close,
     )
-    summary = {
-        "accuracy_before": before["accuracy"],
-        "accuracy_after": after["accuracy"] if after else None,
-        "accuracy_gain": after["accuracy"] - before["accuracy"] if after else None,
-        "accuracy_mode": "greedy"
-        if cfg.eval.greedy
-        else f"sampled at T={cfg.rollout.temperature}, {cfg.eval.samples_per_prompt} per prompt",
-        "accuracy_greedy_before": before.get("greedy_accuracy"),
-        "accuracy_greedy_after": after.get("greedy_accuracy") if after else None,
-        "response_len_before": before["response_len"],
-        "response_len_after": after["response_len"] if after else None,
-        "steps": state.step,
-        "stop_reason": state.stop_reason,
-        "resumes": state.resumes,
-        "wall_s": time.perf_counter() - t_start,
-        "warm_start_s": t_warm,
-        "rl_wall_s": rl_wall,
-        "trained_tokens": state.trained_tokens,
-        "trained_samples": state.trained_samples,
-        "trained_tokens_per_s": state.trained_tokens / rl_wall if rl_wall > 0 else 0.0,
-        "max_staleness": cfg.controller.max_staleness,
-        "max_staleness_seen": state.max_staleness_seen,
-        "staleness_hist": {str(k): v for k, v in sorted(state.staleness_hist.items())},
-        "admitted_prompts": state.admitted,
-        "readmitted_prompts": state.readmitted,
-        "filtered_groups": state.filtered_groups,
-        "stale_groups": state.stale_groups,
-        "reward_failures": state.reward_failures,
-        "engine_failures": state.engine_failures,
-        "episode_retries": state.episode_retries,
-        "skipped_steps": state.skipped_steps,
-        "engine_generated_tokens": engine_stats.get("generated_tokens", 0.0),
-        # generation overlapping training: tokens the engine produced while a training step ran
-        "generated_tokens_during_train_steps": gen_during_train,
-        "generation_during_training_frac": gen_during_train / max(1.0, engine_stats.get("generated_tokens", 0.0)),
-        "engine_slot_utilisation": engine_stats.get("slot_utilisation", 0.0),
-        "model_dir": str(model_dir),
-        "checkpoint": str(run_dir / "checkpoint") if after else None,
-    }
-    rundir.write_summary(summary)
-    rundir.close()
-    return summary
+    return await run_stages(cfg, run_dir, stages, resume=resume, t_start=t_start, t_warm=t_warm)
 
 
 def train(cfg: Config, resume: bool = False) -> tuple[Path, dict[str, Any]]:
     """Run one training job (``resume``: continue ``cfg.run.run_dir`` from its newest
-    checkpoint); returns (run directory, summary)."""
+    checkpoint); returns (run directory, summary). ``launch.kind=ray`` runs ``launch.ray.train_ray``."""
+    if cfg.launch.kind == "ray":
+        from asyncrl.launch.ray import train_ray
+
+        return train_ray(cfg, resume=resume)
     configure_torch(cfg)
     run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else default_run_dir()
     if resume and not run_dir.is_dir():

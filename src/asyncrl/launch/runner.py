@@ -1,0 +1,195 @@
+"""One training run over stages a launcher built: the flow every launcher shares.
+
+A launcher (``launch.local``, ``launch.ray``) builds the ``Stages`` - an engine (or a pool of
+them), a trainer (in-process, a child process, or a group of Ray ranks), the ``score`` callable -
+and hands them to ``run_stages``, which does the rest identically: restore the newest checkpoint
+on ``resume``, held-out accuracy before, the asynchronous loop (``controller.loop.Controller``),
+held-out accuracy after, the final checkpoint and ``summary.json``. SIGINT/SIGTERM stop the loop
+after the training step in progress with a checkpoint (the run can be resumed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config import Config
+from asyncrl.controller.evaluate import evaluate
+from asyncrl.controller.loop import Controller
+from asyncrl.controller.resume import check_snapshot, latest_checkpoint
+from asyncrl.controller.rundir import RunDir, read_jsonl
+from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
+from asyncrl.rollout.workflow import ScoreFn
+
+
+@dataclass
+class Stages:
+    """What a launcher hands to ``run_stages``."""
+
+    engine: Any
+    """``generate`` / ``update_weights`` / ``stats`` / ``close`` (LocalEngine, RemoteEngine, EnginePool)."""
+    trainer: Any
+    """``version`` / ``train_step`` / ``export_weights`` / checkpoints / ``save_pretrained``."""
+    score: ScoreFn
+    tokenizer: Any
+    stop_token_ids: tuple[int, ...]
+    model_dir: Path
+    close: Callable[[], Awaitable[None]]
+    """Releases everything the launcher started (called once, also on errors)."""
+    summary_extra: Callable[[], dict[str, Any]] = field(default=lambda: {})
+    """The launcher's own summary entries (read before ``close``)."""
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def configure_torch(cfg: Config) -> None:
+    import torch
+
+    if cfg.run.torch_threads > 0:
+        torch.set_num_threads(cfg.run.torch_threads)
+
+
+def _install_stop_handlers(controller: Controller) -> list[int]:
+    """First SIGINT/SIGTERM: graceful stop with a checkpoint; a second one: the default action."""
+    loop = asyncio.get_running_loop()
+    installed: list[int] = []
+
+    def handler(sig: signal.Signals) -> None:
+        print(f"\n{sig.name}: stopping after the current training step (checkpoint follows); again to abort")
+        controller.request_stop(sig.name)
+        loop.remove_signal_handler(sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, handler, sig)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / platform
+            pass
+    return installed
+
+
+async def run_stages(
+    cfg: Config, run_dir: Path, stages: Stages, *, resume: bool, t_start: float, t_warm: float
+) -> dict[str, Any]:
+    """The run (see the module docstring); returns the summary (also written to ``summary.json``).
+    ``t_start``: when the launcher started (for ``wall_s``); ``t_warm``: seconds of warm start."""
+    engine, trainer, score, tokenizer = stages.engine, stages.trainer, stages.score, stages.tokenizer
+    try:
+        snapshot: dict[str, Any] | None = None
+        ckpt = latest_checkpoint(run_dir) if resume else None
+        if ckpt is not None:
+            snapshot = check_snapshot(trainer.load_checkpoint(ckpt))
+            await engine.update_weights(trainer.export_weights())
+            print(f"resuming {run_dir} from {ckpt.name} (step {snapshot['step']})")
+        elif resume:
+            print(f"no checkpoint in {run_dir}: starting it over")
+        train_prompts, held_out, _ = build_task(cfg.task, tokenizer)
+        train_prompts = drop_long_prompts(train_prompts, cfg.rollout.max_prompt_len, "training prompts")
+        held_out = drop_long_prompts(held_out, cfg.rollout.max_prompt_len, "held-out prompts")
+        truncate = snapshot["offsets"] if snapshot is not None else ({} if resume else None)
+        rundir = RunDir(run_dir, cfg, truncate=truncate, purge_step=snapshot["step"] if snapshot else None)
+        eval_kw = dict(
+            greedy=cfg.eval.greedy,
+            temperature=cfg.rollout.temperature,
+            max_new_tokens=cfg.eval.max_new_tokens,
+            stop_token_ids=stages.stop_token_ids,
+            samples_per_prompt=cfg.eval.samples_per_prompt,
+        )
+
+        async def measure() -> dict[str, float]:
+            """Held-out accuracy as configured, plus greedy accuracy when ``eval.report_greedy``."""
+            result = await evaluate(engine, held_out, score, **eval_kw)
+            if cfg.eval.report_greedy:
+                greedy = await evaluate(engine, held_out, score, **{**eval_kw, "greedy": True})
+                result["greedy_accuracy"] = greedy["accuracy"]
+            return result
+
+        after: dict[str, float] | None = None
+        before = dict(snapshot["launcher"]["before"]) if snapshot is not None else await measure()
+        print(f"held-out accuracy before RL: {before['accuracy']:.3f} (greedy {before.get('greedy_accuracy')})")
+        controller = Controller(
+            cfg, engine, trainer, PromptSource(train_prompts, cfg.run.seed), score, rundir,
+            tokenizer=tokenizer, stop_token_ids=stages.stop_token_ids, resume=snapshot,
+            checkpoint_extra={"before": before},
+        )  # fmt: skip
+        handlers = _install_stop_handlers(controller)
+        try:
+            state = await controller.run()
+        finally:
+            for sig in handlers:
+                asyncio.get_running_loop().remove_signal_handler(sig)
+        if state.stop_reason is None:
+            after = await measure()
+            print(f"held-out accuracy after RL:  {after['accuracy']:.3f} (greedy {after.get('greedy_accuracy')})")
+            ckpt_final = run_dir / "checkpoint"
+            trainer.save_pretrained(str(ckpt_final))
+            tokenizer.save_pretrained(str(ckpt_final))
+        else:
+            print(
+                f"stopped ({state.stop_reason}) at step {state.step}; continue with: asyncrl train --resume {run_dir}"
+            )
+        engine_stats = engine.stats()
+        extra = stages.summary_extra()
+    finally:
+        await stages.close()
+    rl_wall = state.rl_elapsed_s
+    gen_during_train = float(
+        sum(m.get("generated_tokens_during_train") or 0.0 for m in read_jsonl(run_dir / "metrics.jsonl"))
+    )
+    summary = {
+        "accuracy_before": before["accuracy"],
+        "accuracy_after": after["accuracy"] if after else None,
+        "accuracy_gain": after["accuracy"] - before["accuracy"] if after else None,
+        "accuracy_mode": "greedy"
+        if cfg.eval.greedy
+        else f"sampled at T={cfg.rollout.temperature}, {cfg.eval.samples_per_prompt} per prompt",
+        "accuracy_greedy_before": before.get("greedy_accuracy"),
+        "accuracy_greedy_after": after.get("greedy_accuracy") if after else None,
+        "response_len_before": before["response_len"],
+        "response_len_after": after["response_len"] if after else None,
+        "steps": state.step,
+        "stop_reason": state.stop_reason,
+        "resumes": state.resumes,
+        "wall_s": time.perf_counter() - t_start,
+        "warm_start_s": t_warm,
+        "rl_wall_s": rl_wall,
+        "trained_tokens": state.trained_tokens,
+        "trained_samples": state.trained_samples,
+        "trained_tokens_per_s": state.trained_tokens / rl_wall if rl_wall > 0 else 0.0,
+        "max_staleness": cfg.controller.max_staleness,
+        "max_staleness_seen": state.max_staleness_seen,
+        "staleness_hist": {str(k): v for k, v in sorted(state.staleness_hist.items())},
+        "admitted_prompts": state.admitted,
+        "readmitted_prompts": state.readmitted,
+        "filtered_groups": state.filtered_groups,
+        "stale_groups": state.stale_groups,
+        "reward_failures": state.reward_failures,
+        "engine_failures": state.engine_failures,
+        "episode_retries": state.episode_retries,
+        "skipped_steps": state.skipped_steps,
+        "engine_generated_tokens": engine_stats.get("generated_tokens", 0.0),
+        # generation overlapping training: tokens the engine produced while a training step ran
+        "generated_tokens_during_train_steps": gen_during_train,
+        "generation_during_training_frac": gen_during_train / max(1.0, engine_stats.get("generated_tokens", 0.0)),
+        "engine_slot_utilisation": engine_stats.get("slot_utilisation", 0.0),
+        "launcher": cfg.launch.kind,
+        "model_dir": str(stages.model_dir),
+        "checkpoint": str(run_dir / "checkpoint") if after else None,
+        **extra,
+    }
+    rundir.write_summary(summary)
+    rundir.close()
+    return summary
