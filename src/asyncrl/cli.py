@@ -53,6 +53,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             cfg.run.run_dir = args.run_dir
     if args.model:
         cfg.model.path = args.model
+    if args.launcher:
+        cfg.launch.kind = args.launcher
     from asyncrl.launch.local import train
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -241,6 +243,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resume", metavar="RUN_DIR",
         help="continue RUN_DIR from its newest checkpoint (its config.yaml, then --set on top)",
+    )  # fmt: skip
+    p.add_argument(
+        "--launcher", choices=("local", "ray"),
+        help="where the stages run (sets launch.kind; ray: engines, trainer ranks, reward workers as Ray actors)",
     )  # fmt: skip
     p.set_defaults(func=cmd_train)
 

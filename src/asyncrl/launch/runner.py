@@ -141,8 +141,8 @@ async def run_stages(
             print(
                 f"stopped ({state.stop_reason}) at step {state.step}; continue with: asyncrl train --resume {run_dir}"
             )
+        extra = stages.summary_extra()  # first: it may refresh cached engine counters
         engine_stats = engine.stats()
-        extra = stages.summary_extra()
     finally:
         await stages.close()
     rl_wall = state.rl_elapsed_s

@@ -1,0 +1,245 @@
+"""The Ray launcher (``launch.kind=ray``, ``asyncrl train --launcher ray``): the same run, on actors.
+
+::
+
+    driver (this process): warm start, Controller (asyncio), evaluation, run directory
+       │ EnginePool (fewest in-flight tokens) ── RayEngineClient ──► EngineWorker × N  (LocalEngine)
+       │                                     └─ ServedEngineClient ─► (engine_mode=server: HTTP)
+       │ RayTrainerGroup (SPMD calls) ─────────────────────────────► TrainerRank × M  (FSDP2 group,
+       │                                                              gloo on CPU, NCCL on GPU)
+       │ RayRewardPool (least busy) ───────────────────────────────► RewardWorker × K
+       └ weights: TrainerRank 0 ─ object-store buckets | safetensors dir ─► every engine
+
+All actors share one placement group (bundles: N engines, M trainer ranks, K reward workers, with
+the CPU/GPU requests of ``launch``; strategy ``launch.placement_strategy``). The controller gets
+the pool, the trainer group and a ``score`` callable and does not know it runs on Ray
+(``launch.runner.run_stages`` is the local launcher's flow). Failures: an engine that dies is
+restarted in its bundle with the newest weights and its requests are re-run (``EnginePool``); a
+reward worker that dies is replaced; a trainer rank that dies stops the run (every rank is
+killed), and the error names the newest checkpoint and the command that resumes from it.
+
+Ray is started here when ``launch.ray_address`` is None (and shut down at the end), else joined
+(``"auto"``: the cluster of ``ray start --head``); an instance already initialised in this
+process is reused and left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config import Config
+from asyncrl.controller.resume import latest_checkpoint
+from asyncrl.controller.rundir import default_run_dir
+from asyncrl.controller.scoring import make_score_fn
+from asyncrl.controller.warm_start import ensure_policy
+from asyncrl.launch.runner import Stages, configure_torch, run_stages, seed_everything
+from asyncrl.models import load_policy, stop_token_ids
+
+__all__ = ["RayPlacement", "train_ray"]
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:  # the optional extra
+        raise RuntimeError("launch.kind=ray needs Ray: pip install 'asyncrl[ray]'") from exc
+    return ray
+
+
+class RayPlacement:
+    """The placement group of a run and the actor options of each bundle."""
+
+    def __init__(self, cfg: Config) -> None:
+        ray = _ray()
+        from ray.util.placement_group import placement_group
+
+        launch = cfg.launch
+        self.n_engines = 0 if launch.engine_urls else cfg.rollout.num_engines
+        self.n_ranks = launch.trainer_ranks
+        self.n_reward = cfg.reward.num_workers
+
+        def bundle(cpus: float, gpus: float) -> dict[str, float]:
+            return {k: v for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0}
+
+        self.bundles = (
+            [bundle(launch.cpus_per_engine, launch.gpus_per_engine)] * self.n_engines
+            + [bundle(launch.cpus_per_trainer, launch.gpus_per_trainer)] * self.n_ranks
+            + [bundle(launch.cpus_per_reward_worker, 0.0)] * self.n_reward
+        )
+        self.group = placement_group(self.bundles, strategy=launch.placement_strategy)
+        ready, _ = ray.wait([self.group.ready()], timeout=launch.startup_timeout_s)
+        if not ready:
+            need: dict[str, float] = {}
+            for b in self.bundles:
+                for k, v in b.items():
+                    need[k] = need.get(k, 0.0) + v
+            ray.util.remove_placement_group(self.group)
+            raise RuntimeError(
+                f"Ray could not place the run within {launch.startup_timeout_s:.0f} s: it needs {need} "
+                f"({self.n_engines} engines, {self.n_ranks} trainer ranks, {self.n_reward} reward workers, "
+                f"strategy {launch.placement_strategy}); the cluster has {ray.cluster_resources()}. "
+                "Lower launch.cpus_per_* / gpus_per_*, or add nodes (launch.ray_num_cpus for a local instance)."
+            )
+
+    def options(self, index: int, cpus: float, gpus: float) -> dict[str, Any]:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        strategy = PlacementGroupSchedulingStrategy(placement_group=self.group, placement_group_bundle_index=index)
+        return {"num_cpus": cpus, "num_gpus": gpus, "scheduling_strategy": strategy}
+
+    def remove(self) -> None:
+        _ray().util.remove_placement_group(self.group)
+
+
+async def _build_engines(cfg: Config, model_dir: str, placement: RayPlacement) -> Any:
+    """The engine pool: actors (direct or as servers) or, with ``launch.engine_urls``, servers
+    that already run."""
+    ray = _ray()
+    from asyncrl.launch.local import remote_engine_pool
+    from asyncrl.launch.ray_actors import EngineWorker
+    from asyncrl.launch.ray_clients import RayEngineClient, ServedEngineClient
+    from asyncrl.rollout.pool import EnginePool
+
+    if cfg.launch.engine_urls:
+        return remote_engine_pool(cfg.launch.engine_urls)
+    launch = cfg.launch
+    remote_cls = ray.remote(EngineWorker)
+
+    async def start(index: int) -> Any:
+        opts = placement.options(index, launch.cpus_per_engine, launch.gpus_per_engine)
+        actor = remote_cls.options(**opts, max_concurrency=10_000).remote(model_dir, cfg)
+        if launch.engine_mode == "server":
+            return ServedEngineClient(await actor.serve.remote(), actor, index)
+        client = RayEngineClient(actor, index)
+        await client.fetch_stats()  # constructed (raises here if the engine cannot start)
+        return client
+
+    engines = await asyncio.gather(*(start(i) for i in range(placement.n_engines)))
+    return EnginePool(engines, restart=start, max_restarts=launch.max_engine_restarts)
+
+
+def _build_trainer(cfg: Config, model_dir: str, placement: RayPlacement) -> Any:
+    ray = _ray()
+    from asyncrl.launch.ray_actors import TrainerRank
+    from asyncrl.launch.ray_clients import RayTrainerGroup
+
+    launch = cfg.launch
+    remote_cls = ray.remote(TrainerRank)
+    ranks = [
+        remote_cls.options(**placement.options(placement.n_engines + r, launch.cpus_per_trainer,
+                                               launch.gpus_per_trainer)).remote(r, launch.trainer_ranks, model_dir, cfg)
+        for r in range(launch.trainer_ranks)
+    ]  # fmt: skip
+    init_method = ray.get(ranks[0].rendezvous.remote(), timeout=launch.startup_timeout_s)
+    versions = ray.get([rank.setup.remote(init_method) for rank in ranks], timeout=launch.startup_timeout_s)
+    transport = "disk" if (launch.engine_mode == "server" or launch.engine_urls) else launch.weight_sync
+    return RayTrainerGroup(ranks, transport, int(versions[0]))
+
+
+def _build_rewards(cfg: Config, placement: RayPlacement) -> Any:
+    ray = _ray()
+    from asyncrl.launch.ray_actors import RewardWorker
+    from asyncrl.launch.ray_clients import RayRewardPool
+
+    remote_cls = ray.remote(RewardWorker)
+    first = placement.n_engines + placement.n_ranks
+
+    def make(index: int) -> Any:
+        opts = placement.options(first + index, cfg.launch.cpus_per_reward_worker, 0.0)
+        return remote_cls.options(**opts, max_concurrency=1_000).remote(cfg)
+
+    return RayRewardPool(make, placement.n_reward)
+
+
+async def _train_async(cfg: Config, run_dir: Path, resume: bool) -> dict[str, Any]:
+    t_start = time.perf_counter()
+    model_dir = ensure_policy(cfg)
+    t_warm = time.perf_counter() - t_start
+    seed_everything(cfg.run.seed)
+    model, tokenizer = load_policy(model_dir, device="cpu", dtype=cfg.model.dtype)
+    stops = stop_token_ids(tokenizer, model)
+    del model
+    placement = RayPlacement(cfg)
+    engines = trainer = rewards = None
+    try:
+        engines = await _build_engines(cfg, str(model_dir), placement)
+        trainer = await asyncio.get_running_loop().run_in_executor(None, _build_trainer, cfg, str(model_dir), placement)
+        rewards = _build_rewards(cfg, placement)
+    except BaseException:
+        for part in (engines, trainer):
+            if part is not None:
+                part.close()
+        placement.remove()
+        raise
+
+    async def close() -> None:
+        engines.close()
+        trainer.close()
+        await rewards.close()
+        placement.remove()
+
+    def summary_extra() -> dict[str, Any]:
+        per_engine = [
+            e.refresh_stats() if hasattr(e, "refresh_stats") else e.stats() for e in getattr(engines, "engines", [])
+        ]
+        stats = engines.stats()
+        return {
+            "ray": {
+                "engines": placement.n_engines or len(per_engine),
+                "trainer_ranks": placement.n_ranks,
+                "reward_workers": placement.n_reward,
+                "weight_sync": trainer.transport,
+                "engine_mode": cfg.launch.engine_mode,
+                "engine_versions": [int(s.get("version", -1)) for s in per_engine],
+                "engine_weight_updates": [int(s.get("weight_updates", 0)) for s in per_engine],
+                "engine_generated_tokens": [float(s.get("generated_tokens", 0.0)) for s in per_engine],
+                "engine_restarts": int(stats.get("engine_restarts", 0)),
+                "redispatched_requests": int(stats.get("redispatched_requests", 0)),
+                "reward_workers_replaced": rewards.replaced,
+            }
+        }
+
+    stages = Stages(
+        engine=engines,
+        trainer=trainer,
+        score=make_score_fn(cfg.task.verifier, tokenizer, rewards),
+        tokenizer=tokenizer,
+        stop_token_ids=stops,
+        model_dir=Path(model_dir),
+        close=close,
+        summary_extra=summary_extra,
+    )
+    return await run_stages(cfg, run_dir, stages, resume=resume, t_start=t_start, t_warm=t_warm)
+
+
+def train_ray(cfg: Config, resume: bool = False) -> tuple[Path, dict[str, Any]]:
+    """``launch.local.train`` on Ray actors (see the module docstring)."""
+    from asyncrl.launch.ray_clients import TrainerRankDied
+
+    ray = _ray()
+    configure_torch(cfg)
+    run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else default_run_dir()
+    if resume and not run_dir.is_dir():
+        raise FileNotFoundError(f"cannot resume: {run_dir} is not a run directory")
+    started = False
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
+        if cfg.launch.ray_address is None and cfg.launch.ray_num_cpus > 0:
+            kwargs["num_cpus"] = cfg.launch.ray_num_cpus
+        ray.init(address=cfg.launch.ray_address, **kwargs)
+        started = True
+    try:
+        summary = asyncio.run(_train_async(cfg, run_dir, resume))
+    except TrainerRankDied as exc:
+        ckpt = latest_checkpoint(run_dir)
+        where = f"its newest checkpoint is {ckpt}" if ckpt is not None else "it has no checkpoint yet (starts over)"
+        raise RuntimeError(
+            f"{exc}. The run stopped; {where}. Continue with: asyncrl train --resume {run_dir}"
+        ) from exc
+    finally:
+        if started:
+            ray.shutdown()
+    return run_dir, summary
