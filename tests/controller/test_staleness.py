@@ -59,3 +59,23 @@ def test_bad_arguments() -> None:
     gate = StalenessGate(batch_size=1, max_staleness=0, max_concurrent=1)
     with pytest.raises(RuntimeError):
         gate.on_finish(True)
+    with pytest.raises(ValueError):
+        StalenessGate(batch_size=1, max_staleness=0, max_concurrent=1, high_water=-1)
+
+
+def test_high_water_mark_caps_buffered_plus_running() -> None:
+    gate = StalenessGate(batch_size=4, max_staleness=8, max_concurrent=100, high_water=8)
+    assert gate.capacity(0) == 8  # staleness would allow (8 + 0 + 1) * 4 = 36
+    gate.on_admit(8)
+    assert gate.capacity(0) == 0
+    for _ in range(8):
+        gate.on_finish(accepted=True)
+    assert gate.capacity(0, buffered=8) == 0  # finished groups still count while buffered
+    assert gate.capacity(0, buffered=4) == 4  # the trainer took a batch
+    assert gate.capacity(0, buffered=0) == 8
+    # the staleness rule still binds under the mark: accepted 34 of the 36 allowed at version 0
+    gate.accepted = 34
+    assert gate.capacity(0, buffered=0) == 2
+    # off (0): only staleness and concurrency
+    gate.high_water, gate.accepted = 0, 8
+    assert gate.capacity(0, buffered=8) == 28

@@ -4,6 +4,8 @@ Checks the walking-skeleton contract: versions advance, the staleness bound hold
 trained sample (read back from the ledger), losses are finite, the run directory is complete,
 synchronous mode (η = 0) never generates while the trainer steps and η > 0 does, and every
 admitted prompt is accounted for; with the trainer in its own process (default) and as a thread.
+Also: the admission high-water mark holds (and without it the engine runs further ahead), and
+``controller.eval_every`` logs held-out accuracy into metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from asyncrl.controller.rundir import read_jsonl
 from asyncrl.launch.local import train
 
 
-def _cfg(model_dir, run_dir, max_staleness: int, steps: int = 4, trainer_process: bool = True):
+def _cfg(model_dir, run_dir, max_staleness: int, steps: int = 4, trainer_process: bool = True, extra=()):
     return load_config(
         None,
         [
@@ -38,6 +40,7 @@ def _cfg(model_dir, run_dir, max_staleness: int, steps: int = 4, trainer_process
             "task.train_size=500",
             "algo.filter_equal_rewards=false",
             "run.progress=false",
+            *extra,
         ],
     )
 
@@ -87,3 +90,34 @@ def test_loop_runs_and_respects_staleness(tiny_policy_dir, tmp_path, max_stalene
         assert overlap == 0  # synchronous: nothing generates while the trainer steps
     else:
         assert overlap > 0  # asynchronous: generation continues during training steps
+
+
+@pytest.mark.parametrize("high_water_batches", [1, 0])
+def test_high_water_mark_bounds_buffered_plus_running(tiny_policy_dir, tmp_path, high_water_batches: int) -> None:
+    """η = 4 lets the engine run 5 batches ahead; a mark of one batch (4 groups) keeps buffered +
+    running groups at or under 4 in every metrics line and timeline sample. Without the mark the
+    same run goes past 4 (so the check can fail)."""
+    run_dir = tmp_path / f"hw{high_water_batches}"
+    extra = [f"controller.high_water_batches={high_water_batches}", "rollout.max_new_tokens=48"]
+    train(_cfg(tiny_policy_dir, run_dir, 4, steps=4, extra=extra))
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    timeline = read_jsonl(run_dir / "timeline.jsonl")
+    ahead = [m["buffer_groups"] + m["running_groups"] for m in metrics]
+    ahead += [t["buffer_groups"] + t["running_groups"] for t in timeline]
+    trained = [r for r in read_jsonl(run_dir / "trajectories.jsonl") if r["status"] == "trained"]
+    assert len(trained) == 4 * 4 * 4
+    assert all(r["trained_step"] - r["min_version"] <= 4 for r in trained)  # the staleness bound still holds
+    if high_water_batches:
+        assert max(ahead) <= 4
+    else:
+        assert max(ahead) > 4
+
+
+def test_eval_every_logs_held_out_accuracy(tiny_policy_dir, tmp_path) -> None:
+    run_dir = tmp_path / "eval-every"
+    train(_cfg(tiny_policy_dir, run_dir, 1, steps=4, extra=["controller.eval_every=2"]))
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    evaluated = [m["step"] for m in metrics if "eval_accuracy" in m]
+    assert evaluated == [1]  # after 2 steps; after 4 (the last) the launcher's accuracy_after
+    m = metrics[1]
+    assert 0.0 <= m["eval_accuracy"] <= 1.0 and m["eval_response_len"] > 0 and m["eval_s"] > 0

@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -43,7 +44,8 @@ from tqdm import tqdm
 
 from asyncrl.config import Config
 from asyncrl.controller.buffer import GroupBuffer, groups_to_samples
-from asyncrl.controller.metrics import step_metrics
+from asyncrl.controller.evaluate import held_out_evaluator
+from asyncrl.controller.metrics import step_metrics, timeline_sample
 from asyncrl.controller.resume import (
     SNAPSHOT_FORMAT,
     check_snapshot,
@@ -76,9 +78,12 @@ class Controller:
         stop_token_ids: tuple[int, ...] = (),
         resume: dict[str, Any] | None = None,
         checkpoint_extra: dict[str, Any] | None = None,
+        evaluator: Callable[[], Awaitable[dict[str, float]]] | None = None,
     ) -> None:
         """``resume``: the controller snapshot of the checkpoint the trainer was restored from.
-        ``checkpoint_extra``: the launcher's own values, saved with every checkpoint."""
+        ``checkpoint_extra``: the launcher's own values, saved with every checkpoint.
+        ``evaluator``: held-out accuracy every ``controller.eval_every`` steps (default: the task's
+        held-out split on this engine, ``controller.evaluate.held_out_evaluator``)."""
         self.cfg = cfg
         self.engine = engine
         self.trainer = trainer
@@ -87,8 +92,13 @@ class Controller:
         self.rundir = rundir
         self.tokenizer = tokenizer
         self.checkpoint_extra = dict(checkpoint_extra or {})
+        if evaluator is None and cfg.controller.eval_every > 0:
+            evaluator = held_out_evaluator(cfg, engine, score, tokenizer, stop_token_ids)
+        self.evaluator = evaluator
         c = cfg.controller
-        self.gate = StalenessGate(c.batch_size, c.max_staleness, c.max_concurrent)
+        self.gate = StalenessGate(
+            c.batch_size, c.max_staleness, c.max_concurrent, high_water=c.high_water_batches * c.batch_size
+        )
         self.buffer = GroupBuffer()
         self.state = ControllerState()
         self.published_version = trainer.version
@@ -182,7 +192,7 @@ class Controller:
     # ------------------------------------------------------------------ admission and episodes
     async def _admit_loop(self) -> None:
         while not self._stopping:
-            capacity = 0 if self._draining else self.gate.capacity(self.published_version)
+            capacity = 0 if self._draining else self.gate.capacity(self.published_version, len(self.buffer))
             for _ in range(capacity):
                 readmitted = bool(self._readmit)
                 if readmitted:
@@ -222,21 +232,13 @@ class Controller:
     async def _sample_timeline(self, period_s: float = 0.25) -> None:
         """Record what each component is doing a few times a second (``timeline.jsonl``)."""
         while not self._stopping:
-            stats = self.engine.stats()
             self.rundir.log_timeline(
-                {
-                    "t": self._now(),
-                    "engine_running": stats.get("running_samples", 0.0),
-                    "engine_waiting": stats.get("waiting_requests", 0.0),
-                    "engine_generated_tokens": stats.get("generated_tokens", 0.0),
-                    "trainer_busy": self._training,
-                    "checkpointing": self._checkpointing,
-                    "reward_in_flight": self._scoring,
-                    "buffer_groups": len(self.buffer),
-                    "running_groups": self.gate.running,
-                    "version": self.published_version,
-                }
-            )
+                timeline_sample(
+                    self._now(), self.engine.stats(), trainer_busy=self._training, checkpointing=self._checkpointing,
+                    reward_in_flight=self._scoring, buffer_groups=len(self.buffer), running_groups=self.gate.running,
+                    version=self.published_version,
+                )
+            )  # fmt: skip
             await asyncio.sleep(period_s)
 
     async def _attempt(self, prompt: Prompt, version: int) -> Group:
@@ -321,6 +323,7 @@ class Controller:
                 self._open.pop(group.prompt.prompt_id, None)
                 self.rundir.log_group(group, trained_step=None, dropped="stale", status="stale", step=step)
             if len(fresh) == c.batch_size:
+                self._wake_admit.set()  # room under the high-water mark: generate during the step
                 return fresh
             for group in reversed(fresh):  # not enough yet: put them back, oldest first
                 self.buffer._groups.appendleft(group)
@@ -398,6 +401,11 @@ class Controller:
                 step, groups, result, staleness, trained_tokens, engine_now, last_engine, now - last_time,
                 train_start=train_start, wait_s=wait_s, train_s=train_s, sync_s=sync_s, gen_during=gen_during,
             )  # fmt: skip
+            n = self.state.step  # the final evaluation is the launcher's accuracy_after
+            if c.eval_every and self.evaluator and n % c.eval_every == 0 and n < c.total_steps:
+                t_eval = time.perf_counter()
+                record.update({f"eval_{k}": v for k, v in (await self.evaluator()).items()})
+                record["eval_s"] = time.perf_counter() - t_eval
             self.rundir.log_step(record)
             last_time, last_engine = now, engine_now
             bar.update(1)

@@ -1,4 +1,4 @@
-"""The per-step metrics record of the controller (one line of ``metrics.jsonl``)."""
+"""The per-step metrics record of the controller (one line of ``metrics.jsonl``) and the timeline sample."""
 
 from __future__ import annotations
 
@@ -80,3 +80,29 @@ def step_metrics(
     if not math.isfinite(record.get("loss", 0.0)):
         record["loss"] = None
     return record
+
+
+def timeline_sample(
+    t: float,
+    engine_stats: dict[str, float],
+    *,
+    trainer_busy: bool,
+    checkpointing: bool,
+    reward_in_flight: int,
+    buffer_groups: int,
+    running_groups: int,
+    version: int,
+) -> dict[str, Any]:
+    """One line of ``timeline.jsonl``: what each component is doing at RL time ``t``."""
+    return {
+        "t": t,
+        "engine_running": engine_stats.get("running_samples", 0.0),
+        "engine_waiting": engine_stats.get("waiting_requests", 0.0),
+        "engine_generated_tokens": engine_stats.get("generated_tokens", 0.0),
+        "trainer_busy": trainer_busy,
+        "checkpointing": checkpointing,
+        "reward_in_flight": reward_in_flight,
+        "buffer_groups": buffer_groups,
+        "running_groups": running_groups,
+        "version": version,
+    }

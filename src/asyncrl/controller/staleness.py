@@ -24,18 +24,26 @@ class StalenessGate:
     batch_size: int
     max_staleness: int
     max_concurrent: int
+    high_water: int = 0
+    """Most groups buffered + running (0: no high-water mark)."""
     accepted: int = 0
     running: int = 0
 
     def __post_init__(self) -> None:
-        if self.batch_size <= 0 or self.max_concurrent <= 0 or self.max_staleness < 0:
-            raise ValueError("StalenessGate: batch_size, max_concurrent > 0 and max_staleness >= 0 required")
+        if self.batch_size <= 0 or self.max_concurrent <= 0 or self.max_staleness < 0 or self.high_water < 0:
+            raise ValueError(
+                "StalenessGate: batch_size, max_concurrent > 0 and max_staleness, high_water >= 0 required"
+            )
 
-    def capacity(self, version: int) -> int:
-        """Groups that may be admitted now, with the trainer at ``version`` (never negative)."""
+    def capacity(self, version: int, buffered: int = 0) -> int:
+        """Groups that may be admitted now, with the trainer at ``version`` and ``buffered``
+        finished groups waiting to be trained (never negative)."""
         by_staleness = (self.max_staleness + version + 1) * self.batch_size - (self.accepted + self.running)
         by_concurrency = self.max_concurrent - self.running
-        return max(0, min(by_staleness, by_concurrency))
+        cap = min(by_staleness, by_concurrency)
+        if self.high_water > 0:
+            cap = min(cap, self.high_water - (buffered + self.running))
+        return max(0, cap)
 
     def on_admit(self, n: int = 1) -> None:
         """``n`` groups were admitted (they are now running)."""
