@@ -181,7 +181,9 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool) -> dict[str, An
         await rewards.close()
         placement.remove()
 
-    def summary_extra() -> dict[str, Any]:
+    async def summary_extra() -> dict[str, Any]:
+        if hasattr(engines, "wait_restarts"):  # an engine restart in progress: count it once it is back
+            await engines.wait_restarts(cfg.launch.startup_timeout_s)
         per_engine = [
             e.refresh_stats() if hasattr(e, "refresh_stats") else e.stats() for e in getattr(engines, "engines", [])
         ]
@@ -196,7 +198,9 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool) -> dict[str, An
                 "engine_versions": [int(s.get("version", -1)) for s in per_engine],
                 "engine_weight_updates": [int(s.get("weight_updates", 0)) for s in per_engine],
                 "engine_generated_tokens": [float(s.get("generated_tokens", 0.0)) for s in per_engine],
+                "engine_deaths": int(stats.get("engine_deaths", 0)),
                 "engine_restarts": int(stats.get("engine_restarts", 0)),
+                "engine_restart_errors": list(getattr(engines, "restart_errors", [])),
                 "redispatched_requests": int(stats.get("redispatched_requests", 0)),
                 "reward_workers_replaced": rewards.replaced,
             }

@@ -100,7 +100,10 @@ class RayEngineClient:
 
     def refresh_stats(self, timeout_s: float = 30.0) -> dict[str, float]:
         """Fetch fresh counters now (blocking; outside the event loop or at the end of a run)."""
-        self._stats = dict(ray.get(self.actor.stats.remote(), timeout=timeout_s))
+        try:
+            self._stats = dict(ray.get(self.actor.stats.remote(), timeout=timeout_s))
+        except _DEAD:
+            pass  # keep the last known counters of a dead engine
         return dict(self._stats)
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ import random
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +42,8 @@ class Stages:
     model_dir: Path
     close: Callable[[], Awaitable[None]]
     """Releases everything the launcher started (called once, also on errors)."""
-    summary_extra: Callable[[], dict[str, Any]] = field(default=lambda: {})
-    """The launcher's own summary entries (read before ``close``)."""
+    summary_extra: Callable[[], Awaitable[dict[str, Any]]] | None = None
+    """The launcher's own summary entries (awaited before ``close``)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -141,7 +141,7 @@ async def run_stages(
             print(
                 f"stopped ({state.stop_reason}) at step {state.step}; continue with: asyncrl train --resume {run_dir}"
             )
-        extra = stages.summary_extra()  # first: it may refresh cached engine counters
+        extra = await stages.summary_extra() if stages.summary_extra else {}  # first: may refresh engine counters
         engine_stats = engine.stats()
     finally:
         await stages.close()

@@ -9,12 +9,15 @@ Owns routing and engine replacement. The controller talks to a pool exactly as t
   prompt stay on one engine and share its prefill). Ties go to the lower index.
 - Weight updates go to every member concurrently; the pool keeps the last update so that a
   replaced member is brought to the current version before it takes requests.
-- Failure: when a member raises ``EngineDied`` (its process is gone), the pool asks the
-  ``restart`` callback for a replacement (at most ``max_restarts`` times per member), loads the
-  last weights into it and sends the failed request again, to whichever member is least loaded
-  (``redispatched_requests`` counts them). The re-run starts from the request's prompt (which,
-  for a resumed interrupted sample, includes its earlier chunks), so nothing is lost and the
-  controller sees one completed request. Other exceptions (bad input) propagate unchanged.
+- Failure: when a member raises ``EngineDied`` (its process is gone), the pool takes it out of
+  routing, sends the failed request again at once to the least-loaded live member
+  (``redispatched_requests``), and restarts the dead one in the background through the
+  ``restart`` callback (at most ``max_restarts`` times per member; past that, or without a
+  callback, it is retired). A replacement gets the newest weights before it takes requests. The
+  re-run starts from the request's prompt (which, for a resumed interrupted sample, includes its
+  earlier chunks), so nothing is lost and the controller sees one completed request. With no live
+  member, requests wait for a restart; when none can come, they raise ``EngineDied``. Other
+  exceptions (bad input) propagate unchanged.
 """
 
 from __future__ import annotations
@@ -47,7 +50,6 @@ class EngineDied(RuntimeError):
 class _Member:
     engine: Any
     inflight_tokens: int = 0
-    inflight_requests: int = 0
     restarts: int = 0
     generation: int = 0  # bumps at every replacement (a stale failure report is ignored)
     alive: bool = True
@@ -63,9 +65,11 @@ class EnginePool:
         self._restart = restart
         self.max_restarts = max_restarts
         self._last_update: Any = None
-        self._locks = [asyncio.Lock() for _ in engines]
-        self._counters = {"redispatched_requests": 0.0, "engine_restarts": 0.0}
+        self._restarting: dict[int, asyncio.Task] = {}
+        self._changed: asyncio.Event | None = None  # set when a member comes back or is retired
+        self._counters = {"redispatched_requests": 0.0, "engine_deaths": 0.0, "engine_restarts": 0.0}
         self._retired: dict[str, float] = {}  # cumulative counters of replaced engines
+        self.restart_errors: list[str] = []
         self._version = min(int(getattr(e, "version", 0)) for e in engines)
 
     # ------------------------------------------------------------------ engine interface
@@ -87,35 +91,30 @@ class EnginePool:
     async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, n: int = 1) -> list[Completion]:
         """``n`` samples of one prompt from the least-loaded engine (re-sent if that engine dies)."""
         cost = n * (len(input_ids) + sampling.max_new_tokens)
-        attempts = 0
         while True:
-            index = self._pick()
+            index = await self._pick()
             member = self._members[index]
             generation = member.generation
             member.inflight_tokens += cost
-            member.inflight_requests += 1
             try:
                 return await member.engine.generate(input_ids, sampling, n)
             except EngineDied:
-                attempts += 1
-                await self._replace(index, generation)
-                if attempts > (self.max_restarts + 1) * len(self._members):
-                    raise
+                self._on_death(index, generation)
                 self._counters["redispatched_requests"] += 1
             finally:
                 member.inflight_tokens -= cost
-                member.inflight_requests -= 1
 
     async def update_weights(self, update: Any) -> None:
-        """Load ``update`` into every engine (concurrently); a dead engine is replaced and loaded."""
+        """Load ``update`` into every live engine (concurrently); one that turns out dead is
+        restarted in the background and gets the newest weights then."""
         self._last_update = update
-        results = await asyncio.gather(
-            *(self._update_one(i, m.generation, update) for i, m in enumerate(self._members) if m.alive),
-            return_exceptions=True,
-        )
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise errors[0]
+        live = [(i, m) for i, m in enumerate(self._members) if m.alive]
+        results = await asyncio.gather(*(m.engine.update_weights(update) for _, m in live), return_exceptions=True)
+        for (i, m), result in zip(live, results, strict=True):
+            if isinstance(result, EngineDied):
+                self._on_death(i, m.generation)
+            elif isinstance(result, BaseException):
+                raise result
         self._version = int(update.version)
 
     async def pause(self) -> None:
@@ -128,8 +127,9 @@ class EnginePool:
         return sum(await asyncio.gather(*(m.engine.abort_all() for m in self._members if m.alive)))
 
     def stats(self) -> dict[str, float]:
-        """Counters summed over engines (``slot_utilisation`` averaged, ``version`` the lowest),
-        plus ``engines``, ``engine_restarts``, ``redispatched_requests``."""
+        """Counters summed over live engines and those replaced (``slot_utilisation`` averaged,
+        ``version`` the lowest), plus ``engines`` (live), ``engine_deaths``, ``engine_restarts``,
+        ``redispatched_requests``."""
         parts = [m.engine.stats() for m in self._members if m.alive]
         out: dict[str, float] = {k: v for k, v in self._retired.items() if k in _CUMULATIVE}
         for part in parts:
@@ -143,54 +143,75 @@ class EnginePool:
         out.update(self._counters)
         return out
 
-    def per_engine_stats(self) -> list[dict[str, float]]:
-        """Each engine's own counters, in routing order."""
-        return [dict(m.engine.stats()) for m in self._members]
+    async def wait_restarts(self, timeout_s: float | None = None) -> bool:
+        """Wait for the restarts in progress; True when none is left."""
+        tasks = list(self._restarting.values())
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+        return not self._restarting
 
     def close(self) -> None:
+        for task in self._restarting.values():
+            task.cancel()
         for m in self._members:
             m.engine.close()
 
     # ------------------------------------------------------------------ internals
-    def _pick(self) -> int:
-        live = [i for i, m in enumerate(self._members) if m.alive]
-        if not live:
-            raise EngineDied("no live engine left in the pool")
-        return min(live, key=lambda i: (self._members[i].inflight_tokens, i))
+    def _event(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
 
-    async def _update_one(self, index: int, generation: int, update: Any) -> None:
-        try:
-            await self._members[index].engine.update_weights(update)
-        except EngineDied:
-            await self._replace(index, generation)  # the replacement is loaded with this update
+    async def _pick(self) -> int:
+        while True:
+            live = [i for i, m in enumerate(self._members) if m.alive]
+            if live:
+                return min(live, key=lambda i: (self._members[i].inflight_tokens, i))
+            if not self._restarting:
+                raise EngineDied("no live engine left in the pool, and none restarting")
+            event = self._event()
+            event.clear()
+            await event.wait()
 
-    async def _replace(self, index: int, generation: int) -> None:
-        """Replace member ``index`` unless that was done since ``generation`` was observed; past
-        ``max_restarts`` (or without a restart callback) the member is retired instead. Raises
-        ``EngineDied`` when no live engine is left."""
+    def _on_death(self, index: int, generation: int) -> None:
+        """Member ``index`` (as of ``generation``) is dead: out of routing, restart in the background."""
         member = self._members[index]
+        if member.generation != generation or not member.alive:
+            return  # this death is known already
         member.alive = False
-        async with self._locks[index]:
-            if member.generation != generation:  # another request already handled this death
-                return
-            member.generation += 1
-            try:  # keep its cumulative counters (a client reports its last known values)
-                for key, value in member.engine.stats().items():
-                    self._retired[key] = self._retired.get(key, 0.0) + float(value)
-            except Exception:  # noqa: BLE001 - no stats from a dead engine: its counts are lost
-                pass
-            try:
-                member.engine.close()
-            except Exception:  # noqa: BLE001 - it is dead; closing is best effort
-                pass
-            if self._restart is None or member.restarts >= self.max_restarts:
-                if not any(m.alive for m in self._members):
-                    raise EngineDied(f"every engine died (engine {index}: {member.restarts} restarts already)")
-                return  # retired: the others carry on
+        member.generation += 1
+        self._counters["engine_deaths"] += 1
+        try:  # keep its cumulative counters (a client reports its last known values)
+            for key, value in member.engine.stats().items():
+                self._retired[key] = self._retired.get(key, 0.0) + float(value)
+        except Exception:  # noqa: BLE001 - no stats from a dead engine: its counts are lost
+            pass
+        try:
+            member.engine.close()
+        except Exception:  # noqa: BLE001 - it is dead; closing is best effort
+            pass
+        if self._restart is None or member.restarts >= self.max_restarts:
+            self._event().set()  # retired: waiting requests must look again
+            return
+        self._restarting[index] = asyncio.get_running_loop().create_task(self._restart_member(index))
+
+    async def _restart_member(self, index: int) -> None:
+        member = self._members[index]
+        try:
+            assert self._restart is not None
             engine = await self._restart(index)
-            if self._last_update is not None:
-                await engine.update_weights(self._last_update)
+            loaded = None
+            while self._last_update is not None and loaded is not self._last_update:
+                loaded = self._last_update  # an update may arrive while this one loads: load it too
+                await engine.update_weights(loaded)
             member.engine = engine
             member.restarts += 1
             member.alive = True
             self._counters["engine_restarts"] += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the member stays retired; the others carry on
+            self.restart_errors.append(f"engine {index}: {type(exc).__name__}: {exc}")
+        finally:
+            self._restarting.pop(index, None)
+            self._event().set()
