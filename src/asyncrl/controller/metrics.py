@@ -54,7 +54,9 @@ def step_metrics(
         "trained_tokens_per_s_step": trained_tokens / max(wall, 1e-9),
         "generated_tokens_per_s": (engine_now["generated_tokens"] - last_engine["generated_tokens"]) / wall,
         "generated_tokens_during_train": gen_during,
-        "engine_busy_frac": min(1.0, (engine_now["busy_s"] - last_engine["busy_s"]) / wall),
+        "engine_busy_frac": min(1.0, (engine_now["busy_s"] - last_engine["busy_s"]) / wall)
+        if "busy_s" in engine_now and "busy_s" in last_engine
+        else None,  # an engine that does not report its busy time (an SGLang server)
         "trainer_busy_frac": min(1.0, (train_s + sync_s) / wall),
         "wait_for_batch_s": wait_s,
         "train_step_s": train_s,
