@@ -147,3 +147,82 @@ def test_ray_and_local_train_the_same_prompts_with_matching_losses_at_eta0(
     for a, b in zip(local, on_ray, strict=True):
         assert a["trained_tokens"] == b["trained_tokens"], (a["step"], a["trained_tokens"], b["trained_tokens"])
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-3, abs=1e-5), (a["step"], a["loss"], b["loss"])
+
+
+def test_a_dead_trainer_rank_stops_the_run_with_a_checkpoint_to_resume_from(
+    ray_instance: Any, tiny_policy_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncrl.launch.ray as ray_launch
+
+    groups: list[Any] = []
+    build = ray_launch._build_trainer
+
+    def capture(*args: Any) -> Any:
+        groups.append(build(*args))
+        return groups[-1]
+
+    monkeypatch.setattr(ray_launch, "_build_trainer", capture)
+    run_dir = tmp_path / "run"
+    steps = 8
+
+    def killer() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            metrics = run_dir / "metrics.jsonl"
+            if metrics.is_file() and len(read_jsonl(metrics)) >= 3 and groups:
+                ray_instance.kill(groups[0].ranks[1], no_restart=True)
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    extra = [*RAY, "controller.checkpoint_every=2"]
+    with pytest.raises(RuntimeError, match=r"trainer rank 1 died.*newest checkpoint is .*step-0000000[2-8].*--resume"):
+        train(_cfg(tiny_policy_dir, run_dir, eta=1, steps=steps, extra=extra))
+    thread.join(timeout=5)
+    done = len(read_jsonl(run_dir / "metrics.jsonl"))
+    assert 3 <= done < steps
+    _, summary = train(_cfg(tiny_policy_dir, run_dir, eta=1, steps=steps, extra=extra), resume=True)
+    assert summary["steps"] == steps and summary["resumes"] == 1 and summary["max_staleness_seen"] <= 1
+
+
+def test_engines_as_http_servers_with_weights_through_disk(
+    ray_instance: Any, tiny_policy_dir: Path, tmp_path: Path
+) -> None:
+    extra = [
+        "launch.kind=ray", "rollout.num_engines=2", "launch.engine_mode=server", "launch.weight_sync=disk",
+        f"trainer.weight_export_dir={tmp_path / 'exports'}", "reward.num_workers=1",
+    ]  # fmt: skip
+    run_dir, summary = train(_cfg(tiny_policy_dir, tmp_path / "run", eta=1, steps=3, extra=extra))
+    assert summary["steps"] == 3 and summary["ray"]["weight_sync"] == "disk"
+    assert summary["ray"]["engine_versions"] == [3, 3]  # both servers loaded every version from disk
+    assert all(t > 0 for t in summary["ray"]["engine_generated_tokens"])
+    assert any((tmp_path / "exports").iterdir())
+
+
+def test_reward_workers_score_every_verifier_and_a_dead_one_is_replaced(ray_instance: Any) -> None:
+    import asyncio
+
+    from asyncrl.launch.ray_actors import RewardWorker
+    from asyncrl.launch.ray_clients import RayRewardPool
+
+    cfg = load_config(None, [])
+    remote_cls = ray_instance.remote(RewardWorker)
+    pool = RayRewardPool(lambda i: remote_cls.options(num_cpus=0.1).remote(cfg), 2)
+
+    async def run() -> list[Any]:
+        first = await pool.score("arithmetic", "3+9=12 #12", "12")
+        ray_instance.kill(pool.workers[0], no_restart=True)
+        ray_instance.kill(pool.workers[1], no_restart=True)
+        await asyncio.sleep(0.5)
+        after = await asyncio.gather(
+            pool.score("arithmetic", "3+4=7 #7", "8"), pool.score("math", "The answer is \\boxed{42}.", "42")
+        )
+        await pool.close()
+        return [first, *after]
+
+    first, wrong, math = asyncio.run(run())
+    assert (first.reward, first.failure) == (1.0, None)
+    assert (wrong.reward, wrong.failure) == (0.0, None)
+    assert (math.reward, math.failure) == (1.0, None)
+    assert pool.replaced == 2

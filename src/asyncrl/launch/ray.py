@@ -184,9 +184,7 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool) -> dict[str, An
     async def summary_extra() -> dict[str, Any]:
         if hasattr(engines, "wait_restarts"):  # an engine restart in progress: count it once it is back
             await engines.wait_restarts(cfg.launch.startup_timeout_s)
-        per_engine = [
-            e.refresh_stats() if hasattr(e, "refresh_stats") else e.stats() for e in getattr(engines, "engines", [])
-        ]
+        per_engine = [e.refresh_stats() if hasattr(e, "refresh_stats") else e.stats() for e in engines.engines]
         stats = engines.stats()
         return {
             "ray": {
@@ -195,7 +193,9 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool) -> dict[str, An
                 "reward_workers": placement.n_reward,
                 "weight_sync": trainer.transport,
                 "engine_mode": cfg.launch.engine_mode,
-                "engine_versions": [int(s.get("version", -1)) for s in per_engine],
+                "engine_versions": [
+                    int(s.get("version", e.version)) for s, e in zip(per_engine, engines.engines, strict=True)
+                ],
                 "engine_weight_updates": [int(s.get("weight_updates", 0)) for s in per_engine],
                 "engine_generated_tokens": [float(s.get("generated_tokens", 0.0)) for s in per_engine],
                 "engine_deaths": int(stats.get("engine_deaths", 0)),

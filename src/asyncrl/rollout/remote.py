@@ -110,6 +110,9 @@ class RemoteEngine:
         self._stats = dict.fromkeys(
             ("requests", "generated_tokens", "errors", "http_s", "retries", "aborted_samples"), 0.0
         )
+        self._server_counters: dict[str, float] = {}
+        self._stats_task: asyncio.Task | None = None
+        self._no_server_stats = False
 
     # ------------------------------------------------------------------------------ LocalEngine API
     @property
@@ -174,10 +177,35 @@ class RemoteEngine:
         return int(out.get("aborted", 0)) if isinstance(out, dict) else 0
 
     def stats(self) -> dict[str, float]:
-        """Client-side counters (``server_stats()`` fetches the server's)."""
-        return dict(self._stats)
+        """Client-side counters, overlaid with the newest numeric counters of the server's ``/stats``
+        (our server reports the engine's: ``generated_tokens``, ``busy_s``, ...; an SGLang server has
+        no such endpoint and the client's counters stand). Never blocks: called inside an event loop,
+        it refreshes the server's counters in the background (``server_stats()`` fetches them now)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None and self._stats_task is None and not self._no_server_stats:
+            self._stats_task = loop.create_task(self._refresh_server_stats())
+        return {**self._stats, **self._server_counters}
+
+    async def _refresh_server_stats(self) -> None:
+        try:
+            fresh = await self._call("GET", "/stats", None, timeout=10)
+            self._server_counters = {
+                k: float(v) for k, v in fresh.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
+        except ValueError:  # 4xx: the server has no /stats (SGLang)
+            self._no_server_stats = True
+        except (RuntimeError, OSError):
+            pass  # unreachable for now: keep the last counters
+        finally:
+            self._stats_task = None
 
     def close(self) -> None:
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+            self._stats_task = None
         if self._pool is not None:
             self._pool.close()
             self._pool = None
