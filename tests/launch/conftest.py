@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
 def ray_instance() -> Any:
     ray = pytest.importorskip("ray")
+    # Actors and reward workers import test helpers (tests.launch.rewards): they inherit this.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     # 8 logical CPUs on a 2-core box: 2 engines + 2 trainer ranks + 2 reward workers fit; Ray's
     # CPUs are scheduling units, the processes share the real cores.
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)

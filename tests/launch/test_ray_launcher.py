@@ -139,14 +139,18 @@ def test_ray_and_local_train_the_same_prompts_with_matching_losses_at_eta0(
     ray_instance: Any, tiny_policy_dir: Path, tmp_path: Path
 ) -> None:
     steps = 3
-    local_dir, _ = train(_cfg(tiny_policy_dir, tmp_path / "local", eta=0, steps=steps))
-    ray_dir, _ = train(_cfg(tiny_policy_dir, tmp_path / "ray", eta=0, steps=steps, extra=RAY))
+    varied = ["task.verifier=custom:tests.launch.rewards:even_length"]  # non-zero advantages on a random policy
+    local_dir, _ = train(_cfg(tiny_policy_dir, tmp_path / "local", eta=0, steps=steps, extra=varied))
+    ray_dir, _ = train(_cfg(tiny_policy_dir, tmp_path / "ray", eta=0, steps=steps, extra=[*RAY, *varied]))
     assert _trained_by_step(local_dir) == _trained_by_step(ray_dir)
     local = read_jsonl(local_dir / "metrics.jsonl")
     on_ray = read_jsonl(ray_dir / "metrics.jsonl")
     for a, b in zip(local, on_ray, strict=True):
         assert a["trained_tokens"] == b["trained_tokens"], (a["step"], a["trained_tokens"], b["trained_tokens"])
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-3, abs=1e-5), (a["step"], a["loss"], b["loss"])
+        assert 0.0 < a["reward"] < 1.0 and a["loss"] != 0.0  # a real learning signal, not all zeros
+        assert b["reward"] == a["reward"]
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-3, abs=1e-6), (a["step"], a["loss"], b["loss"])
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3), (a["step"], a["grad_norm"], b["grad_norm"])
 
 
 def test_a_dead_trainer_rank_stops_the_run_with_a_checkpoint_to_resume_from(
