@@ -115,3 +115,20 @@ def test_bucketed_broadcast_round_trip(tiny_policy_dir) -> None:
         assert received[name].dtype == value.dtype and torch.equal(received[name], value), name
     assert metrics["broadcast_buckets"] > 10  # 4 KiB buckets: many, not one per parameter
     assert metrics["broadcast_bytes"] == sum(t.numel() * t.element_size() for t in state.values())
+
+
+def test_safetensors_exports_prune_only_this_trainers_own(tmp_path, tiny_policy_dir) -> None:
+    """Another run's exports in the same directory (even with higher versions) are left alone and
+    never make this trainer delete the version it just wrote; its own beyond the newest 2 go."""
+    model, tok = load_policy(tiny_policy_dir)
+    root = tmp_path / "exports"
+    (root / "v00000009").mkdir(parents=True)  # left by an earlier run
+    trainer = Trainer(model, TrainerConfig(weight_export_dir=str(root)), AlgoConfig(), tokenizer=tok)
+    paths = []
+    for version in range(3):
+        trainer.version = version
+        update = trainer.export_weights("safetensors")
+        assert (tmp_path / update.path / "model.safetensors").is_file()  # an absolute path
+        paths.append(tmp_path / update.path)
+    assert not paths[0].exists() and paths[1].exists() and paths[2].exists()
+    assert (root / "v00000009").is_dir()

@@ -70,6 +70,7 @@ class TrainerStateMixin:
     device: torch.device
     _caller_model: Any
     _export_root: Path | None = None
+    _own_exports: list[Path] | None = None  # export directories this trainer wrote, oldest first
 
     def _command(self, name: str, payload: Any = None) -> None:  # provided by Trainer
         raise NotImplementedError
@@ -122,7 +123,7 @@ class TrainerStateMixin:
                     out = self._export_dir() / f"v{self.version:08d}"
                     _, nbytes = save_safetensors_dir(state, out, self._hf().config, tied=self._tied())
                     write_export_manifest(out, self.version, time.perf_counter() - t0, nbytes)
-                    self._prune_exports()
+                    self._prune_exports(out)
                     update = WeightUpdate(version=self.version, path=str(out))
             case other:
                 raise ValueError(f"unknown weight transport {other!r} (tensors | safetensors)")
@@ -173,10 +174,18 @@ class TrainerStateMixin:
             self._export_root.mkdir(parents=True, exist_ok=True)
         return self._export_root
 
-    def _prune_exports(self) -> None:
-        versions = sorted(p for p in self._export_dir().glob("v*") if p.is_dir())
-        for old in versions[:-KEEP_EXPORTS]:
-            shutil.rmtree(old, ignore_errors=True)
+    def _prune_exports(self, written: Path) -> None:
+        """Keep the newest ``KEEP_EXPORTS`` directories this trainer wrote. Only its own: another
+        run's exports in the same directory (higher versions included) are not touched, and never
+        make this run delete the version it just wrote."""
+        if self._own_exports is None:
+            self._own_exports = []
+        own = self._own_exports
+        if written in own:
+            own.remove(written)
+        own.append(written)
+        while len(own) > KEEP_EXPORTS:
+            shutil.rmtree(own.pop(0), ignore_errors=True)
 
     # ----------------------------------------------------------------- Hugging Face format
     def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> None:
