@@ -34,6 +34,8 @@ def _load(args: argparse.Namespace) -> Config:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.launcher:  # before validation: launch.kind decides which settings are valid
+        args.overrides = [*args.overrides, f"launch.kind={args.launcher}"]
     if args.resume:
         # the run's own resolved config, then --config / --set on top (e.g. more total_steps)
         saved = Path(args.resume) / "config.yaml"
@@ -53,8 +55,6 @@ def cmd_train(args: argparse.Namespace) -> int:
             cfg.run.run_dir = args.run_dir
     if args.model:
         cfg.model.path = args.model
-    if args.launcher:
-        cfg.launch.kind = args.launcher
     from asyncrl.launch.local import train
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
