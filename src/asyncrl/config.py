@@ -232,7 +232,8 @@ class LaunchConfig:
     """None: start a Ray instance on this machine; "auto": join the running cluster (``ray start
     --head`` first); or ``host:port`` of its head."""
     ray_num_cpus: int = 0
-    """Logical CPUs of a Ray instance started here (0: Ray counts them). Oversubscribing is allowed."""
+    """Logical CPUs of a Ray instance started here (0: this machine's cores, or the CPUs the run
+    requests when that is more; Ray's CPUs are scheduling units, so oversubscribing is allowed)."""
     trainer_ranks: int = 1
     """M: trainer processes, one FSDP2 process group (gloo on CPU, NCCL when gpus_per_trainer > 0)."""
     cpus_per_engine: float = 1.0

@@ -18,7 +18,8 @@ restarted in its bundle with the newest weights and its requests are re-run (``E
 reward worker that dies is replaced; a trainer rank that dies stops the run (every rank is
 killed), and the error names the newest checkpoint and the command that resumes from it.
 
-Ray is started here when ``launch.ray_address`` is None (and shut down at the end), else joined
+Ray is started here when ``launch.ray_address`` is None (and shut down at the end; its logical CPUs
+are ``launch.ray_num_cpus``, or the machine's cores or the run's requests, whichever is more), else joined
 (``"auto"``: the cluster of ``ray start --head``); an instance already initialised in this
 process is reused and left running.
 """
@@ -26,6 +27,8 @@ process is reused and left running.
 from __future__ import annotations
 
 import asyncio
+import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -219,6 +222,18 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool) -> dict[str, An
     return await run_stages(cfg, run_dir, stages, resume=resume, t_start=t_start, t_warm=t_warm)
 
 
+def local_cpus(cfg: Config) -> int:
+    """Logical CPUs of a Ray instance started on this machine: its cores, or what the run asks for
+    when that is more (one machine shares its cores anyway, as the local launcher does)."""
+    launch = cfg.launch
+    need = (
+        (0 if launch.engine_urls else cfg.rollout.num_engines) * launch.cpus_per_engine
+        + launch.trainer_ranks * launch.cpus_per_trainer
+        + cfg.reward.num_workers * launch.cpus_per_reward_worker
+    )
+    return max(os.cpu_count() or 1, math.ceil(need))
+
+
 def train_ray(cfg: Config, resume: bool = False) -> tuple[Path, dict[str, Any]]:
     """``launch.local.train`` on Ray actors (see the module docstring)."""
     from asyncrl.launch.ray_clients import TrainerRankDied
@@ -231,8 +246,8 @@ def train_ray(cfg: Config, resume: bool = False) -> tuple[Path, dict[str, Any]]:
     started = False
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-        if cfg.launch.ray_address is None and cfg.launch.ray_num_cpus > 0:
-            kwargs["num_cpus"] = cfg.launch.ray_num_cpus
+        if cfg.launch.ray_address is None:
+            kwargs["num_cpus"] = cfg.launch.ray_num_cpus or local_cpus(cfg)
         ray.init(address=cfg.launch.ray_address, **kwargs)
         started = True
     try:
@@ -240,9 +255,7 @@ def train_ray(cfg: Config, resume: bool = False) -> tuple[Path, dict[str, Any]]:
     except TrainerRankDied as exc:
         ckpt = latest_checkpoint(run_dir)
         where = f"its newest checkpoint is {ckpt}" if ckpt is not None else "it has no checkpoint yet (starts over)"
-        raise RuntimeError(
-            f"{exc}. The run stopped; {where}. Continue with: asyncrl train --resume {run_dir}"
-        ) from exc
+        raise RuntimeError(f"{exc}. The run stopped; {where}. Continue with: asyncrl train --resume {run_dir}") from exc
     finally:
         if started:
             ray.shutdown()
