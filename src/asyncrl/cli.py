@@ -195,11 +195,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 common["out_dir"] = args.out
             if args.name == "async":
                 etas = tuple(int(x) for x in args.etas.split(",")) if args.etas else (0, 1, 2, 4, 8)
-                workloads = tuple(args.workload.split(",")) if args.workload else ("a", "b")
-                unknown = set(workloads) - set(async_bench.WORKLOADS)
+                workloads = tuple(args.workload.split(",")) if args.workload else ("task", "long")
+                unknown = set(workloads) - set(async_bench.WORKLOADS) - set(async_bench.WORKLOAD_ALIASES)
                 if unknown:
-                    raise ConfigError(f"unknown workload(s) {sorted(unknown)} (available: a, b)")
-                async_bench.run_async_bench(args.json, etas=etas, workloads=workloads, **common)
+                    raise ConfigError(f"unknown workload(s) {sorted(unknown)} (available: task (a), long (b))")
+                seeds = tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (0,)
+                marks = tuple(int(x) for x in args.high_water.split(",")) if args.high_water else None
+                async_bench.run_async_bench(
+                    args.json, etas=etas, workloads=workloads, seeds=seeds, warmup_steps=args.warmup,
+                    high_waters=marks, calibrate_s=args.calibrate, **common,
+                )  # fmt: skip
             elif args.name == "interrupt":
                 async_bench.run_interrupt_bench(args.json, **common)
             else:
@@ -298,7 +303,19 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--steps", type=int, help="async|interrupt|ablation: training steps per run (default: config)")
     p.add_argument("--etas", help="async|ablation: comma-separated max_staleness values (default 0,1,2,4,8 | 4,8)")
-    p.add_argument("--workload", help="async: comma-separated workloads, a (default task) and/or b (generation-heavy)")
+    p.add_argument(
+        "--workload", help="async: comma-separated workloads: task (a, the default task), long (b, generation-bound)"
+    )
+    p.add_argument("--seeds", help="async: comma-separated run.seed values, each a full sweep (default 0)")
+    p.add_argument(
+        "--warmup", type=int, default=4, help="async: steps left out of the effective throughput (default 4)"
+    )
+    p.add_argument(
+        "--high-water", help="async: controller.high_water_batches values for max_staleness > 0 (default: config)"
+    )
+    p.add_argument(
+        "--calibrate", type=float, default=30.0, help="async: seconds of the engine-alone calibration (0: none)"
+    )
     p.add_argument("--out", help="async|interrupt|ablation: directory of the run directories (default runs/bench-*)")
     p.set_defaults(func=cmd_bench)
 

@@ -4,17 +4,26 @@ Owns the controller-level benchmarks of DESIGN §8. Every row is a real ``asyncr
 (``launch.local.train``, in this process, one after the other, each in its own run directory
 under ``--out``) on the same model, data and seed; only the varied parameter changes.
 
-- ``async``: ``controller.max_staleness`` in {0, 1, 2, 4, 8} on two workloads:
-  (a) the default task as configured; (b) a generation-heavy long-tailed one: the same
-  warm-started policy on longer problems (``task.max_terms=32``, ``task.length_tail=0.85``,
-  ``rollout.max_new_tokens=384``), so a few responses are ten times longer than most.
-  Metrics: effective throughput ``trained_tokens_per_s`` (tokens of trained sequences per second
-  of RL wall time, the paper's measure), held-out ``accuracy_after``, and the ratios to
-  max_staleness = 0. For workload (a) also the bottleneck limit: min(trainer alone, engine alone)
-  in trained tokens/s, where "trainer alone" is trained tokens per second of training + weight
-  sync in the synchronous run (nothing else runs then) and "engine alone" is a calibration of
-  the engine at full concurrency with no trainer (completed sequence tokens/s) times the fraction
-  of finished groups that were trained in the synchronous run.
+- ``async``: ``controller.max_staleness`` in {0, 1, 2, 4, 8} on two workloads (rows carry
+  ``workload``, ``max_staleness``, ``high_water_batches`` and ``seed``):
+  ``task`` (alias ``a``): the default task as configured (trainer-bound on 2 CPU cores);
+  ``long`` (alias ``b``): generation-bound, the same warm-started policy on long-tailed long
+  problems (``task.max_terms=256``, ``task.length_tail=0.98``, up to 2048 new tokens, B = 8):
+  responses of ~100-200 tokens at the median and a tail past 1000; the policy solves few of them,
+  so dynamic sampling rejects most groups and generation alone is several times slower than
+  training alone (the calibration below checks this). Held-out accuracy is not its point: a
+  small eval (64 prompts, one sample) keeps the runs short.
+  Metrics: ``effective_tokens_per_s`` (the paper's effective throughput: trained tokens per
+  second of RL wall time after ``warmup_steps`` steps, see ``effective_throughput``),
+  ``trained_tokens_per_s`` (the same over the whole run), held-out ``accuracy_after``; with
+  several seeds, ``summary`` gives mean and spread per (max_staleness, high water) and the
+  accuracy difference to max_staleness = 0 paired by seed. ``limits`` gives the bottleneck limit
+  min(trainer alone, engine alone) in trained tokens/s: "trainer alone" is trained tokens per
+  second of training + weight sync in the synchronous runs (nothing else runs then, and the
+  trainer has the core it also gets when the two overlap); "engine alone" is a calibration of
+  the engine kept at full occupancy with no trainer (generated tokens/s, from the engine's own
+  counter) times the trained tokens per generated token of the synchronous runs (filtered groups
+  cost generation and train nothing). ``fraction_of_limit`` = effective throughput / limit.
 - ``interrupt``: at one max_staleness, in-flight weight updates in ``abort`` mode (re-prefill)
   and ``keep`` mode (keep the KV cache) against ``drain`` (stop admitting, wait for running
   episodes to finish, then update).
@@ -36,14 +45,25 @@ from typing import Any
 __all__ = ["WORKLOADS", "run_async_bench", "run_interrupt_bench", "run_ablation_bench"]
 
 WORKLOADS: dict[str, list[str]] = {
-    "a": [],
-    "b": ["task.max_terms=32", "task.length_tail=0.85", "rollout.max_new_tokens=384", "eval.max_new_tokens=384"],
+    "task": [],
+    "long": [
+        "task.max_terms=256",
+        "task.length_tail=0.98",
+        "rollout.max_new_tokens=2048",
+        "eval.max_new_tokens=2048",
+        "controller.batch_size=8",
+        "task.eval_size=64",
+        "eval.samples_per_prompt=1",
+        "eval.report_greedy=false",
+    ],
 }
 """Config overrides of each workload of ``bench async`` (on top of the user's ``--set``)."""
 
+WORKLOAD_ALIASES = {"a": "task", "b": "long"}
+
 
 def _policy_dir(overrides: list[str]) -> str:
-    """The warm-started policy of the default task (built once): workload (b) reuses it."""
+    """The warm-started policy of the default task (built once): workload ``long`` reuses it."""
     from asyncrl.config import load_config
     from asyncrl.controller.warm_start import ensure_policy
 
@@ -54,7 +74,23 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else 0.0
 
 
-def _run(overrides: list[str], run_dir: Path) -> dict[str, Any]:
+def _std(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def effective_throughput(metrics: list[dict[str, Any]], warmup_steps: int) -> float:
+    """Trained tokens/s after warm-up: tokens of the (applied) steps after the first
+    ``warmup_steps`` over the RL time from the end of step ``warmup_steps - 1`` to the end of the
+    last step (the whole run when ``warmup_steps`` is 0 or the run is not longer than it)."""
+    if not metrics:
+        return 0.0
+    w = warmup_steps if 0 < warmup_steps < len(metrics) else 0
+    t0 = metrics[w - 1]["time_s"] if w else 0.0
+    tokens = sum(m["trained_tokens"] for m in metrics[w:] if m.get("applied", True))
+    return tokens / max(metrics[-1]["time_s"] - t0, 1e-9)
+
+
+def _run(overrides: list[str], run_dir: Path, warmup_steps: int = 0) -> dict[str, Any]:
     """One training run; the row of its summary and per-step averages."""
     from asyncrl.config import load_config
     from asyncrl.controller.rundir import read_jsonl
@@ -64,40 +100,50 @@ def _run(overrides: list[str], run_dir: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     _, summary = train(cfg)
     metrics = read_jsonl(run_dir / "metrics.jsonl")
+    ledger = read_jsonl(run_dir / "trajectories.jsonl")
+    finished = [r for r in ledger if r["status"] in ("trained", "filtered", "stale", "skipped")]
+    generated = sum(r["response_len"] for r in finished)
     trained = sum(m["trained_tokens"] for m in metrics)
     busy = sum(m["train_step_s"] + m["weight_sync_s"] for m in metrics)
-    finished = summary["trained_samples"] // cfg.rollout.group_size + summary["filtered_groups"]
-    finished += summary["stale_groups"]
+    lens = sorted(r["response_len"] for r in finished) or [0]
     return {
+        "effective_tokens_per_s": effective_throughput(metrics, warmup_steps),
         "trained_tokens_per_s": summary["trained_tokens_per_s"],
         "accuracy_before": summary["accuracy_before"],
         "accuracy_after": summary["accuracy_after"],
         "rl_wall_s": summary["rl_wall_s"],
         "wall_s": time.perf_counter() - t0,
         "steps": summary["steps"],
+        "warmup_steps": warmup_steps,
         "trained_tokens": summary["trained_tokens"],
         "trainer_alone_tokens_per_s": trained / busy if busy else 0.0,
-        "trained_group_frac": (summary["trained_samples"] // cfg.rollout.group_size) / max(1, finished),
+        "trained_per_generated_token": summary["trained_tokens"] / max(1, generated),
+        "response_len_p50": lens[len(lens) // 2],
+        "response_len_p90": lens[int(0.9 * (len(lens) - 1))],
+        "response_len_max": lens[-1],
         "staleness_mean": _mean([m["staleness_mean"] for m in metrics]),
         "max_staleness_seen": summary["max_staleness_seen"],
         "stale_groups": summary["stale_groups"],
         "filtered_groups": summary["filtered_groups"],
+        "unused_groups": sum(1 for r in ledger if r["status"] == "unused") // cfg.rollout.group_size,
+        "buffered_max": max((m["buffer_groups"] for m in metrics), default=0),
         "engine_busy_frac": _mean([m["engine_busy_frac"] for m in metrics]),
         "trainer_busy_frac": _mean([m["trainer_busy_frac"] for m in metrics]),
-        "generated_tokens_per_s": summary["engine_generated_tokens"] / max(summary["rl_wall_s"], 1e-9),
+        "train_step_s": _mean([m["train_step_s"] for m in metrics]),
         "interruptions_per_sample": _mean([m["interruptions_per_sample"] for m in metrics]),
-        "response_len": _mean([m["response_len"] for m in metrics]),
         "weight_sync_s": _mean([m["weight_sync_s"] for m in metrics]),
         "run_dir": str(run_dir),
     }
 
 
-async def _engine_alone(overrides: list[str], seconds: float) -> dict[str, float]:
-    """Completed sequence tokens/s of the engine at full concurrency, no trainer (calibration)."""
+async def _engine_alone(overrides: list[str], seconds: float, fill_s: float = 5.0) -> dict[str, float]:
+    """Generated tokens/s of the engine kept at full occupancy (``controller.max_concurrent``
+    groups queued, refilled as they finish), no trainer: the engine counter's growth over
+    ``seconds`` after ``fill_s`` of filling the slots (calibration of the generation limit)."""
     from asyncrl.config import load_config
     from asyncrl.controller.scoring import make_score_fn
     from asyncrl.controller.warm_start import ensure_policy
-    from asyncrl.data.prompts import PromptSource, build_task
+    from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
     from asyncrl.models import load_policy, stop_token_ids
     from asyncrl.rollout.engine import LocalEngine
     from asyncrl.rollout.sampling import SamplingParams
@@ -105,30 +151,35 @@ async def _engine_alone(overrides: list[str], seconds: float) -> dict[str, float
 
     cfg = load_config(None, overrides)
     model, tok = load_policy(ensure_policy(cfg), device=cfg.model.device)
-    engine = LocalEngine(model, tok, max_slots=cfg.rollout.max_slots, max_seq_len=cfg.rollout.max_new_tokens + 512)
+    max_len = cfg.rollout.max_prompt_len + max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens)
+    engine = LocalEngine(model, tok, max_slots=cfg.rollout.max_slots, max_seq_len=max_len)
     train_prompts, _, _ = build_task(cfg.task, tok)
-    source = PromptSource(train_prompts, cfg.run.seed)
+    source = PromptSource(drop_long_prompts(train_prompts, cfg.rollout.max_prompt_len), cfg.run.seed)
     score = make_score_fn("arithmetic", tok)
     sampling = SamplingParams(
         max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
         stop_token_ids=stop_token_ids(tok, model),
     )  # fmt: skip
-    done_tokens = 0
-    start = time.perf_counter()
-    deadline = start + seconds
+    stop = False
 
     async def worker() -> None:
-        nonlocal done_tokens
-        while time.perf_counter() < deadline:
-            group = await run_episode(engine, source.next(), sampling, cfg.rollout.group_size, score, 0)
-            if time.perf_counter() <= deadline:
-                done_tokens += sum(len(c.prompt_ids) + len(c.output_ids) for c in group.completions)
+        while not stop:
+            await run_episode(engine, source.next(), sampling, cfg.rollout.group_size, score, 0)
 
+    workers = [asyncio.create_task(worker()) for _ in range(cfg.controller.max_concurrent)]
     try:
-        await asyncio.gather(*(worker() for _ in range(cfg.controller.max_concurrent)))
+        await asyncio.sleep(fill_s)
+        g0, t0 = engine.stats()["generated_tokens"], time.perf_counter()
+        await asyncio.sleep(seconds)
+        g1, t1 = engine.stats()["generated_tokens"], time.perf_counter()
+        util = engine.stats()["slot_utilisation"]
     finally:
+        stop = True
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
         engine.close()
-    return {"engine_alone_sequence_tokens_per_s": done_tokens / seconds}
+    return {"engine_alone_generated_tokens_per_s": (g1 - g0) / (t1 - t0), "engine_alone_slot_utilisation": util}
 
 
 def _print_table(title: str, rows: list[dict[str, Any]], keys: list[str]) -> None:
@@ -149,58 +200,121 @@ def _write(json_path: str | None, payload: dict[str, Any]) -> None:
         print(f"\nwrote {json_path}")
 
 
+def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (workload, max_staleness, high_water_batches) over seeds: mean and spread (sample std) of effective
+    throughput and held-out accuracy, ratios of means to max_staleness = 0, and the accuracy
+    difference to max_staleness = 0 paired by seed (mean and std over seeds)."""
+    out: list[dict[str, Any]] = []
+    for w in dict.fromkeys(r["workload"] for r in rows):
+        w_rows = [r for r in rows if r["workload"] == w]
+        sync = {r["seed"]: r for r in w_rows if r["max_staleness"] == 0}
+        for eta, hw in dict.fromkeys((r["max_staleness"], r.get("high_water_batches")) for r in w_rows):
+            e_rows = [r for r in w_rows if r["max_staleness"] == eta and r.get("high_water_batches") == hw]
+            eff = [r["effective_tokens_per_s"] for r in e_rows]
+            acc = [r["accuracy_after"] for r in e_rows if r["accuracy_after"] is not None]
+            item: dict[str, Any] = {
+                "workload": w, "max_staleness": eta, "high_water_batches": hw, "seeds": [r["seed"] for r in e_rows],
+                "effective_tokens_per_s_mean": _mean(eff), "effective_tokens_per_s_std": _std(eff),
+                "trained_tokens_per_s_mean": _mean([r["trained_tokens_per_s"] for r in e_rows]),
+                "accuracy_after_mean": _mean(acc), "accuracy_after_std": _std(acc),
+                "staleness_mean": _mean([r["staleness_mean"] for r in e_rows]),
+            }  # fmt: skip
+            if sync:
+                sync_eff = _mean([r["effective_tokens_per_s"] for r in sync.values()])
+                item["effective_ratio_vs_sync"] = item["effective_tokens_per_s_mean"] / max(sync_eff, 1e-9)
+                deltas = [
+                    100 * (r["accuracy_after"] - sync[r["seed"]]["accuracy_after"])
+                    for r in e_rows
+                    if r["seed"] in sync and r["accuracy_after"] is not None
+                ]
+                item["accuracy_delta_vs_sync_points_mean"] = _mean(deltas)
+                item["accuracy_delta_vs_sync_points_std"] = _std(deltas)
+            out.append(item)
+    return out
+
+
+def _variants(etas: tuple[int, ...], high_waters: tuple[int, ...] | None) -> list[tuple[int, int | None]]:
+    """(max_staleness, high_water_batches override) pairs: every mark for max_staleness > 0."""
+    out: list[tuple[int, int | None]] = []
+    for eta in etas:
+        out.extend([(eta, None)] if eta == 0 or not high_waters else [(eta, h) for h in high_waters])
+    return out
+
+
 def run_async_bench(
     json_path: str | None,
     *,
     overrides: list[str] | None = None,
     etas: tuple[int, ...] = (0, 1, 2, 4, 8),
-    workloads: tuple[str, ...] = ("a", "b"),
+    workloads: tuple[str, ...] = ("task", "long"),
     steps: int | None = None,
+    seeds: tuple[int, ...] = (0,),
+    warmup_steps: int = 4,
+    high_waters: tuple[int, ...] | None = None,
     out_dir: str = "runs/bench-async",
-    calibrate_s: float = 20.0,
+    calibrate_s: float = 30.0,
 ) -> dict[str, Any]:
-    """The max_staleness sweep on each workload (see the module docstring)."""
+    """The max_staleness sweep on each workload, each seed (see the module docstring); the runs
+    of one seed are side by side (seed-major order), so load drift hits every max_staleness.
+    ``high_waters``: values of ``controller.high_water_batches`` to run each max_staleness > 0
+    with (None: the config's); max_staleness = 0 runs once (the mark does not bind there)."""
+    from asyncrl.config import load_config
+
     base = list(overrides or [])
     if steps is not None:
         base.append(f"controller.total_steps={steps}")
     policy = _policy_dir(base)
     rows: list[dict[str, Any]] = []
-    ratios: dict[str, Any] = {}
     limits: dict[str, Any] = {}
-    for w in workloads:
+    for w in (WORKLOAD_ALIASES.get(w, w) for w in workloads):
         wl = [*base, f"model.path={policy}", *WORKLOADS[w]]
         w_rows = []
-        for eta in etas:
-            print(f"\n=== bench async: workload {w}, max_staleness={eta} ===", flush=True)
-            row = {"workload": w, "max_staleness": eta}
-            row.update(_run([*wl, f"controller.max_staleness={eta}"], Path(out_dir) / f"{w}-eta{eta}"))
-            w_rows.append(row)
-        sync = next((r for r in w_rows if r["max_staleness"] == 0), None)
-        for row in w_rows:
-            if sync:
-                row["throughput_ratio_vs_sync"] = row["trained_tokens_per_s"] / max(sync["trained_tokens_per_s"], 1e-9)
-                row["accuracy_delta_vs_sync_points"] = 100 * (row["accuracy_after"] - sync["accuracy_after"])
+        for seed in seeds:
+            for eta, hw in _variants(etas, high_waters):
+                print(f"\n=== bench async: workload {w}, seed {seed}, max_staleness={eta}, high water {hw} ===")
+                run_overrides = [*wl, f"run.seed={seed}", f"controller.max_staleness={eta}"]
+                if hw is not None:
+                    run_overrides.append(f"controller.high_water_batches={hw}")
+                hw_now = load_config(None, run_overrides).controller.high_water_batches
+                row: dict[str, Any] = {"workload": w, "max_staleness": eta, "high_water_batches": hw_now, "seed": seed}
+                run_dir = Path(out_dir) / f"{w}-s{seed}-eta{eta}-hw{hw_now}"
+                row.update(_run(run_overrides, run_dir, warmup_steps))
+                w_rows.append(row)
         rows.extend(w_rows)
-        ratios[w] = {f"eta{r['max_staleness']}_vs_eta0": r.get("throughput_ratio_vs_sync") for r in w_rows}
-        if sync and calibrate_s > 0:
+        syncs = [r for r in w_rows if r["max_staleness"] == 0]
+        if syncs and calibrate_s > 0:
             engine = asyncio.run(_engine_alone(wl, calibrate_s))
-            gen_limit = engine["engine_alone_sequence_tokens_per_s"] * sync["trained_group_frac"]
-            limit = min(sync["trainer_alone_tokens_per_s"], gen_limit)
-            top = max(w_rows, key=lambda r: r["max_staleness"])
+            trainer = _mean([r["trainer_alone_tokens_per_s"] for r in syncs])
+            per_generated = _mean([r["trained_per_generated_token"] for r in syncs])
+            gen = engine["engine_alone_generated_tokens_per_s"] * per_generated
+            limit = min(trainer, gen)
             limits[w] = {
-                "trainer_alone_tokens_per_s": sync["trainer_alone_tokens_per_s"],
-                "engine_alone_trained_tokens_per_s": gen_limit,
+                "trainer_alone_tokens_per_s": trainer,
+                "engine_alone_trained_tokens_per_s": gen,
                 **engine,
-                "bottleneck": "trainer" if sync["trainer_alone_tokens_per_s"] <= gen_limit else "engine",
+                "bottleneck": "trainer" if trainer <= gen else "engine",
                 "bottleneck_limit_tokens_per_s": limit,
-                f"eta{top['max_staleness']}_fraction_of_limit": top["trained_tokens_per_s"] / max(limit, 1e-9),
             }
-    keys = ["workload", "max_staleness", "trained_tokens_per_s", "throughput_ratio_vs_sync", "accuracy_after",
-            "accuracy_delta_vs_sync_points", "staleness_mean", "stale_groups", "engine_busy_frac",
-            "trainer_busy_frac", "rl_wall_s"]  # fmt: skip
-    _print_table("bench async: effective throughput (trained tokens/s) and held-out accuracy", rows, keys)
-    print(json.dumps({"ratios": ratios, "limits": limits}, indent=2))
-    payload = {"bench": "async", "overrides": base, "rows": rows, "ratios": ratios, "limits": limits}
+            for r in w_rows:
+                r["fraction_of_limit"] = r["effective_tokens_per_s"] / max(limit, 1e-9)
+    summary = summarize(rows)
+    for item in summary:
+        if item["workload"] in limits:
+            limit = limits[item["workload"]]["bottleneck_limit_tokens_per_s"]
+            item["fraction_of_limit"] = item["effective_tokens_per_s_mean"] / max(limit, 1e-9)
+    keys = ["workload", "seed", "max_staleness", "high_water_batches", "effective_tokens_per_s",
+            "trained_tokens_per_s", "accuracy_after", "staleness_mean", "stale_groups", "unused_groups",
+            "response_len_p50", "rl_wall_s"]  # fmt: skip
+    _print_table("bench async: runs (effective = trained tokens/s after warm-up)", rows, keys)
+    keys = ["workload", "max_staleness", "high_water_batches", "effective_tokens_per_s_mean", "effective_ratio_vs_sync",
+            "fraction_of_limit", "accuracy_after_mean", "accuracy_after_std", "accuracy_delta_vs_sync_points_mean",
+            "accuracy_delta_vs_sync_points_std"]  # fmt: skip
+    _print_table("bench async: over seeds", summary, keys)
+    print(json.dumps({"limits": limits}, indent=2))
+    payload = {
+        "bench": "async", "overrides": base, "seeds": list(seeds), "warmup_steps": warmup_steps,
+        "rows": rows, "summary": summary, "limits": limits,
+    }  # fmt: skip
     _write(json_path, payload)
     return payload
 
@@ -210,7 +324,7 @@ def run_interrupt_bench(
     *,
     overrides: list[str] | None = None,
     max_staleness: int = 4,
-    workload: str = "b",
+    workload: str = "long",
     steps: int | None = None,
     out_dir: str = "runs/bench-interrupt",
 ) -> dict[str, Any]:
@@ -218,6 +332,7 @@ def run_interrupt_bench(
     base = list(overrides or [])
     if steps is not None:
         base.append(f"controller.total_steps={steps}")
+    workload = WORKLOAD_ALIASES.get(workload, workload)
     wl = [*base, f"model.path={_policy_dir(base)}", *WORKLOADS[workload], f"controller.max_staleness={max_staleness}"]
     modes = {
         "abort": ["controller.weight_sync=inflight", "rollout.interrupt_mode=abort"],
