@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from transformers import AutoModelForCausalLM
@@ -88,18 +89,11 @@ def _spawned_rank(rank: int, port: int, policy_dir: str, out: dict) -> None:
     out[f"rank{rank}"] = loss
 
 
-@pytest.mark.timeout(180)
-def test_ranks_started_without_torchrun(tiny_policy_dir) -> None:
-    """Trainer ranks as child processes (explicit rank / world size / init method) train like one."""
+def _run_two_ranks(target: Any, policy_dir: Any) -> dict:
+    """Run ``target(rank, port, policy_dir, out)`` in two spawned processes; returns ``out``."""
     import socket
 
     import torch.multiprocessing as mp
-
-    from asyncrl.config import AlgoConfig, TrainerConfig
-    from asyncrl.models import load_policy
-    from asyncrl.trainer.trainer import Trainer
-    from asyncrl.types import TrainBatch
-    from tests.trainer.synthetic import make_samples, rel_diff
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -107,13 +101,27 @@ def test_ranks_started_without_torchrun(tiny_policy_dir) -> None:
     with mp.Manager() as manager:
         out = manager.dict()
         ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_spawned_rank, args=(r, port, str(tiny_policy_dir), out)) for r in range(2)]
+        procs = [ctx.Process(target=target, args=(r, port, str(policy_dir), out)) for r in range(2)]
         for p in procs:
             p.start()
         for p in procs:
             p.join(150)
         assert [p.exitcode for p in procs] == [0, 0]
-        result = dict(out)
+        return dict(out)
+
+
+@pytest.mark.timeout(180)
+def test_ranks_started_without_torchrun(tiny_policy_dir) -> None:
+    """Trainer ranks as child processes (explicit rank / world size / init method) train like one."""
+
+
+    from asyncrl.config import AlgoConfig, TrainerConfig
+    from asyncrl.models import load_policy
+    from asyncrl.trainer.trainer import Trainer
+    from asyncrl.types import TrainBatch
+    from tests.trainer.synthetic import make_samples, rel_diff
+
+    result = _run_two_ranks(_spawned_rank, tiny_policy_dir)
     assert result["rank1"] is None and isinstance(result["rank0"], float)
     one = Trainer(load_policy(tiny_policy_dir)[0], TrainerConfig(lr=1e-2), AlgoConfig())
     expect = one.train_step(TrainBatch(tuple(make_samples(5, seed=3)), 0))
@@ -149,24 +157,11 @@ def _spmd_rank(rank: int, port: int, policy_dir: str, out: dict) -> None:
 
 @pytest.mark.timeout(180)
 def test_spmd_ranks_full_and_sharded_state_dicts_agree(tiny_policy_dir) -> None:
-    import socket
 
     import torch
-    import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with mp.Manager() as manager:
-        out = manager.dict()
-        ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_spmd_rank, args=(r, port, str(tiny_policy_dir), out)) for r in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(150)
-        assert [p.exitcode for p in procs] == [0, 0]
-        full, shards = out["full"], out["shards"]
+    result = _run_two_ranks(_spmd_rank, tiny_policy_dir)
+    full, shards = result["full"], result["shards"]
     assert set(shards[0]) == set(full)
     for name, (piece, placements) in shards[0].items():
         assert placements == [True]  # one mesh dimension, sharded along dim 0
