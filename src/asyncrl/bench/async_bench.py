@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -97,8 +98,9 @@ def _run(overrides: list[str], run_dir: Path, warmup_steps: int = 0) -> dict[str
     from asyncrl.launch.local import train
 
     cfg = load_config(None, [*overrides, f"run.run_dir={run_dir}", "run.progress=false"])
-    t0 = time.perf_counter()
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
     _, summary = train(cfg)
+    load1 = os.getloadavg()[0]
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     ledger = read_jsonl(run_dir / "trajectories.jsonl")
     finished = [r for r in ledger if r["status"] in ("trained", "filtered", "stale", "skipped")]
@@ -129,6 +131,7 @@ def _run(overrides: list[str], run_dir: Path, warmup_steps: int = 0) -> dict[str
         "buffered_max": max((m["buffer_groups"] for m in metrics), default=0),
         "engine_busy_frac": _mean([m["engine_busy_frac"] for m in metrics]),
         "trainer_busy_frac": _mean([m["trainer_busy_frac"] for m in metrics]),
+        "load_avg_1m_start_end": [load0, load1],
         "train_step_s": _mean([m["train_step_s"] for m in metrics]),
         "interruptions_per_sample": _mean([m["interruptions_per_sample"] for m in metrics]),
         "weight_sync_s": _mean([m["weight_sync_s"] for m in metrics]),
