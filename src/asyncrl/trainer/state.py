@@ -21,7 +21,6 @@ Every method here is a collective under FSDP; under ``run_distributed`` the lead
 
 from __future__ import annotations
 
-import atexit
 import logging
 import shutil
 import tempfile
@@ -171,11 +170,7 @@ class TrainerStateMixin:
     def _export_dir(self) -> Path:
         if self._export_root is None:
             root = self.cfg.weight_export_dir
-            if root:
-                self._export_root = Path(root)
-            else:  # a temporary directory of this process, removed when it exits
-                self._export_root = Path(tempfile.mkdtemp(prefix="asyncrl-weights-"))
-                atexit.register(shutil.rmtree, self._export_root, True)
+            self._export_root = Path(root) if root else Path(tempfile.mkdtemp(prefix="asyncrl-weights-"))
             self._export_root.mkdir(parents=True, exist_ok=True)
         return self._export_root
 
