@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from asyncrl.config import Config, ConfigError, dump_yaml, load_config
+from asyncrl.launch import RunStopped
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -342,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"asyncrl: {exc}", file=sys.stderr)
         return 2
+    except RunStopped as exc:  # e.g. a trainer rank died: the message names the checkpoint to resume from
+        print(f"asyncrl: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("asyncrl: interrupted", file=sys.stderr)
         return 130

@@ -21,6 +21,7 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.controller.rundir import read_jsonl
+from asyncrl.launch import RunStopped
 from asyncrl.launch.local import train
 from tests.invariants import test_no_loss_on_resume as ledger_check
 
@@ -181,7 +182,7 @@ def test_a_dead_trainer_rank_stops_the_run_with_a_checkpoint_to_resume_from(
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     extra = [*RAY, "controller.checkpoint_every=2"]
-    with pytest.raises(RuntimeError, match=r"trainer rank 1 died.*newest checkpoint is .*step-0000000[2-8].*--resume"):
+    with pytest.raises(RunStopped, match=r"trainer rank 1 died.*newest checkpoint is .*step-0000000[2-8].*--resume"):
         train(_cfg(tiny_policy_dir, run_dir, eta=1, steps=steps, extra=extra))
     thread.join(timeout=5)
     done = len(read_jsonl(run_dir / "metrics.jsonl"))

@@ -38,6 +38,7 @@ from asyncrl.controller.resume import latest_checkpoint
 from asyncrl.controller.rundir import default_run_dir
 from asyncrl.controller.scoring import make_score_fn
 from asyncrl.controller.warm_start import ensure_policy
+from asyncrl.launch import RunStopped
 from asyncrl.launch.runner import Stages, configure_torch, run_stages, seed_everything
 from asyncrl.models import load_policy, stop_token_ids
 
@@ -255,7 +256,7 @@ def train_ray(cfg: Config, resume: bool = False) -> tuple[Path, dict[str, Any]]:
     except TrainerRankDied as exc:
         ckpt = latest_checkpoint(run_dir)
         where = f"its newest checkpoint is {ckpt}" if ckpt is not None else "it has no checkpoint yet (starts over)"
-        raise RuntimeError(f"{exc}. The run stopped; {where}. Continue with: asyncrl train --resume {run_dir}") from exc
+        raise RunStopped(f"{exc}. The run stopped; {where}. Continue with: asyncrl train --resume {run_dir}") from exc
     finally:
         if started:
             ray.shutdown()
