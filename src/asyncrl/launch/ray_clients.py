@@ -11,7 +11,7 @@
   goes to every rank (SPMD) and rank 0's answer is returned. When a rank dies, the others would
   wait in a collective until the process-group timeout; the group instead notices the death at
   once, kills every rank and raises ``TrainerRankDied`` (the run stops; it resumes from its newest
-  checkpoint).
+  checkpoint). A rank whose call raises stops every rank the same way, with its own error.
 - ``RayRewardPool``: K ``RewardWorker`` actors behind ``RewardService.score``; the least busy one
   scores; a dead worker is replaced and the item scored again.
 """
@@ -171,6 +171,9 @@ class RayTrainerGroup:
                 raise TrainerRankDied(
                     f"trainer rank {rank} died during {method} ({type(exc).__name__}); every rank was stopped"
                 ) from exc
+            except Exception:  # a rank raised: the others may wait in a collective that never completes
+                self.kill()
+                raise
         return results[refs[0]]
 
     def train_step(self, batch: Any) -> Any:
