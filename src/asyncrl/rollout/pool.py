@@ -108,11 +108,11 @@ class EnginePool:
         """Load ``update`` into every live engine (concurrently); one that turns out dead is
         restarted in the background and gets the newest weights then."""
         self._last_update = update
-        live = [(i, m) for i, m in enumerate(self._members) if m.alive]
-        results = await asyncio.gather(*(m.engine.update_weights(update) for _, m in live), return_exceptions=True)
-        for (i, m), result in zip(live, results, strict=True):
+        live = [(i, m, m.generation) for i, m in enumerate(self._members) if m.alive]
+        results = await asyncio.gather(*(m.engine.update_weights(update) for _, m, _ in live), return_exceptions=True)
+        for (i, _, generation), result in zip(live, results, strict=True):
             if isinstance(result, EngineDied):
-                self._on_death(i, m.generation)
+                self._on_death(i, generation)  # the incarnation that failed, not a replacement since
             elif isinstance(result, BaseException):
                 raise result
         self._version = int(update.version)
