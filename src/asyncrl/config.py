@@ -4,7 +4,7 @@ Every field has a default, so ``Config()`` is the embedded default run (tiny mod
 arithmetic task, asynchronous RL on CPU). A YAML file overrides any subset; ``--set a.b=v``
 overrides single fields (the value is parsed as YAML: ``4``, ``0.5``, ``true``, ``null``,
 ``[1, 2]``). Unknown keys and values of the wrong type are errors that name the key and the
-valid choices. This module imports no torch and no sibling module.
+valid choices (the generic parsing is ``config_parse``). No torch; no sibling but ``config_parse``.
 
 Batch-size semantics, stated once (a known confusion in peers): one training step consumes
 ``controller.batch_size`` prompt *groups*, each of ``rollout.group_size`` samples, so
@@ -16,17 +16,15 @@ tokens.
 from __future__ import annotations
 
 import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from asyncrl.config_parse import ConfigError, apply_mapping, nest, parse_override
 
-class ConfigError(ValueError):
-    """A config file or override that cannot be applied (unknown key, wrong type, bad value)."""
+__all__ = ["Config", "ConfigError", "dump_yaml", "load_config", "parse_override", "to_dict", "validate"]
 
 
 @dataclass
@@ -332,66 +330,6 @@ def dump_yaml(cfg: Config, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
-def _coerce(value: Any, annotation: Any, key: str) -> Any:
-    """Check/convert ``value`` against a field annotation; raise ConfigError naming the key."""
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise ConfigError(f"{key}: expected a list of {len(args)} values, got {value!r}")
-        return tuple(_coerce(v, a, key) for v, a in zip(value, args, strict=True))
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected true/false, got {value!r}")
-    if annotation is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if annotation is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "2e-4" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
-    if annotation is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
-    raise ConfigError(f"{key}: unsupported field type {annotation!r}")
-
-
-def _apply(node: Any, data: dict[str, Any], prefix: str) -> None:
-    if not isinstance(data, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(type(node))
-    names = [f.name for f in dataclasses.fields(node)]
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if key not in names:
-            raise ConfigError(f"unknown config key '{dotted}'. Valid keys here: {', '.join(prefix + n for n in names)}")
-        current = getattr(node, key)
-        if dataclasses.is_dataclass(current):
-            _apply(current, value, f"{dotted}.")
-        else:
-            setattr(node, key, _coerce(value, hints[key], dotted))
-
-
 def validate(cfg: Config) -> Config:
     """Check choices and ranges; raise ConfigError with the key and what is allowed."""
     for dotted, choices in _CHOICES.items():
@@ -460,29 +398,6 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """Parse ``a.b=value`` (value as YAML) into ``("a.b", value)``."""
-    if "=" not in text:
-        raise ConfigError(f"override '{text}' is not of the form key=value (e.g. controller.max_staleness=2)")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override '{text}': cannot parse value: {exc}") from exc
-    return key, value
-
-
-def _nest(key: str, value: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    cursor = out
-    parts = key.split(".")
-    for part in parts[:-1]:
-        cursor = cursor.setdefault(part, {})
-    cursor[parts[-1]] = value
-    return out
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Defaults, then the YAML file (if any), then each ``key=value`` override; validated."""
     cfg = Config()
@@ -494,8 +409,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             data = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
-        _apply(cfg, data, "")
+        apply_mapping(cfg, data, "")
     for text in overrides:
         key, value = parse_override(text)
-        _apply(cfg, _nest(key, value), "")
+        apply_mapping(cfg, nest(key, value), "")
     return validate(cfg)

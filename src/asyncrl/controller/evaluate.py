@@ -1,10 +1,9 @@
-"""Held-out accuracy: generate answers with the engine and score them (``evaluate``); the
-periodic evaluation of ``controller.eval_every`` (``held_out_evaluator``)."""
+"""Held-out accuracy: generate answers with the engine and score them (``evaluate``)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from asyncrl.rollout.interruptible import generate_group
@@ -49,23 +48,3 @@ async def evaluate(
         "response_len": sum(n_tok for _, n_tok in results) / total,
     }
 
-
-def held_out_evaluator(
-    cfg: Any, engine: Any, score: ScoreFn, tokenizer: Any, stop_token_ids: tuple[int, ...] = ()
-) -> Callable[[], Awaitable[dict[str, float]]]:
-    """The held-out accuracy of ``controller.eval_every``: the task's held-out split (over-long
-    prompts dropped), decoded as ``eval.*`` configures (``greedy`` or sampled at the rollout
-    temperature, ``samples_per_prompt`` each)."""
-    from asyncrl.data.prompts import build_task, drop_long_prompts
-
-    _, held_out, _ = build_task(cfg.task, tokenizer)
-    held_out = drop_long_prompts(held_out, cfg.rollout.max_prompt_len, "held-out prompts")
-
-    async def run() -> dict[str, float]:
-        return await evaluate(
-            engine, held_out, score, greedy=cfg.eval.greedy, temperature=cfg.rollout.temperature,
-            max_new_tokens=cfg.eval.max_new_tokens, stop_token_ids=stop_token_ids,
-            samples_per_prompt=cfg.eval.samples_per_prompt,
-        )  # fmt: skip
-
-    return run

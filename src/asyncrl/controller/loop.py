@@ -44,7 +44,6 @@ from tqdm import tqdm
 
 from asyncrl.config import Config
 from asyncrl.controller.buffer import GroupBuffer, groups_to_samples
-from asyncrl.controller.evaluate import held_out_evaluator
 from asyncrl.controller.metrics import step_metrics, timeline_sample
 from asyncrl.controller.resume import (
     SNAPSHOT_FORMAT,
@@ -82,8 +81,8 @@ class Controller:
     ) -> None:
         """``resume``: the controller snapshot of the checkpoint the trainer was restored from.
         ``checkpoint_extra``: the launcher's own values, saved with every checkpoint.
-        ``evaluator``: held-out accuracy every ``controller.eval_every`` steps (default: the task's
-        held-out split on this engine, ``controller.evaluate.held_out_evaluator``)."""
+        ``evaluator``: held-out accuracy every ``controller.eval_every`` steps (the launcher's,
+        ``launch.runner``: the task's held-out split on this engine, decoded as ``eval.*`` says)."""
         self.cfg = cfg
         self.engine = engine
         self.trainer = trainer
@@ -92,8 +91,6 @@ class Controller:
         self.rundir = rundir
         self.tokenizer = tokenizer
         self.checkpoint_extra = dict(checkpoint_extra or {})
-        if evaluator is None and cfg.controller.eval_every > 0:
-            evaluator = held_out_evaluator(cfg, engine, score, tokenizer, stop_token_ids)
         self.evaluator = evaluator
         c = cfg.controller
         self.gate = StalenessGate(
@@ -397,8 +394,13 @@ class Controller:
 
             now = time.perf_counter()
             engine_now = self.engine.stats()
-            record = self._step_record(
+            latency, self._reward_latency = self._reward_latency, []
+            checkpoint_s, self._checkpoint_s = self._checkpoint_s, 0.0
+            rollout, self._rollout_rewards = self._rollout_rewards, []
+            record = step_metrics(
                 step, groups, result, staleness, trained_tokens, engine_now, last_engine, now - last_time,
+                now=self._now(), state=self.state, buffer_groups=len(self.buffer), running_groups=self.gate.running,
+                reward_latency=latency, rollout_rewards=rollout, checkpoint_s=checkpoint_s,
                 train_start=train_start, wait_s=wait_s, train_s=train_s, sync_s=sync_s, gen_during=gen_during,
             )  # fmt: skip
             n = self.state.step  # the final evaluation is the launcher's accuracy_after
@@ -418,33 +420,6 @@ class Controller:
                 tqdm.write(f"step {step}: non-finite loss or gradient, update skipped (ledger: status=skipped)")
             if c.checkpoint_every and self.state.step % c.checkpoint_every == 0 and self.state.step < c.total_steps:
                 await self._checkpoint(executor)
-
-    def _step_record(
-        self,
-        step: int,
-        groups: list[Group],
-        result: Any,
-        staleness: list[int],
-        trained_tokens: int,
-        engine_now: dict[str, float],
-        last_engine: dict[str, float],
-        wall: float,
-        *,
-        train_start: float,
-        wait_s: float,
-        train_s: float,
-        sync_s: float,
-        gen_during: float,
-    ) -> dict[str, Any]:
-        latency, self._reward_latency = self._reward_latency, []
-        checkpoint_s, self._checkpoint_s = self._checkpoint_s, 0.0
-        rollout, self._rollout_rewards = self._rollout_rewards, []
-        return step_metrics(
-            step, groups, result, staleness, trained_tokens, engine_now, last_engine, wall,
-            now=self._now(), state=self.state, buffer_groups=len(self.buffer), running_groups=self.gate.running,
-            reward_latency=latency, rollout_rewards=rollout, checkpoint_s=checkpoint_s,
-            train_start=train_start, wait_s=wait_s, train_s=train_s, sync_s=sync_s, gen_during=gen_during,
-        )  # fmt: skip
 
     async def run(self) -> ControllerState:
         """Train until ``controller.total_steps`` steps (or a stop request); returns the counters.

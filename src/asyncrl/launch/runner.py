@@ -123,6 +123,7 @@ async def run_stages(
         controller = Controller(
             cfg, engine, trainer, PromptSource(train_prompts, cfg.run.seed), score, rundir,
             tokenizer=tokenizer, stop_token_ids=stages.stop_token_ids, resume=snapshot,
+            evaluator=lambda: evaluate(engine, held_out, score, **eval_kw),
             checkpoint_extra={"before": before},
         )  # fmt: skip
         handlers = _install_stop_handlers(controller)

@@ -25,6 +25,7 @@ import logging
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +73,10 @@ class TrainerStateMixin:
     _export_root: Path | None = None
     _own_exports: list[Path] | None = None  # export directories this trainer wrote, oldest first
 
-    def _command(self, name: str, payload: Any = None) -> None:  # provided by Trainer
-        raise NotImplementedError
-
-    def _set_lr(self, step: int) -> float:  # provided by Trainer
-        raise NotImplementedError
+    _command: Callable[..., None]
+    """``_command(name, payload=None)``: the leader's broadcast to follower ranks (``Trainer``'s)."""
+    _set_lr: Callable[[int], float]
+    """``_set_lr(step)``: the learning rate of a step, applied (``Trainer``'s)."""
 
     # ----------------------------------------------------------------- state dicts
     def _hf(self) -> Any:
