@@ -3,9 +3,18 @@ run variants, the workload names. No runs here (those are the benchmark itself).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from asyncrl.bench.async_bench import WORKLOAD_ALIASES, WORKLOADS, _variants, effective_throughput, summarize
+from asyncrl.bench.async_bench import (
+    WARM_STARTS,
+    WORKLOAD_ALIASES,
+    WORKLOADS,
+    _variants,
+    effective_throughput,
+    summarize,
+)
 from asyncrl.config import load_config
 
 
@@ -59,3 +68,32 @@ def test_workloads_are_valid_configs_and_long_is_long() -> None:
     task, long = (load_config(None, WORKLOADS[w]) for w in ("task", "long"))
     assert long.rollout.max_new_tokens >= 8 * task.rollout.max_new_tokens
     assert long.task.length_tail > task.task.length_tail and long.task.max_terms > task.task.max_terms
+    # every generated group is trained in `long` (the synchronous run waits for its longest responses)
+    assert not long.algo.filter_equal_rewards and task.algo.filter_equal_rewards
+
+
+def test_long_workload_has_its_own_warm_start_on_its_own_problems() -> None:
+    from asyncrl.controller.warm_start import warm_start_key
+    from asyncrl.models import TinyModelSpec
+
+    assert set(WARM_STARTS) == set(WORKLOADS) and WARM_STARTS["task"] == []
+    long_run, long_warm = load_config(None, WORKLOADS["long"]), load_config(None, WARM_STARTS["long"])
+    # tuned on the very problems it is trained on (the held-out split's size aside)
+    assert replace(long_warm.task, eval_size=0) == replace(long_run.task, eval_size=0)
+    spec = TinyModelSpec()
+    assert warm_start_key(long_warm, spec) != warm_start_key(load_config(None, []), spec)
+
+
+def test_engine_alone_calibration_measures_after_every_queued_group_has_finished(tiny_policy_dir) -> None:
+    import asyncio
+
+    from asyncrl.bench.async_bench import _engine_alone
+
+    overrides = [
+        f"model.path={tiny_policy_dir}", "controller.max_concurrent=3", "rollout.group_size=2",
+        "rollout.max_new_tokens=12", "rollout.max_slots=4",
+    ]  # fmt: skip
+    out = asyncio.run(_engine_alone(overrides, seconds=0.3, max_fill_s=30.0))
+    assert out["engine_alone_generated_tokens_per_s"] > 0
+    assert 0 < out["engine_alone_fill_s"] < 30.0  # all three groups finished once, before the cap
+    assert 0 < out["engine_alone_slot_utilisation"] <= 1

@@ -7,12 +7,14 @@ under ``--out``) on the same model, data and seed; only the varied parameter cha
 - ``async``: ``controller.max_staleness`` in {0, 1, 2, 4, 8} on two workloads (rows carry
   ``workload``, ``max_staleness``, ``high_water_batches`` and ``seed``):
   ``task`` (alias ``a``): the default task as configured (trainer-bound on 2 CPU cores);
-  ``long`` (alias ``b``): generation-bound, the same warm-started policy on long-tailed long
-  problems (``task.max_terms=256``, ``task.length_tail=0.98``, up to 2048 new tokens, B = 8):
-  responses of ~100-200 tokens at the median and a tail past 1000; the policy solves few of them,
-  so dynamic sampling rejects most groups and generation alone is several times slower than
-  training alone (the calibration below checks this). Held-out accuracy is not its point: a
-  small eval (64 prompts, one sample) keeps the runs short.
+  ``long`` (alias ``b``): generation-bound, long-tailed long responses: problems of up to 256
+  operands (``task.max_terms=256``, ``task.length_tail=0.98``), up to 2048 new tokens, B = 8, from
+  a policy warm-started on these very problems (``WARM_STARTS``) so that it writes their long
+  worked solutions: responses of a few hundred tokens at the median and a tail to 2048. Every
+  generated group is trained (``algo.filter_equal_rewards=false``): the synchronous run waits for
+  each batch's longest responses, as on GPUs. The tiny policy solves almost none of these
+  problems, so held-out accuracy is not the point of this workload (a small eval: 64 prompts, one
+  sample); the point is the throughput of the loop.
   Metrics: ``effective_tokens_per_s`` (the paper's effective throughput: trained tokens per
   second of RL wall time after ``warmup_steps`` steps, see ``effective_throughput``),
   ``trained_tokens_per_s`` (the same over the whole run), held-out ``accuracy_after``; with
@@ -45,14 +47,16 @@ from typing import Any
 
 __all__ = ["WORKLOADS", "run_async_bench", "run_interrupt_bench", "run_ablation_bench"]
 
+LONG_TASK = ["task.max_terms=256", "task.length_tail=0.98"]
+
 WORKLOADS: dict[str, list[str]] = {
     "task": [],
     "long": [
-        "task.max_terms=256",
-        "task.length_tail=0.98",
+        *LONG_TASK,
         "rollout.max_new_tokens=2048",
         "eval.max_new_tokens=2048",
         "controller.batch_size=8",
+        "algo.filter_equal_rewards=false",
         "task.eval_size=64",
         "eval.samples_per_prompt=1",
         "eval.report_greedy=false",
@@ -60,15 +64,24 @@ WORKLOADS: dict[str, list[str]] = {
 }
 """Config overrides of each workload of ``bench async`` (on top of the user's ``--set``)."""
 
+WARM_STARTS: dict[str, list[str]] = {
+    "task": [],
+    "long": [*LONG_TASK, "sft.steps=150", "sft.batch_size=32"],
+}
+"""Overrides of each workload's warm start (``ensure_policy``; built once, cached under
+``sft.cache_dir``): ``long`` gets a policy fine-tuned on the long problems themselves, so that it
+writes their long worked solutions (the default policy, tuned on up to 8 operands, gives up after
+a few dozen steps)."""
+
 WORKLOAD_ALIASES = {"a": "task", "b": "long"}
 
 
-def _policy_dir(overrides: list[str]) -> str:
-    """The warm-started policy of the default task (built once): workload ``long`` reuses it."""
+def _policy_dir(overrides: list[str], workload: str) -> str:
+    """The warm-started policy of ``workload`` (built once and cached, see ``WARM_STARTS``)."""
     from asyncrl.config import load_config
     from asyncrl.controller.warm_start import ensure_policy
 
-    return str(ensure_policy(load_config(None, overrides)))
+    return str(ensure_policy(load_config(None, [*overrides, *WARM_STARTS[workload]])))
 
 
 def _mean(values: list[float]) -> float:
@@ -139,10 +152,13 @@ def _run(overrides: list[str], run_dir: Path, warmup_steps: int = 0) -> dict[str
     }
 
 
-async def _engine_alone(overrides: list[str], seconds: float, fill_s: float = 5.0) -> dict[str, float]:
+async def _engine_alone(overrides: list[str], seconds: float, max_fill_s: float = 600.0) -> dict[str, float]:
     """Generated tokens/s of the engine kept at full occupancy (``controller.max_concurrent``
     groups queued, refilled as they finish), no trainer: the engine counter's growth over
-    ``seconds`` after ``fill_s`` of filling the slots (calibration of the generation limit)."""
+    ``seconds`` (calibration of the generation limit), measured once every queued group has
+    finished at least once (at most ``max_fill_s``). Measuring from a cold start would count
+    only the first few hundred tokens of every response, when contexts are short and decoding
+    cheap: for long-tailed long responses that overstated the limit by 2-3x."""
     from asyncrl.config import load_config
     from asyncrl.controller.scoring import make_score_fn
     from asyncrl.controller.warm_start import ensure_policy
@@ -164,14 +180,28 @@ async def _engine_alone(overrides: list[str], seconds: float, fill_s: float = 5.
         stop_token_ids=stop_token_ids(tok, model),
     )  # fmt: skip
     stop = False
+    n_workers = cfg.controller.max_concurrent
+    first_done = 0
+    warm = asyncio.Event()
 
     async def worker() -> None:
+        nonlocal first_done
+        first = True
         while not stop:
             await run_episode(engine, source.next(), sampling, cfg.rollout.group_size, score, 0)
+            if first:
+                first, first_done = False, first_done + 1
+                if first_done == n_workers:
+                    warm.set()
 
-    workers = [asyncio.create_task(worker()) for _ in range(cfg.controller.max_concurrent)]
+    t_start = time.perf_counter()
+    workers = [asyncio.create_task(worker()) for _ in range(n_workers)]
     try:
-        await asyncio.sleep(fill_s)
+        try:
+            await asyncio.wait_for(warm.wait(), max_fill_s)
+        except TimeoutError:
+            pass
+        fill_s = time.perf_counter() - t_start
         g0, t0 = engine.stats()["generated_tokens"], time.perf_counter()
         await asyncio.sleep(seconds)
         g1, t1 = engine.stats()["generated_tokens"], time.perf_counter()
@@ -182,7 +212,11 @@ async def _engine_alone(overrides: list[str], seconds: float, fill_s: float = 5.
             w.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
         engine.close()
-    return {"engine_alone_generated_tokens_per_s": (g1 - g0) / (t1 - t0), "engine_alone_slot_utilisation": util}
+    return {
+        "engine_alone_generated_tokens_per_s": (g1 - g0) / (t1 - t0),
+        "engine_alone_slot_utilisation": util,
+        "engine_alone_fill_s": fill_s,
+    }
 
 
 def _print_table(title: str, rows: list[dict[str, Any]], keys: list[str]) -> None:
@@ -266,11 +300,10 @@ def run_async_bench(
     base = list(overrides or [])
     if steps is not None:
         base.append(f"controller.total_steps={steps}")
-    policy = _policy_dir(base)
     rows: list[dict[str, Any]] = []
     limits: dict[str, Any] = {}
     for w in (WORKLOAD_ALIASES.get(w, w) for w in workloads):
-        wl = [*base, f"model.path={policy}", *WORKLOADS[w]]
+        wl = [*base, f"model.path={_policy_dir(base, w)}", *WORKLOADS[w]]
         w_rows = []
         for seed in seeds:
             for eta, hw in _variants(etas, high_waters):
@@ -336,7 +369,8 @@ def run_interrupt_bench(
     if steps is not None:
         base.append(f"controller.total_steps={steps}")
     workload = WORKLOAD_ALIASES.get(workload, workload)
-    wl = [*base, f"model.path={_policy_dir(base)}", *WORKLOADS[workload], f"controller.max_staleness={max_staleness}"]
+    policy = _policy_dir(base, workload)
+    wl = [*base, f"model.path={policy}", *WORKLOADS[workload], f"controller.max_staleness={max_staleness}"]
     modes = {
         "abort": ["controller.weight_sync=inflight", "rollout.interrupt_mode=abort"],
         "keep": ["controller.weight_sync=inflight", "rollout.interrupt_mode=keep"],
