@@ -190,8 +190,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         case "async" | "interrupt" | "ablation":
             from asyncrl.bench import async_bench
 
-            load_config(None, args.overrides)  # fail fast on a bad override
-            common = dict(overrides=args.overrides, steps=args.steps)
+            overrides = [*args.overrides, *([f"model.path={args.model}"] if args.model else [])]
+            load_config(None, overrides)  # fail fast on a bad override
+            common = dict(overrides=overrides, steps=args.steps)
             if args.out:
                 common["out_dir"] = args.out
             if args.name == "async":
@@ -297,7 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
     p.add_argument("name", help="engine | train | async | interrupt | ablation")
     p.add_argument("--json", help="write the result rows and ratios here")
-    p.add_argument("--model", help="model directory (default: the tiny model)")
+    p.add_argument(
+        "--model", help="engine|async|interrupt|ablation: model directory (default: the tiny model; async: each "
+        "workload's own warm start)",
+    )  # fmt: skip
     p.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="async|interrupt|ablation: config override applied to every run (repeatable)",

@@ -1,0 +1,30 @@
+"""``asyncrl bench async|interrupt|ablation`` hand the user's ``--model`` and ``--set`` to every run."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncrl import cli
+from asyncrl.bench import async_bench
+
+
+@pytest.mark.parametrize("name", ["async", "interrupt", "ablation"])
+def test_bench_model_flag_reaches_every_run(monkeypatch, tmp_path, name) -> None:
+    seen: dict = {}
+
+    def fake(json_path, **kwargs):
+        seen.update(kwargs, json_path=json_path)
+
+    for fn in ("run_async_bench", "run_interrupt_bench", "run_ablation_bench"):
+        monkeypatch.setattr(async_bench, fn, fake)
+    argv = ["bench", name, "--model", str(tmp_path), "--set", "controller.batch_size=4", "--steps", "3"]
+    assert cli.main(argv) == 0
+    assert seen["overrides"] == ["controller.batch_size=4", f"model.path={tmp_path}"]
+    assert seen["steps"] == 3
+
+
+def test_bench_without_model_flag_leaves_the_model_to_the_workloads(monkeypatch) -> None:
+    seen: dict = {}
+    monkeypatch.setattr(async_bench, "run_async_bench", lambda json_path, **kw: seen.update(kw))
+    assert cli.main(["bench", "async", "--workload", "long", "--etas", "0,8"]) == 0
+    assert seen["overrides"] == [] and seen["workloads"] == ("long",) and seen["etas"] == (0, 8)
