@@ -193,6 +193,13 @@ class ControllerConfig:
     fill the whole staleness budget ((max_staleness + 1) * batch_size groups ahead). Keeps the
     engine from running ahead of a trainer-bound loop (CPU taken from the trainer, staler samples,
     batches generated and never trained)."""
+    high_water_unit: str = "groups"
+    """groups | samples: what a running group weighs under the high-water mark. ``groups``: all of it
+    until its last sample ends. ``samples``: only its samples still generating (the mark is
+    high_water_batches * batch_size * group_size samples), so groups that wait for one long sample
+    do not keep the engine half empty: for generation-bound, long-tailed workloads (``asyncrl bench
+    async --workload long``). Per-sample completion comes from ``LocalEngine``; with other engines a
+    group's samples are counted done when the engine returns the group, as with ``groups``."""
     total_steps: int = 120
     eval_every: int = 0
     """Held-out accuracy every N steps during RL (``eval_accuracy`` etc. in that step's line of
@@ -301,6 +308,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("float32", "bfloat16", "float16"),
     "task.name": ("arithmetic", "gsm8k", "humaneval", "jsonl"),
     "rollout.interrupt_mode": ("abort", "keep"),
+    "controller.high_water_unit": ("groups", "samples"),
     "algo.advantage": ("grpo", "dr_grpo", "rloo", "reinforce_pp"),
     "algo.loss_type": ("ppo", "gspo", "cispo"),
     "algo.prox_mode": ("recompute", "loglinear", "behav"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.controller.staleness import StalenessGate
+from asyncrl.controller.staleness import EpisodeSamples, StalenessGate
 
 
 def test_synchronous_gate_admits_one_batch_per_version() -> None:
@@ -79,3 +79,63 @@ def test_high_water_mark_caps_buffered_plus_running() -> None:
     # off (0): only staleness and concurrency
     gate.high_water, gate.accepted = 0, 8
     assert gate.capacity(0, buffered=8) == 28
+
+
+def test_samples_unit_counts_only_samples_still_generating() -> None:
+    # B = 2 groups per batch, G = 4 samples, mark 2 batches = 4 groups = 16 samples
+    gate = StalenessGate(
+        batch_size=2, max_staleness=8, max_concurrent=100, high_water=4, high_water_unit="samples", group_size=4
+    )
+    assert gate.capacity(0) == 4
+    gate.on_admit(4)
+    assert gate.generating == 16 and gate.capacity(0) == 0
+    gate.on_generating(-3)  # three samples ended; their groups still run
+    assert gate.capacity(0) == 1  # 3 free samples: rounds up to one group
+    gate.on_generating(-4)
+    assert gate.capacity(0) == 2  # 7 free: two groups
+    # the same state under the groups unit admits nothing: 4 groups still run
+    gate.high_water_unit = "groups"
+    assert gate.capacity(0) == 0
+    gate.high_water_unit = "samples"
+    # buffered groups weigh group_size each: 9 running + 2 buffered * 4 = 17 > 16
+    assert gate.capacity(0, buffered=2) == 0
+    # the staleness rule still binds: (8 + 0 + 1) * 2 = 18 groups of budget, 17 used
+    gate.accepted = 13
+    assert gate.capacity(0) == 1
+    with pytest.raises(RuntimeError):
+        gate.on_generating(-10)
+
+
+def test_episode_samples_tracks_one_group_across_retries_and_ends() -> None:
+    gate = StalenessGate(
+        batch_size=1, max_staleness=4, max_concurrent=10, high_water=2, high_water_unit="samples", group_size=3
+    )
+    changes: list[int] = []
+    gate.on_admit(1)
+    ep = EpisodeSamples(gate, on_change=lambda: changes.append(gate.generating))
+    first = ep.attempt()
+    first(0)
+    first(0)  # a repeated index counts once
+    assert gate.generating == 2 and changes == [2]
+    second = ep.attempt()  # a retry: every sample generates again
+    assert gate.generating == 3
+    first(1)  # a late callback of the failed attempt is ignored
+    assert gate.generating == 3
+    second(1)
+    assert gate.generating == 2
+    second(2)
+    assert gate.generating == 1 and changes == [2, 2, 1]
+    second(0)
+    assert gate.generating == 0 and changes == [2, 2, 1, 0]
+    ep.close()
+    assert gate.generating == 0 and ep.left == 0
+    second(0)  # after close: nothing
+    ep.close()
+    assert gate.generating == 0
+
+
+def test_samples_unit_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        StalenessGate(batch_size=1, max_staleness=0, max_concurrent=1, high_water_unit="tokens")
+    with pytest.raises(ValueError):
+        StalenessGate(batch_size=1, max_staleness=0, max_concurrent=1, group_size=0)

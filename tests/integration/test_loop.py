@@ -113,6 +113,23 @@ def test_high_water_mark_bounds_buffered_plus_running(tiny_policy_dir, tmp_path,
         assert max(ahead) > 4
 
 
+def test_high_water_in_samples_counts_only_samples_still_generating(tiny_policy_dir, tmp_path) -> None:
+    """``controller.high_water_unit=samples``: the samples generating never reach the mark (one
+    batch = 16 samples) plus a group (round-up) in any timeline sample, they are back to zero
+    whenever no group runs, every admitted sample is accounted for, and the staleness bound holds."""
+    run_dir = tmp_path / "hw-samples"
+    extra = ["controller.high_water_batches=1", "controller.high_water_unit=samples", "rollout.max_new_tokens=48"]
+    train(_cfg(tiny_policy_dir, run_dir, 4, steps=4, extra=extra))
+    timeline = read_jsonl(run_dir / "timeline.jsonl")
+    assert max(t["generating_samples"] for t in timeline) <= 16 + 3
+    assert any(t["generating_samples"] > 0 for t in timeline)
+    assert all(t["generating_samples"] == 0 for t in timeline if t["running_groups"] == 0)
+    assert all(t["generating_samples"] <= 4 * t["running_groups"] for t in timeline)
+    trained = [r for r in read_jsonl(run_dir / "trajectories.jsonl") if r["status"] == "trained"]
+    assert len(trained) == 4 * 4 * 4
+    assert all(r["trained_step"] - r["min_version"] <= 4 for r in trained)
+
+
 def test_eval_every_logs_held_out_accuracy(tiny_policy_dir, tmp_path) -> None:
     run_dir = tmp_path / "eval-every"
     train(_cfg(tiny_policy_dir, run_dir, 1, steps=4, extra=["controller.eval_every=2"]))

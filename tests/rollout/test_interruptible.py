@@ -88,3 +88,64 @@ def test_real_engine_abort_updates_resume_to_full_budget(load_tiny, arun):
         assert torch.isfinite(torch.tensor(outs[0].behav_logprobs)).all()
     finally:
         eng.close()
+
+
+def test_on_sample_done_once_per_sample_with_a_group_at_once_engine(arun):
+    eng = ChunkyEngine(chunk=4)  # no reports_each_sample: generate_group reports for it
+    reported: list[int] = []
+    outs = arun(generate_group(eng, [1, 2, 3], SamplingParams(max_new_tokens=10, seed=1), 3, reported.append))
+    assert sorted(reported) == [0, 1, 2] and all(c.finish_reason == "length" for c in outs)
+    reported.clear()
+    arun(generate_group(ChunkyEngine(chunk=50), [1], SamplingParams(max_new_tokens=5), 2, reported.append))
+    assert sorted(reported) == [0, 1]  # finished in the first call: reported when it returned
+
+
+class EachEngine:
+    """Fake engine that reports samples itself: sample 0 ends in the first call, the others abort."""
+
+    reports_each_sample = True
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def generate(self, input_ids, sampling, n=1, on_sample_done=None):
+        self.calls += 1
+        first = self.calls == 1
+        outs = []
+        for i in range(n):
+            reason = "length" if (not first or i == 0) else "abort"
+            k = sampling.max_new_tokens if reason == "length" else 2
+            outs.append(Completion(tuple(input_ids), (7,) * k, (-0.1,) * k, (0,) * k, reason, int(reason == "abort")))
+            if reason == "length" and on_sample_done is not None:
+                on_sample_done(i)
+        return outs
+
+
+def test_on_sample_done_with_an_engine_that_reports_each_sample(arun):
+    eng = EachEngine()
+    reported: list[int] = []
+    outs = arun(generate_group(eng, [1, 2], SamplingParams(max_new_tokens=6, seed=3), 3, reported.append))
+    assert reported[0] == 0 and sorted(reported) == [0, 1, 2]  # 0 by the engine, 1 and 2 after their resume
+    assert [len(c.output_ids) for c in outs] == [6, 6, 6]
+
+
+def test_local_engine_reports_each_sample_as_it_ends(load_tiny, arun):
+    model, tok = load_tiny()
+    eng = LocalEngine(model, tok, max_slots=8, max_seq_len=256)
+    p = tok("Q:1+1=?\nA:")["input_ids"]
+    stop = tuple(range(0, model.config.vocab_size, 3))  # a third of the vocabulary ends a sample
+    try:
+
+        async def go():
+            seen: list[tuple[int, bool]] = []
+            sampling = SamplingParams(max_new_tokens=100, seed=7, stop_token_ids=stop)
+            task = asyncio.create_task(generate_group(eng, p, sampling, 6, lambda i: seen.append((i, task.done()))))
+            return seen, await task
+
+        seen, outs = arun(go())
+    finally:
+        eng.close()
+    assert sorted(i for i, _ in seen) == list(range(6))
+    assert not any(done for _, done in seen)  # every report came before the group returned
+    lens = [len(outs[i].output_ids) for i, _ in seen]
+    assert lens == sorted(lens) and len(set(lens)) > 1  # in the order the samples ended

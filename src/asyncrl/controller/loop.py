@@ -53,7 +53,7 @@ from asyncrl.controller.resume import (
     prune_checkpoints,
 )
 from asyncrl.controller.rundir import RunDir
-from asyncrl.controller.staleness import StalenessGate
+from asyncrl.controller.staleness import EpisodeSamples, StalenessGate
 from asyncrl.controller.state import ControllerState
 from asyncrl.data.prompts import PromptSource
 from asyncrl.rollout.sampling import SamplingParams
@@ -94,7 +94,12 @@ class Controller:
         self.evaluator = evaluator
         c = cfg.controller
         self.gate = StalenessGate(
-            c.batch_size, c.max_staleness, c.max_concurrent, high_water=c.high_water_batches * c.batch_size
+            c.batch_size,
+            c.max_staleness,
+            c.max_concurrent,
+            high_water=c.high_water_batches * c.batch_size,
+            high_water_unit=c.high_water_unit,
+            group_size=cfg.rollout.group_size,
         )
         self.buffer = GroupBuffer()
         self.state = ControllerState()
@@ -233,15 +238,16 @@ class Controller:
                 timeline_sample(
                     self._now(), self.engine.stats(), trainer_busy=self._training, checkpointing=self._checkpointing,
                     reward_in_flight=self._scoring, buffer_groups=len(self.buffer), running_groups=self.gate.running,
-                    version=self.published_version,
+                    version=self.published_version, generating_samples=self.gate.generating,
                 )
             )  # fmt: skip
             await asyncio.sleep(period_s)
 
-    async def _attempt(self, prompt: Prompt, version: int) -> Group:
+    async def _attempt(self, prompt: Prompt, version: int, on_sample_done: Callable[[int], None]) -> Group:
         episode = run_episode(
-            self.engine, prompt, self.sampling, self.cfg.rollout.group_size, self._timed_score, version
-        )
+            self.engine, prompt, self.sampling, self.cfg.rollout.group_size, self._timed_score, version,
+            on_sample_done,
+        )  # fmt: skip
         timeout = self.cfg.controller.episode_timeout_s
         return await (asyncio.wait_for(episode, timeout) if timeout > 0 else episode)
 
@@ -249,10 +255,11 @@ class Controller:
         c = self.cfg.controller
         group: Group | None = None
         error: BaseException | None = None
+        live = EpisodeSamples(self.gate, self._wake_admit.set if self.gate.high_water_unit == "samples" else None)
         try:
             for attempt in range(c.episode_retries + 1):
                 try:
-                    group = await self._attempt(prompt, version)
+                    group = await self._attempt(prompt, version, live.attempt())
                     break
                 except asyncio.CancelledError:
                     raise
@@ -261,8 +268,10 @@ class Controller:
                     if attempt < c.episode_retries:
                         self.state.episode_retries += 1
         except asyncio.CancelledError:
+            live.close()
             self.gate.on_cancel()
             raise
+        live.close()
         if group is None:
             self._engine_failure(prompt, version, error)
             return

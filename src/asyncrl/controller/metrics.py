@@ -94,6 +94,7 @@ def timeline_sample(
     buffer_groups: int,
     running_groups: int,
     version: int,
+    generating_samples: int = 0,
 ) -> dict[str, Any]:
     """One line of ``timeline.jsonl``: what each component is doing at RL time ``t``."""
     return {
@@ -101,10 +102,15 @@ def timeline_sample(
         "engine_running": engine_stats.get("running_samples", 0.0),
         "engine_waiting": engine_stats.get("waiting_requests", 0.0),
         "engine_generated_tokens": engine_stats.get("generated_tokens", 0.0),
+        "engine_decode_s": engine_stats.get("decode_s", 0.0),
+        "engine_prefill_s": engine_stats.get("prefill_s", 0.0),
+        "engine_update_s": engine_stats.get("update_s", 0.0),
+        "engine_prefill_tokens": engine_stats.get("prefill_tokens", 0.0),
         "trainer_busy": trainer_busy,
         "checkpointing": checkpointing,
         "reward_in_flight": reward_in_flight,
         "buffer_groups": buffer_groups,
         "running_groups": running_groups,
+        "generating_samples": generating_samples,
         "version": version,
     }

@@ -10,13 +10,30 @@ where ``accepted`` counts groups that finished and entered the buffer (trained o
 sampling, failed verification) give their budget back. η = 0 admits exactly one batch per
 version: synchronous on-policy training in the same code.
 
+The high-water mark (``high_water``, in groups; 0: none) further keeps buffered + running groups
+below it, so that the engine does not run ahead of a trainer-bound loop. It counts in one of two
+units (``high_water_unit``):
+
+- ``groups``: a running group counts whole until its last sample ends;
+- ``samples``: a running group weighs only its samples still generating (``generating``, kept by
+  the controller through ``EpisodeSamples``), so a group that waits for its one long sample holds
+  one sample's share, not G. The mark is ``high_water * group_size`` samples, buffered groups weigh
+  ``group_size`` each, and admission rounds up, so the samples generating never exceed the mark
+  by G or more. The buffer is bounded more loosely than with ``groups`` (a group whose samples have
+  all ended weighs nothing until it is buffered), so this unit is for generation-bound loops,
+  where the buffer drains at once: on a long-tailed workload it keeps the engine full, and the
+  staleness rule still bounds how far ahead it runs.
+
 The counters are part of the checkpoint (a known AReaL failure after recovery: counters reset,
 staleness grows past η), see ``state_dict``/``load_state_dict``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+HIGH_WATER_UNITS = ("groups", "samples")
 
 
 @dataclass
@@ -26,14 +43,22 @@ class StalenessGate:
     max_concurrent: int
     high_water: int = 0
     """Most groups buffered + running (0: no high-water mark)."""
+    high_water_unit: str = "groups"
+    """groups | samples: what a running group weighs under the mark (module docstring)."""
+    group_size: int = 1
+    """Samples per group (the ``samples`` unit)."""
     accepted: int = 0
     running: int = 0
+    generating: int = 0
+    """Samples of running groups still generating (the ``samples`` unit)."""
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0 or self.max_concurrent <= 0 or self.max_staleness < 0 or self.high_water < 0:
             raise ValueError(
                 "StalenessGate: batch_size, max_concurrent > 0 and max_staleness, high_water >= 0 required"
             )
+        if self.high_water_unit not in HIGH_WATER_UNITS or self.group_size <= 0:
+            raise ValueError(f"StalenessGate: high_water_unit in {HIGH_WATER_UNITS} and group_size > 0 required")
 
     def capacity(self, version: int, buffered: int = 0) -> int:
         """Groups that may be admitted now, with the trainer at ``version`` and ``buffered``
@@ -42,12 +67,26 @@ class StalenessGate:
         by_concurrency = self.max_concurrent - self.running
         cap = min(by_staleness, by_concurrency)
         if self.high_water > 0:
-            cap = min(cap, self.high_water - (buffered + self.running))
+            match self.high_water_unit:
+                case "groups":
+                    room = self.high_water - (buffered + self.running)
+                case "samples":
+                    g = self.group_size
+                    free = self.high_water * g - (buffered * g + self.generating)
+                    room = -(-free // g) if free > 0 else 0
+            cap = min(cap, room)
         return max(0, cap)
 
     def on_admit(self, n: int = 1) -> None:
-        """``n`` groups were admitted (they are now running)."""
+        """``n`` groups were admitted (they are now running, ``group_size`` samples each generating)."""
         self.running += n
+        self.generating += n * self.group_size
+
+    def on_generating(self, delta: int) -> None:
+        """``delta`` samples of running groups started (a retry) or ended (``EpisodeSamples``)."""
+        if self.generating + delta < 0:
+            raise RuntimeError(f"StalenessGate.generating would go negative ({self.generating} + {delta})")
+        self.generating += delta
 
     def on_finish(self, accepted: bool) -> None:
         """A running group finished: into the buffer (``accepted``) or rejected by a filter."""
@@ -72,3 +111,44 @@ class StalenessGate:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.accepted = int(state["accepted"])
         self.running = 0
+        self.generating = 0
+
+
+class EpisodeSamples:
+    """One running group's share of ``StalenessGate.generating``.
+
+    ``on_admit`` counted its ``group_size`` samples. Each attempt (a retry regenerates every sample)
+    gets a fresh callback from ``attempt()`` that takes one sample off per distinct index;
+    callbacks of an earlier attempt are ignored. ``close()`` takes off what is still counted when
+    the episode ends, whatever the way (done, failed, cancelled). ``on_change`` runs after every
+    sample that ends (the controller wakes admission with it)."""
+
+    def __init__(self, gate: StalenessGate, on_change: Callable[[], None] | None = None) -> None:
+        self.gate = gate
+        self.on_change = on_change
+        self.left = gate.group_size  # this group's samples counted in gate.generating
+        self._attempt = 0
+
+    def attempt(self) -> Callable[[int], None]:
+        """Start an attempt: every sample generating again; returns its ``on_sample_done``."""
+        self._attempt += 1
+        this, seen = self._attempt, set()
+        self.gate.on_generating(self.gate.group_size - self.left)
+        self.left = self.gate.group_size
+
+        def done(index: int) -> None:
+            if this != self._attempt or index in seen or self.left <= 0:
+                return
+            seen.add(index)
+            self.left -= 1
+            self.gate.on_generating(-1)
+            if self.on_change is not None:
+                self.on_change()
+
+        return done
+
+    def close(self) -> None:
+        """The episode ended: none of its samples generates any more."""
+        self._attempt += 1
+        self.gate.on_generating(-self.left)
+        self.left = 0

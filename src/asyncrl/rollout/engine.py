@@ -33,6 +33,7 @@ from asyncrl.rollout.kv_forward import SlotKVForward
 from asyncrl.rollout.requests import Request as _Request
 from asyncrl.rollout.requests import Sample as _Sample
 from asyncrl.rollout.requests import post as _post
+from asyncrl.rollout.requests import post_call as _post_call
 from asyncrl.rollout.sampling import SamplingParams, SlotParams, sample
 from asyncrl.rollout.weights import copy_state, load_update_tensors
 from asyncrl.types import Completion, WeightUpdate
@@ -115,9 +116,20 @@ class LocalEngine:
                 self._thread = threading.Thread(target=self._run, name="asyncrl-engine", daemon=True)
                 self._thread.start()
 
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, n: int = 1) -> list[Completion]:
+    reports_each_sample = True
+    """``generate`` takes ``on_sample_done`` (see ``interruptible.generate_group``)."""
+
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling: SamplingParams,
+        n: int = 1,
+        on_sample_done: Callable[[int], None] | None = None,
+    ) -> list[Completion]:
         """Generate ``n`` samples of one prompt (sharing its prefill); returns when all have finished
-        (``stop``/``length``) or were aborted by a weight update (``abort``, partial output)."""
+        (``stop``/``length``) or were aborted by a weight update (``abort``, partial output).
+        ``on_sample_done(i)`` is called on this event loop as soon as sample ``i`` finishes with
+        ``stop``/``length`` (not for aborted ones), before the whole group returns."""
         prompt = self._check_prompt(input_ids)
         if not isinstance(n, int) or not 1 <= n <= self.max_slots:
             raise ValueError(f"n must be an int in [1, max_slots={self.max_slots}], got {n!r}")
@@ -125,7 +137,7 @@ class LocalEngine:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         base = sampling.seed if sampling.seed is not None else self._rng.getrandbits(31)
-        req = _Request(prompt, sampling, n, int(base), loop, fut)
+        req = _Request(prompt, sampling, n, int(base), loop, fut, on_sample_done)
         with self._cv:
             self._incoming.append(req)
             self._cv.notify()
@@ -301,6 +313,8 @@ class LocalEngine:
         self._stats["finished_samples"] += 1
         if reason == "abort":
             self._stats["aborted_samples"] += 1
+        elif req.on_sample_done is not None and not req.cancelled:
+            _post_call(req.loop, req.on_sample_done, s.idx)
         if req.remaining == 0 and not req.cancelled:
             if any(c.finish_reason == "abort" for c in req.results if c is not None):
                 self._stats["aborted_requests"] += 1

@@ -13,7 +13,7 @@ uninterrupted generation token for token (greedy or seeded). Works with any engi
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -54,13 +54,41 @@ async def resume_sample(
     )
 
 
-async def generate_group(engine: Any, prompt_ids: Sequence[int], sampling: SamplingParams, n: int) -> list[Completion]:
-    """n samples of one prompt, each run to ``stop``/``length`` across any number of aborts."""
+async def generate_group(
+    engine: Any,
+    prompt_ids: Sequence[int],
+    sampling: SamplingParams,
+    n: int,
+    on_sample_done: Callable[[int], None] | None = None,
+) -> list[Completion]:
+    """n samples of one prompt, each run to ``stop``/``length`` across any number of aborts.
+
+    ``on_sample_done(i)`` is called once per sample, as soon as sample ``i`` is known to be final:
+    the moment the engine finishes it when the engine reports samples one by one
+    (``engine.reports_each_sample``, ``LocalEngine``), otherwise when the engine's call returns
+    (other engines answer a group at once) or when an aborted sample's resubmissions end."""
     prompt = tuple(int(t) for t in prompt_ids)
     if sampling.seed is None:
         # Fix a seed per group so that a resubmitted sample keeps drawing its own random stream.
         import random
 
         sampling = replace(sampling, seed=random.getrandbits(31))
-    first = await engine.generate(prompt, sampling, n)
-    return list(await asyncio.gather(*(resume_sample(engine, prompt, sampling, c, i) for i, c in enumerate(first))))
+    each = on_sample_done is not None and getattr(engine, "reports_each_sample", False)
+    if each:
+        first = await engine.generate(prompt, sampling, n, on_sample_done=on_sample_done)
+    else:
+        first = await engine.generate(prompt, sampling, n)
+        if on_sample_done is not None:
+            for i, c in enumerate(first):
+                if c.finish_reason != "abort":
+                    on_sample_done(i)
+
+    async def finish(i: int, c: Completion) -> Completion:
+        if c.finish_reason != "abort":
+            return c
+        done = await resume_sample(engine, prompt, sampling, c, i)
+        if on_sample_done is not None:
+            on_sample_done(i)
+        return done
+
+    return list(await asyncio.gather(*(finish(i, c) for i, c in enumerate(first))))

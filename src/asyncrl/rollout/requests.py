@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -12,13 +13,22 @@ import torch
 from asyncrl.rollout.sampling import SEED_MOD, SamplingParams
 from asyncrl.types import Completion
 
-__all__ = ["Request", "Sample", "post"]
+__all__ = ["Request", "Sample", "post", "post_call"]
 
 
 class Request:
     """One ``generate`` call: a prompt and its n samples."""
 
-    def __init__(self, prompt: list[int], sampling: SamplingParams, n: int, base_seed: int, loop, fut):
+    def __init__(
+        self,
+        prompt: list[int],
+        sampling: SamplingParams,
+        n: int,
+        base_seed: int,
+        loop,
+        fut,
+        on_sample_done: Callable[[int], None] | None = None,
+    ):
         self.prompt = prompt
         self.sampling = sampling
         self.stop = frozenset(sampling.stop_token_ids)
@@ -31,6 +41,7 @@ class Request:
         self.first_epoch = -1
         self.cancelled = False
         self.loop, self.fut = loop, fut
+        self.on_sample_done = on_sample_done  # called on ``loop`` with a sample's index when it ends (not aborted)
 
 
 class Sample:
@@ -62,4 +73,12 @@ def post(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, value: Any = None
     try:
         loop.call_soon_threadsafe(_resolve, fut, value, exc)
     except RuntimeError:  # "Event loop is closed": nobody is waiting any more
+        pass
+
+
+def post_call(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+    """Run ``fn(*args)`` on ``loop`` from the engine thread (dropped if that loop has closed)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
         pass

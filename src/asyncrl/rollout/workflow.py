@@ -20,10 +20,17 @@ ScoreFn = Callable[[Prompt, Completion], Awaitable[tuple[float, str | None]]]
 
 
 async def run_episode(
-    engine: Any, prompt: Prompt, sampling: SamplingParams, group_size: int, score: ScoreFn, start_version: int
+    engine: Any,
+    prompt: Prompt,
+    sampling: SamplingParams,
+    group_size: int,
+    score: ScoreFn,
+    start_version: int,
+    on_sample_done: Callable[[int], None] | None = None,
 ) -> Group:
-    """Generate ``group_size`` completions of ``prompt`` and score each one."""
-    completions = await generate_group(engine, prompt.token_ids, sampling, group_size)
+    """Generate ``group_size`` completions of ``prompt`` and score each one (``on_sample_done``: see
+    ``generate_group``)."""
+    completions = await generate_group(engine, prompt.token_ids, sampling, group_size, on_sample_done)
     results = await asyncio.gather(*(score(prompt, c) for c in completions))
     return Group(
         prompt=prompt,
