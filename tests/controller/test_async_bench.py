@@ -97,3 +97,12 @@ def test_engine_alone_calibration_measures_after_every_queued_group_has_finished
     assert out["engine_alone_generated_tokens_per_s"] > 0
     assert 0 < out["engine_alone_fill_s"] < 30.0  # all three groups finished once, before the cap
     assert 0 < out["engine_alone_slot_utilisation"] <= 1
+
+
+def test_user_overrides_win_over_the_workload(tiny_policy_dir) -> None:
+    from asyncrl.bench.async_bench import workload_overrides
+
+    user = [f"model.path={tiny_policy_dir}", "task.eval_size=16", "rollout.interrupt_mode=keep"]
+    cfg = load_config(None, workload_overrides(user, "long"))
+    assert cfg.task.eval_size == 16 and cfg.rollout.interrupt_mode == "keep"  # the workload says 64, abort
+    assert cfg.rollout.max_new_tokens == 2048 and str(cfg.model.path) == str(tiny_policy_dir)

@@ -82,7 +82,13 @@ def _policy_dir(overrides: list[str], workload: str) -> str:
     from asyncrl.config import load_config
     from asyncrl.controller.warm_start import ensure_policy
 
-    return str(ensure_policy(load_config(None, [*overrides, *WARM_STARTS[workload]])))
+    return str(ensure_policy(load_config(None, [*WARM_STARTS[workload], *overrides])))
+
+
+def workload_overrides(overrides: list[str], workload: str) -> list[str]:
+    """The overrides of a run of ``workload``: its policy, its ``WORKLOADS`` entry, then the user's
+    ``overrides`` (``--set``, ``--model``), which win over the workload's."""
+    return [f"model.path={_policy_dir(overrides, workload)}", *WORKLOADS[workload], *overrides]
 
 
 def _mean(values: list[float]) -> float:
@@ -304,7 +310,7 @@ def run_async_bench(
     rows: list[dict[str, Any]] = []
     limits: dict[str, Any] = {}
     for w in (WORKLOAD_ALIASES.get(w, w) for w in workloads):
-        wl = [*base, f"model.path={_policy_dir(base, w)}", *WORKLOADS[w]]
+        wl = workload_overrides(base, w)
         w_rows = []
         for seed in seeds:
             for eta, hw in _variants(etas, high_waters):
@@ -370,8 +376,7 @@ def run_interrupt_bench(
     if steps is not None:
         base.append(f"controller.total_steps={steps}")
     workload = WORKLOAD_ALIASES.get(workload, workload)
-    policy = _policy_dir(base, workload)
-    wl = [*base, f"model.path={policy}", *WORKLOADS[workload], f"controller.max_staleness={max_staleness}"]
+    wl = [*workload_overrides(base, workload), f"controller.max_staleness={max_staleness}"]
     modes = {
         "abort": ["controller.weight_sync=inflight", "rollout.interrupt_mode=abort"],
         "keep": ["controller.weight_sync=inflight", "rollout.interrupt_mode=keep"],
