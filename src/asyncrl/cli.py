@@ -183,6 +183,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from asyncrl.bench.engine import run_engine_bench
 
             run_engine_bench(args.json, model_dir=args.model)
+        case "decode":
+            from asyncrl.bench.decode import run_decode_sweep
+
+            sizes = {}
+            if args.contexts:
+                sizes["contexts"] = tuple(int(x) for x in args.contexts.split(","))
+            if args.running:
+                sizes["running"] = tuple(int(x) for x in args.running.split(","))
+            try:
+                run_decode_sweep(args.json, model_dir=args.model, **sizes)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from exc
         case "train":
             from asyncrl.bench.train import run_train_bench
 
@@ -213,7 +225,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 etas = tuple(int(x) for x in args.etas.split(",")) if args.etas else (4, 8)
                 async_bench.run_ablation_bench(args.json, etas=etas, **common)
         case other:
-            raise ConfigError(f"unknown benchmark {other!r} (available: engine, train, async, interrupt, ablation)")
+            raise ConfigError(
+                f"unknown benchmark {other!r} (available: engine, decode, train, async, interrupt, ablation)"
+            )
     return 0
 
 
@@ -296,10 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
-    p.add_argument("name", help="engine | train | async | interrupt | ablation")
+    p.add_argument("name", help="engine | decode | train | async | interrupt | ablation")
     p.add_argument("--json", help="write the result rows and ratios here")
     p.add_argument(
-        "--model", help="engine|async|interrupt|ablation: model directory (default: the tiny model; async: each "
+        "--model", help="engine|decode|async|interrupt|ablation: model directory (default: the tiny model; async: each "
         "workload's own warm start)",
     )  # fmt: skip
     p.add_argument(
@@ -322,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--calibrate", type=float, default=30.0, help="async: seconds of the engine-alone calibration (0: none)"
     )
     p.add_argument("--out", help="async|interrupt|ablation: directory of the run directories (default runs/bench-*)")
+    p.add_argument("--contexts", help="decode: comma-separated prompt lengths (default 50,600,1200)")
+    p.add_argument("--running", help="decode: comma-separated numbers of sequences running (default 1,4,16,64,128)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("report", help="PNG plots of a run directory (reward, throughput, staleness, timeline)")
