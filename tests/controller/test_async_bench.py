@@ -70,6 +70,9 @@ def test_workloads_are_valid_configs_and_long_is_long() -> None:
     assert long.task.length_tail > task.task.length_tail and long.task.max_terms > task.task.max_terms
     # every generated group is trained in `long` (the synchronous run waits for its longest responses)
     assert not long.algo.filter_equal_rewards and task.algo.filter_equal_rewards
+    # the controller as suits a generation-bound loop on a CPU; the task workload keeps the defaults
+    assert (long.controller.high_water_unit, long.rollout.interrupt_mode) == ("samples", "keep")
+    assert (task.controller.high_water_unit, task.rollout.interrupt_mode) == ("groups", "abort")
 
 
 def test_long_workload_has_its_own_warm_start_on_its_own_problems() -> None:
@@ -102,7 +105,7 @@ def test_engine_alone_calibration_measures_after_every_queued_group_has_finished
 def test_user_overrides_win_over_the_workload(tiny_policy_dir) -> None:
     from asyncrl.bench.async_bench import workload_overrides
 
-    user = [f"model.path={tiny_policy_dir}", "task.eval_size=16", "rollout.interrupt_mode=keep"]
+    user = [f"model.path={tiny_policy_dir}", "task.eval_size=16", "rollout.interrupt_mode=abort"]
     cfg = load_config(None, workload_overrides(user, "long"))
-    assert cfg.task.eval_size == 16 and cfg.rollout.interrupt_mode == "keep"  # the workload says 64, abort
+    assert cfg.task.eval_size == 16 and cfg.rollout.interrupt_mode == "abort"  # the workload says 64, keep
     assert cfg.rollout.max_new_tokens == 2048 and str(cfg.model.path) == str(tiny_policy_dir)

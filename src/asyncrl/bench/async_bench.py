@@ -14,7 +14,13 @@ under ``--out``) on the same model, data and seed; only the varied parameter cha
   generated group is trained (``algo.filter_equal_rewards=false``): the synchronous run waits for
   each batch's longest responses, as on GPUs. The tiny policy solves almost none of these
   problems, so held-out accuracy is not the point of this workload (a small eval: 64 prompts, one
-  sample); the point is the throughput of the loop.
+  sample); the point is the throughput of the loop. The controller runs as suits a
+  generation-bound loop on a CPU (both settings leave max_staleness = 0 unchanged, where nothing
+  is in flight at an update and the mark never binds): the high-water mark counts samples still
+  generating (``controller.high_water_unit=samples``: a group waiting for its one long sample
+  does not hold the engine's slots) and in-flight updates keep the KV cache
+  (``rollout.interrupt_mode=keep``: re-prefilling ~100 running samples of ~600 tokens at every
+  update costs a CPU engine more than half its time; docs/controller.md §5.2).
   Metrics: ``effective_tokens_per_s`` (the paper's effective throughput: trained tokens per
   second of RL wall time after ``warmup_steps`` steps, see ``effective_throughput``),
   ``trained_tokens_per_s`` (the same over the whole run), held-out ``accuracy_after``; with
@@ -61,6 +67,8 @@ WORKLOADS: dict[str, list[str]] = {
         "task.eval_size=64",
         "eval.samples_per_prompt=1",
         "eval.report_greedy=false",
+        "rollout.interrupt_mode=keep",
+        "controller.high_water_unit=samples",
     ],
 }
 """Config overrides of each workload of ``bench async`` (on top of the user's ``--set``)."""
