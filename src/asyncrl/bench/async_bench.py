@@ -19,8 +19,9 @@ under ``--out``) on the same model, data and seed; only the varied parameter cha
   is in flight at an update and the mark never binds): the high-water mark counts samples still
   generating (``controller.high_water_unit=samples``: a group waiting for its one long sample
   does not hold the engine's slots) and in-flight updates keep the KV cache
-  (``rollout.interrupt_mode=keep``: re-prefilling ~100 running samples of ~600 tokens at every
-  update costs a CPU engine more than half its time; docs/controller.md §5.2).
+  (``rollout.interrupt_mode=keep``: ``abort`` re-prefills every running sample at every update;
+  with ~110 samples of ~600 tokens running that halved the CPU engine's throughput, 1131 against
+  2395 generated tok/s; docs/controller.md §5.2.1).
   Metrics: ``effective_tokens_per_s`` (the paper's effective throughput: trained tokens per
   second of RL wall time after ``warmup_steps`` steps, see ``effective_throughput``),
   ``trained_tokens_per_s`` (the same over the whole run), held-out ``accuracy_after``; with
