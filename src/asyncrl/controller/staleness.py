@@ -19,8 +19,9 @@ units (``high_water_unit``):
   the controller through ``EpisodeSamples``), so a group that waits for its one long sample holds
   one sample's share, not G. The mark is ``high_water * group_size`` samples, buffered groups weigh
   ``group_size`` each, and admission rounds up, so the samples generating never exceed the mark
-  by G or more (a retried episode aside: its samples count again from its new attempt). The buffer is bounded more loosely than with ``groups`` (a group whose samples have
-  all ended weighs nothing until it is buffered), so this unit is for generation-bound loops,
+  by G or more (a retried episode aside: its samples count again from its new attempt). The
+  buffer is bounded more loosely than with ``groups`` (a group whose samples have all ended
+  weighs nothing until it is buffered), so this unit is for generation-bound loops,
   where the buffer drains at once: on a long-tailed workload it keeps the engine full, and the
   staleness rule still bounds how far ahead it runs.
 
