@@ -109,3 +109,13 @@ def test_user_overrides_win_over_the_workload(tiny_policy_dir) -> None:
     cfg = load_config(None, workload_overrides(user, "long"))
     assert cfg.task.eval_size == 16 and cfg.rollout.interrupt_mode == "abort"  # the workload says 64, keep
     assert cfg.rollout.max_new_tokens == 2048 and str(cfg.model.path) == str(tiny_policy_dir)
+
+
+def test_rows_carry_the_settings_that_identify_them(tiny_policy_dir) -> None:
+    from asyncrl.bench.async_bench import row_identity, workload_overrides
+
+    run = [*workload_overrides([f"model.path={tiny_policy_dir}"], "long"), "controller.max_staleness=8"]
+    assert row_identity("long", 3, run) == {
+        "workload": "long", "max_staleness": 8, "high_water_batches": 2, "seed": 3,
+        "high_water_unit": "samples", "interrupt_mode": "keep",
+    }  # fmt: skip

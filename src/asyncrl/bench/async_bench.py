@@ -5,7 +5,8 @@ Owns the controller-level benchmarks of DESIGN §8. Every row is a real ``asyncr
 under ``--out``) on the same model, data and seed; only the varied parameter changes.
 
 - ``async``: ``controller.max_staleness`` in {0, 1, 2, 4, 8} on two workloads (rows carry
-  ``workload``, ``max_staleness``, ``high_water_batches`` and ``seed``):
+  ``workload``, ``max_staleness``, ``high_water_batches``, ``high_water_unit``, ``interrupt_mode``
+  and ``seed``):
   ``task`` (alias ``a``): the default task as configured (trainer-bound on 2 CPU cores);
   ``long`` (alias ``b``): generation-bound, long-tailed long responses: problems of up to 256
   operands (``task.max_terms=256``, ``task.length_tail=0.98``), up to 2048 new tokens, B = 8, from
@@ -98,6 +99,22 @@ def workload_overrides(overrides: list[str], workload: str) -> list[str]:
     """The overrides of a run of ``workload``: its policy, its ``WORKLOADS`` entry, then the user's
     ``overrides`` (``--set``, ``--model``), which win over the workload's."""
     return [f"model.path={_policy_dir(overrides, workload)}", *WORKLOADS[workload], *overrides]
+
+
+def row_identity(workload: str, seed: int, overrides: list[str]) -> dict[str, Any]:
+    """What identifies a row of ``bench async``: the workload, the seed, and the controller
+    settings that differ between rows, as the run's config resolves them."""
+    from asyncrl.config import load_config
+
+    cfg = load_config(None, overrides)
+    return {
+        "workload": workload,
+        "max_staleness": cfg.controller.max_staleness,
+        "high_water_batches": cfg.controller.high_water_batches,
+        "seed": seed,
+        "high_water_unit": cfg.controller.high_water_unit,
+        "interrupt_mode": cfg.rollout.interrupt_mode,
+    }
 
 
 def _mean(values: list[float]) -> float:
@@ -311,8 +328,6 @@ def run_async_bench(
     of one seed are side by side (seed-major order), so load drift hits every max_staleness.
     ``high_waters``: values of ``controller.high_water_batches`` to run each max_staleness > 0
     with (None: the config's); max_staleness = 0 runs once (the mark does not bind there)."""
-    from asyncrl.config import load_config
-
     base = list(overrides or [])
     if steps is not None:
         base.append(f"controller.total_steps={steps}")
@@ -327,9 +342,8 @@ def run_async_bench(
                 run_overrides = [*wl, f"run.seed={seed}", f"controller.max_staleness={eta}"]
                 if hw is not None:
                     run_overrides.append(f"controller.high_water_batches={hw}")
-                hw_now = load_config(None, run_overrides).controller.high_water_batches
-                row: dict[str, Any] = {"workload": w, "max_staleness": eta, "high_water_batches": hw_now, "seed": seed}
-                run_dir = Path(out_dir) / f"{w}-s{seed}-eta{eta}-hw{hw_now}"
+                row = row_identity(w, seed, run_overrides)
+                run_dir = Path(out_dir) / f"{w}-s{seed}-eta{eta}-hw{row['high_water_batches']}"
                 row.update(_run(run_overrides, run_dir, warmup_steps))
                 w_rows.append(row)
         rows.extend(w_rows)
