@@ -3,15 +3,16 @@
 Owns the occupancy sweep. For each context length C and each number of sequences N, one request of
 N samples of a C-token prompt (one prefill, its KV copied into N slots) decodes ``new_tokens``
 tokens per sample (no stop token), so N sequences run together from the first decode step to the
-last; the row's throughput is the
-engine's own ``decode_tokens / decode_s`` over that batch (prefill excluded). One torch thread by
-default: on the 2-core machine the engine gets one core while the trainer has the other.
+last; the row's throughput is the engine's own ``decode_tokens / decode_s`` over that batch
+(prefill excluded). One torch thread by default: on the 2-core machine the engine gets one core
+while the trainer has the other.
 
 Why it matters: on a CPU a decode step's cost grows with the sequences running *and* with their
 contexts (attention reads every sequence's own K/V), so at long contexts a full engine is not much
-faster than a quarter-full one, while a GPU step costs about the same for 1 or 128 sequences at
-these model sizes. That is what bounds the gain of asynchrony on the generation-bound workload of
-``bench async --workload long`` (docs/controller.md §5.2).
+faster than a quarter-full one (measured: docs/engine.md §9). On a GPU, at small model sizes, a
+step's cost is mostly reading the weights once, whatever the batch (not measured here: no GPU).
+That bounds the gain of asynchrony on the generation-bound workload of ``bench async --workload
+long`` on this machine (docs/controller.md §5.2).
 """
 
 from __future__ import annotations
