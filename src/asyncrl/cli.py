@@ -187,11 +187,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from asyncrl.bench.decode import run_decode_sweep
 
             sizes = {}
-            if args.contexts:
-                sizes["contexts"] = tuple(int(x) for x in args.contexts.split(","))
-            if args.running:
-                sizes["running"] = tuple(int(x) for x in args.running.split(","))
             try:
+                if args.contexts:
+                    sizes["contexts"] = tuple(int(x) for x in args.contexts.split(","))
+                if args.running:
+                    sizes["running"] = tuple(int(x) for x in args.running.split(","))
                 run_decode_sweep(args.json, model_dir=args.model, **sizes)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from exc

@@ -73,7 +73,8 @@ WORKLOADS: dict[str, list[str]] = {
         "controller.high_water_unit=samples",
     ],
 }
-"""Config overrides of each workload of ``bench async`` (on top of the user's ``--set``)."""
+"""Config overrides of each workload of ``bench async`` (the user's ``--set`` wins over them, see
+``workload_overrides``)."""
 
 WARM_STARTS: dict[str, list[str]] = {
     "task": [],
