@@ -19,10 +19,10 @@ from asyncrl.rollout.server import ServerThread
 
 
 @pytest.fixture
-def served(load_tiny, tiny_dir):
+def served(load_tiny, tiny_dir, tmp_path):
     model, tok = load_tiny()
     eng = LocalEngine(model, tok, max_slots=64, max_seq_len=128)
-    srv = ServerThread(eng, model_path=str(tiny_dir), eos_ids=stop_token_ids(tok, model))
+    srv = ServerThread(eng, model_path=str(tiny_dir), eos_ids=stop_token_ids(tok, model), weights_root=tmp_path)
     yield eng, srv
     srv.stop()
     eng.close()
@@ -118,7 +118,8 @@ MALFORMED = [
     (post("/generate", json.dumps({"input_ids": [1], "stream": True}).encode()), 400),
     (post("/pause_generation", json.dumps({"mode": "retract"}).encode()), 400),
     (post("/update_weights_from_disk", json.dumps({"model_path": 3}).encode()), 400),
-    (post("/update_weights_from_disk", json.dumps({"model_path": "/nonexistent"}).encode()), 400),
+    (post("/update_weights_from_disk", json.dumps({"model_path": "/nonexistent"}).encode()), 403),  # outside the root
+    (post("/update_weights_from_disk", json.dumps({"model_path": "nonexistent"}).encode()), 400),
     (post("/nope", b"{}"), 404),
     (b"GET /generate HTTP/1.1\r\nHost: x\r\n\r\n", 405),
     (b"this is not http\r\n\r\n", 400),

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
 MAX_HEADER_LINE = 16 * 1024
 MAX_HEADERS = 100
+DRAIN_REFUSED_BODY = 64 * 1024
+"""A refused request's body up to this size is read and dropped, so that closing the connection
+does not reset it before the client reads the answer; a larger one is not read at all."""
 
 
 class HTTPError(Exception):
@@ -57,8 +61,13 @@ async def _read_line(reader: asyncio.StreamReader) -> bytes:
     return line
 
 
-async def read_request(reader: asyncio.StreamReader, max_body: int) -> Request | None:
-    """Read one request; None on a clean EOF between requests. Raises ``HTTPError`` for bad framing."""
+async def read_request(
+    reader: asyncio.StreamReader,
+    max_body: int,
+    authorize: Callable[[str, str, dict[str, str]], bool] | None = None,
+) -> Request | None:
+    """Read one request; None on a clean EOF between requests. Raises ``HTTPError`` for bad framing,
+    and 401 when ``authorize(method, path, headers)`` says no (checked before the body is read)."""
     try:
         line = await _read_line(reader)
     except asyncio.IncompleteReadError:
@@ -94,31 +103,41 @@ async def read_request(reader: asyncio.StreamReader, max_body: int) -> Request |
         raise HTTPError(400, "invalid Content-Length", close=True) from None
     if length < 0:
         raise HTTPError(400, "invalid Content-Length", close=True)
+    path = target.split("?", 1)[0]
+    if authorize is not None and not authorize(method.upper(), path, headers):
+        if 0 < length <= DRAIN_REFUSED_BODY:
+            await reader.readexactly(length)
+        raise HTTPError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')", close=True)
     if length > max_body:
         raise HTTPError(413, f"request body of {length} bytes exceeds the limit of {max_body}", close=True)
     try:
         body = await reader.readexactly(length) if length else b""
     except asyncio.IncompleteReadError:
         raise HTTPError(400, "request body shorter than Content-Length", close=True) from None
-    path = target.split("?", 1)[0]
     return Request(method.upper(), path, version, headers, body)
 
 
-def encode_response(status: int, payload: Any, keep_alive: bool) -> bytes:
+def _header_lines(headers: dict[str, str] | None) -> str:
+    return "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+
+
+def encode_response(status: int, payload: Any, keep_alive: bool, headers: dict[str, str] | None = None) -> bytes:
     body = json.dumps(payload, separators=(",", ":")).encode()
     reason = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Status"
     head = (
         f"HTTP/1.1 {status} {reason}\r\n"
         "Content-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n"
+        f"Content-Length: {len(body)}\r\n{_header_lines(headers)}"
         f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n\r\n"
     )
     return head.encode("latin-1") + body
 
 
-def encode_request(method: str, path: str, host: str, payload: Any | None) -> bytes:
+def encode_request(
+    method: str, path: str, host: str, payload: Any | None, headers: dict[str, str] | None = None
+) -> bytes:
     body = b"" if payload is None else json.dumps(payload, separators=(",", ":")).encode()
-    head = f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: keep-alive\r\n"
+    head = f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: keep-alive\r\n{_header_lines(headers)}"
     head += f"Content-Length: {len(body)}\r\n"
     if payload is not None:
         head += "Content-Type: application/json\r\n"

@@ -19,6 +19,9 @@ Transport: stdlib asyncio HTTP/1.1 with a keep-alive connection pool per event l
 ``max_connections`` concurrent requests; more wait for a connection). A reused connection that the
 server closed while idle is retried once on a fresh one. 4xx answers raise ``ValueError`` with the
 server's message (as ``LocalEngine`` does for bad input); other failures raise ``RuntimeError``.
+
+Authentication: every request carries ``Authorization: Bearer <api_key>`` when a key is given, or
+else set in ``$ASYNCRL_API_KEY`` (see docs/security.md); a 401 raises ``PermissionError``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from asyncrl.auth import API_KEY_ENV, auth_headers, resolve_api_key
 from asyncrl.rollout.http import encode_request, read_response
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Completion, WeightUpdate
@@ -96,6 +100,7 @@ class RemoteEngine:
         max_connections: int = 256,
         timeout_s: float | None = None,
         version: int = 0,
+        api_key: str | None = None,
     ) -> None:
         url = urlparse(base_url if "://" in base_url else f"http://{base_url}")
         if url.scheme != "http" or not url.hostname:
@@ -106,6 +111,8 @@ class RemoteEngine:
         self.max_connections = max_connections
         self.timeout_s = timeout_s
         self._version = version
+        self._headers = auth_headers(api_key or resolve_api_key())
+        self._weights_root: str | None | bool = False  # False: not asked yet
         self._pool: _Pool | None = None
         self._stats = dict.fromkeys(
             ("requests", "generated_tokens", "errors", "http_s", "retries", "aborted_samples"), 0.0
@@ -157,7 +164,8 @@ class RemoteEngine:
         else:
             from safetensors.torch import save_file
 
-            with tempfile.TemporaryDirectory(prefix="asyncrl-weights-") as tmp:
+            root = await self._server_weights_root()
+            with tempfile.TemporaryDirectory(prefix="asyncrl-weights-", dir=root) as tmp:
                 tensors = {k: v.detach().contiguous().cpu() for k, v in (update.tensors or {}).items()}
                 await asyncio.to_thread(save_file, tensors, str(Path(tmp) / "model.safetensors"))
                 await self._update_from_disk(tmp, update.version)
@@ -229,6 +237,13 @@ class RemoteEngine:
     async def server_stats(self) -> dict[str, Any]:
         return await self._call("GET", "/stats", None)
 
+    async def _server_weights_root(self) -> str | None:
+        """The directory the server loads weights from (ours reports it; None for SGLang)."""
+        if self._weights_root is False:
+            root = (await self.model_info()).get("weights_root")
+            self._weights_root = root if isinstance(root, str) else None
+        return self._weights_root if isinstance(self._weights_root, str) else None
+
     # ------------------------------------------------------------------------------ transport
     async def _update_from_disk(self, path: str, version: int) -> None:
         body = {"model_path": str(path), "weight_version": str(version)}
@@ -248,7 +263,7 @@ class RemoteEngine:
         pool = self._get_pool()
         t0 = time.perf_counter()
         self._stats["requests"] += 1
-        data = encode_request(method, path, f"{self.host}:{self.port}", body)
+        data = encode_request(method, path, f"{self.host}:{self.port}", body, self._headers)
         async with pool.sem:
             for attempt in range(2):
                 reused = bool(pool.idle)
@@ -280,6 +295,9 @@ class RemoteEngine:
         if status >= 400:
             self._stats["errors"] += 1
             msg = payload.get("message", payload) if isinstance(payload, dict) else payload
+            if status == 401:
+                how = "the wrong API key" if self._headers else f"no API key (set {API_KEY_ENV})"
+                raise PermissionError(f"{method} {path} on {self.base_url}: HTTP 401 with {how}: {msg}")
             if 400 <= status < 500:
                 raise ValueError(f"{method} {path}: HTTP {status}: {msg}")
             raise RuntimeError(f"{method} {path}: HTTP {status}: {msg}")

@@ -19,7 +19,13 @@ shapes follow SGLang's native API (``sglang/srt/entrypoints/http_server.py``, v0
 
 Robustness: malformed JSON, wrong types, unknown or unsupported sampling options, out-of-vocab ids
 and over-long inputs get a 4xx with a message (SGLang's error object); an unexpected exception in
-a handler answers 500 and the server keeps serving. Binds to 127.0.0.1 unless told otherwise.
+a handler answers 500 and the server keeps serving.
+
+Security (``asyncrl.auth``, docs/security.md): binds to 127.0.0.1 unless told otherwise, and refuses
+to listen beyond loopback without an API key. With a key, every route but ``GET /health`` (which
+answers ``{"status": "ok"}`` and nothing else) needs ``Authorization: Bearer <key>``; other requests
+get 401 before their body is read, and are logged. ``/update_weights_from_disk`` loads only from
+inside ``weights_root`` (symlinks and ``..`` resolved; 403 otherwise), and not at all without one.
 """
 
 from __future__ import annotations
@@ -29,8 +35,10 @@ import json
 import logging
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
+from asyncrl.auth import ApiKeyAuth, PathOutsideRoot, check_bind, confine_path, peer_name
 from asyncrl.rollout.engine import LocalEngine
 from asyncrl.rollout.http import HTTPError, Request, encode_response, read_request
 from asyncrl.rollout.protocol import GenerateRequest, bad_request, parse_generate
@@ -42,7 +50,26 @@ log = logging.getLogger(__name__)
 
 
 class EngineServer:
-    """HTTP front end of one ``LocalEngine`` (see module docstring)."""
+    """HTTP front end of one ``LocalEngine`` (see module docstring).
+
+    ``api_key``: the bearer token every request but ``GET /health`` must carry (None: no check,
+    loopback only). ``weights_root``: the directory weight updates may be loaded from."""
+
+    ROUTES: dict[tuple[str, str], str] = {
+        ("GET", "/health"): "_health",
+        ("GET", "/health_generate"): "_health",
+        ("GET", "/model_info"): "_model_info",
+        ("GET", "/get_model_info"): "_model_info",
+        ("GET", "/get_weight_version"): "_weight_version",
+        ("GET", "/stats"): "_stats",
+        ("GET", "/get_server_info"): "_stats",
+        ("POST", "/generate"): "_generate",
+        ("PUT", "/generate"): "_generate",
+        ("POST", "/pause_generation"): "_pause",
+        ("POST", "/continue_generation"): "_continue",
+        ("POST", "/update_weights_from_disk"): "_update_from_disk",
+    }
+    """(method, path) -> handler name: every endpoint (tests iterate over it)."""
 
     def __init__(
         self,
@@ -51,11 +78,15 @@ class EngineServer:
         model_path: str = "",
         max_body_bytes: int = 8 * 1024 * 1024,
         eos_ids: tuple[int, ...] = (),
+        api_key: str | None = None,
+        weights_root: str | Path | None = None,
     ) -> None:
         self.engine = engine
         self.model_path = model_path
         self.max_body_bytes = max_body_bytes
         self.eos_ids = eos_ids
+        self.auth = ApiKeyAuth(api_key, "engine server")
+        self.weights_root = Path(weights_root) if weights_root is not None else None
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[asyncio.Task] = set()
         self.port = 0
@@ -64,7 +95,9 @@ class EngineServer:
         self.errors_5xx = 0
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        """Listen; returns the bound port (``port=0`` picks a free one)."""
+        """Listen; returns the bound port (``port=0`` picks a free one). Raises
+        ``auth.InsecureBindError`` for a non-loopback ``host`` without an API key."""
+        check_bind(host, self.auth.enabled, "engine server")
         self.engine.start()
         self._server = await asyncio.start_server(self._handle, host, port, backlog=4096, limit=2 * 1024 * 1024)
         self.port = self._server.sockets[0].getsockname()[1]
@@ -84,13 +117,19 @@ class EngineServer:
         task = asyncio.current_task()
         if task is not None:
             self._conns.add(task)
+        peer = peer_name(writer.get_extra_info("peername"))
+
+        def authorize(method: str, path: str, headers: dict[str, str]) -> bool:
+            return self.auth.allows(method, path, headers.get("authorization"), peer)
+
         try:
             while True:
                 try:
-                    req = await read_request(reader, self.max_body_bytes)
+                    req = await read_request(reader, self.max_body_bytes, authorize)
                 except HTTPError as e:
                     self.errors_4xx += 1
-                    writer.write(encode_response(e.status, _error(e.status, e.message), keep_alive=False))
+                    extra = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+                    writer.write(encode_response(e.status, _error(e.status, e.message), False, extra))
                     await writer.drain()
                     return
                 if req is None:
@@ -113,24 +152,10 @@ class EngineServer:
                 pass
 
     async def _dispatch(self, req: Request) -> tuple[int, Any]:
-        routes = {
-            ("GET", "/health"): self._health,
-            ("GET", "/health_generate"): self._health,
-            ("GET", "/model_info"): self._model_info,
-            ("GET", "/get_model_info"): self._model_info,
-            ("GET", "/get_weight_version"): self._weight_version,
-            ("GET", "/stats"): self._stats,
-            ("GET", "/get_server_info"): self._stats,
-            ("POST", "/generate"): self._generate,
-            ("PUT", "/generate"): self._generate,
-            ("POST", "/pause_generation"): self._pause,
-            ("POST", "/continue_generation"): self._continue,
-            ("POST", "/update_weights_from_disk"): self._update_from_disk,
-        }
-        handler = routes.get((req.method, req.path))
+        name = self.ROUTES.get((req.method, req.path))
         try:
-            if handler is None:
-                if any(path == req.path for _, path in routes):
+            if name is None:
+                if any(path == req.path for _, path in self.ROUTES):
                     raise HTTPError(405, f"method {req.method} not allowed on {req.path}")
                 raise HTTPError(404, f"no route {req.path}")
             body: Any = None
@@ -139,7 +164,7 @@ class EngineServer:
                     body = json.loads(req.body)
                 except (json.JSONDecodeError, UnicodeDecodeError) as e:
                     raise HTTPError(400, f"malformed JSON body: {e}") from None
-            result = await handler(body)
+            result = await getattr(self, name)(body)
             self.requests_served += 1
             return 200, result
         except HTTPError as e:
@@ -168,6 +193,7 @@ class EngineServer:
             "max_seq_len": e.max_seq_len,
             "vocab_size": e.vocab_size,
             "interrupt_mode": e.interrupt_mode,
+            "weights_root": str(self.weights_root) if self.weights_root is not None else None,
             "eos_token_ids": list(self.eos_ids),
             "protocol": "sglang-native subset (v0.4.6-v0.5.x) + output_token_versions",
         }
@@ -271,10 +297,11 @@ class EngineServer:
         abort_all = body.get("abort_all_requests", False)
         if not isinstance(abort_all, bool):
             raise bad_request("'abort_all_requests' must be a bool")
+        path = self._confined(body["model_path"])
         if abort_all:
             await self.engine.abort_all()
         try:
-            await self.engine.update_weights(WeightUpdate(version=version, path=body["model_path"]))
+            await self.engine.update_weights(WeightUpdate(version=version, path=str(path)))
         except (FileNotFoundError, KeyError, ValueError, OSError) as e:
             raise HTTPError(400, f"update_weights_from_disk failed: {e}") from None
         return {
@@ -282,6 +309,20 @@ class EngineServer:
             "message": f"Succeeded to update model weights. Weight version updated to {version}.",
             "num_paused_requests": 0,
         }
+
+    def _confined(self, model_path: str) -> Path:
+        """``model_path`` resolved inside the weights root; 403 outside it or without one."""
+        if self.weights_root is None:
+            raise HTTPError(
+                403,
+                "this server loads weights only from its weights root and was started without one "
+                "(asyncrl serve engine --weights-root DIR: the trainer's trainer.weight_export_dir)",
+            )
+        try:
+            return confine_path(model_path, self.weights_root)
+        except PathOutsideRoot as e:
+            log.warning("engine server: refused a weight update from outside the weights root: %s", e)
+            raise HTTPError(403, f"update_weights_from_disk refused: {e}") from None
 
 
 def _error(status: int, message: str) -> dict[str, Any]:
@@ -308,10 +349,17 @@ def serve_engine(
     interrupt_mode: str = "abort",
     device: str = "cpu",
     version: int = 0,
+    api_key: str | None = None,
+    weights_root: str | None = None,
 ) -> None:
-    """Load ``model`` (a local HF checkpoint dir), start a LocalEngine and serve it until interrupted."""
+    """Load ``model`` (a local HF checkpoint dir), start a LocalEngine and serve it until interrupted.
+
+    ``api_key`` and ``weights_root``: see :class:`EngineServer` (checked before the model loads)."""
     from asyncrl.models import load_policy, stop_token_ids
 
+    check_bind(host, bool(api_key), "engine server")
+    if weights_root is not None and not Path(weights_root).is_dir():
+        raise FileNotFoundError(f"--weights-root {weights_root} is not a directory")
     policy, tokenizer = load_policy(model, device=device)
     engine = LocalEngine(
         policy,
@@ -322,11 +370,18 @@ def serve_engine(
         device=device,
         version=version,
     )
-    server = EngineServer(engine, model_path=str(model), eos_ids=stop_token_ids(tokenizer, policy))
+    server = EngineServer(
+        engine, model_path=str(model), eos_ids=stop_token_ids(tokenizer, policy), api_key=api_key,
+        weights_root=weights_root,
+    )  # fmt: skip
 
     async def main() -> None:
         bound = await server.start(host, port)
-        print(f"asyncrl engine server: http://{host}:{bound} (model {model}, {max_slots} slots)", flush=True)
+        print(
+            f"asyncrl engine server: http://{host}:{bound} (model {model}, {max_slots} slots; API key "
+            f"{'required' if api_key else 'off'}; weight updates from {weights_root or 'nowhere'})",
+            flush=True,
+        )
         try:
             await asyncio.Event().wait()
         finally:
