@@ -105,8 +105,10 @@ def policy_terms(
     behav_cap_mode="mask",
     behav_cap_level="token",
     loss_type="ppo",
+    drop=None,
 ):
-    """Per-token loss terms (after behaviour weighting/capping), 0 off the mask."""
+    """Per-token loss terms (after behaviour weighting/capping), 0 off the mask; ``drop``: rows of
+    0/1, tokens dropped by an outside mask (version gap, M2PO)."""
     terms = []
     for i in range(len(logp)):
         row_terms = [0.0] * len(logp[i])
@@ -115,7 +117,9 @@ def policy_terms(
         seq_ratio = math.exp(mean([logp[i][t] - prox[i][t] for t in toks])) if toks else 1.0
         for t in toks:
             a = adv[i][t]
-            if loss_type == "cispo":
+            if loss_type == "pg":
+                term = -a * logp[i][t]
+            elif loss_type == "cispo":
                 r = math.exp(logp[i][t] - prox[i][t])
                 term = -clip(r, eps_clip, eps_clip_high) * a * logp[i][t]
             else:
@@ -123,7 +127,7 @@ def policy_terms(
                 term = -min(r * a, clip(r, eps_clip, eps_clip_high) * a)
                 if dual_clip is not None and a < 0:
                     term = min(term, -dual_clip * a)
-            if t not in dropped:
+            if t not in dropped and not (drop is not None and drop[i][t]):
                 row_terms[t] = w[t] * term
         terms.append(row_terms)
     return terms
@@ -190,3 +194,26 @@ def cispo_grad(
             g[t] = -clip(r, eps_clip, eps_clip_high) * w[t] * adv[i][t] / normaliser(mask, i, aggregation)
         grads.append(g)
     return grads
+
+
+def version_gap_keep(versions, current_version: int, max_gap: int, mask):
+    """Rows of booleans: False where a loss token is more than ``max_gap`` versions old."""
+    return [
+        [not (m and v >= 0 and current_version - v > max_gap) for v, m in zip(vrow, mrow, strict=True)]
+        for vrow, mrow in zip(versions, mask, strict=True)
+    ]
+
+
+def m2_keep(log_w, mask, tau: float):
+    """M2PO's loop, literally: while the mean of (log w)^2 over the tokens left exceeds tau, drop
+    the token with the largest value (ties: the later position first). Returns (keep rows, m2
+    before, m2 after, dropped share)."""
+    left = {(i, t): log_w[i][t] ** 2 for i in range(len(mask)) for t in range(len(mask[i])) if mask[i][t]}
+    n = len(left)
+    before = mean(list(left.values())) if left else 0.0
+    while left and mean(list(left.values())) > tau:
+        worst = max(left, key=lambda k: (left[k], k))
+        del left[worst]
+    keep = [[(not mask[i][t]) or (i, t) in left for t in range(len(mask[i]))] for i in range(len(mask))]
+    after = mean(list(left.values())) if left else 0.0
+    return keep, before, after, (n - len(left)) / n if n else 0.0

@@ -3,8 +3,9 @@
 Owns nothing stateful: every function maps tensors to tensors (torch only, no sibling imports).
 - :mod:`asyncrl.algo.advantages`: GRPO / Dr.GRPO / RLOO / REINFORCE++ group estimators, batch
   normalisation, GAE, dynamic-sampling and overlong-penalty helpers.
-- :mod:`asyncrl.algo.losses`: the decoupled PPO policy loss (with GSPO and CISPO variants) and
-  the clipped value loss.
+- :mod:`asyncrl.algo.losses`: the decoupled PPO policy loss (with GSPO, CISPO and uncorrected
+  policy-gradient variants) and the clipped value loss.
+- :mod:`asyncrl.algo.corrections`: off-policy token masks (version gap, M2PO second moment).
 - :mod:`asyncrl.algo.logprobs`: KL penalties, entropy, the log-linear proximal approximation.
 - :mod:`asyncrl.algo.aggregation`: token/sequence aggregation with a global denominator.
 """
@@ -22,6 +23,7 @@ from asyncrl.algo.advantages import (
     rloo_advantages,
 )
 from asyncrl.algo.aggregation import AGGREGATIONS, Segments, aggregate_loss
+from asyncrl.algo.corrections import m2_keep, version_gap_keep
 from asyncrl.algo.logprobs import KL_KINDS, entropy_from_logits, kl_penalty, loglinear_prox_logp
 from asyncrl.algo.losses import BEHAV_CAP_LEVELS, BEHAV_CAP_MODES, LOSS_TYPES, policy_loss, value_loss
 
@@ -42,10 +44,12 @@ __all__ = [
     "informative_groups",
     "kl_penalty",
     "loglinear_prox_logp",
+    "m2_keep",
     "normalize_batch",
     "overlong_penalty",
     "policy_loss",
     "reinforce_pp_advantages",
     "rloo_advantages",
     "value_loss",
+    "version_gap_keep",
 ]

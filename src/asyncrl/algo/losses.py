@@ -1,6 +1,7 @@
 """Policy and value losses (DESIGN §5): the decoupled PPO objective and its variants.
 
-This module owns :func:`policy_loss` (decoupled PPO, GSPO, CISPO; behaviour-weight capping;
+This module owns :func:`policy_loss` (decoupled PPO, GSPO, CISPO, the uncorrected policy
+gradient; behaviour-weight capping; externally chosen token drops (:mod:`asyncrl.algo.corrections`);
 dual clip; explicit aggregation with a global denominator) and :func:`value_loss` (the clipped
 critic loss). Per-token log-prob utilities live in :mod:`asyncrl.algo.logprobs` and are
 re-exported here (:func:`kl_penalty`, :func:`entropy_from_logits`, :func:`loglinear_prox_logp`),
@@ -35,7 +36,7 @@ __all__ = [
     "loglinear_prox_logp",
 ]
 
-LOSS_TYPES: tuple[str, ...] = ("ppo", "gspo", "cispo")
+LOSS_TYPES: tuple[str, ...] = ("ppo", "gspo", "cispo", "pg")
 BEHAV_CAP_MODES: tuple[str, ...] = ("mask", "clamp")
 BEHAV_CAP_LEVELS: tuple[str, ...] = ("token", "sequence")
 
@@ -105,6 +106,7 @@ def policy_loss(
     loss_type: str = "ppo",
     denominator: float | Tensor | None = None,
     cu_seqlens: Tensor | None = None,
+    drop: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The decoupled policy loss (DESIGN §5). Returns ``(loss, metrics)``.
 
@@ -133,6 +135,11 @@ def policy_loss(
       ``eps_clip >= 1`` for the paper's setting with no lower bound. ``dual_clip`` is rejected.
       The loss *value* is a surrogate (it depends on logp itself); its gradient is what counts.
 
+    - ``loss_type="pg"`` (the plain policy gradient, no correction): ``loss_t = -w · A · logp``,
+      no ratio and no clip (``eps_clip`` is ignored, ``dual_clip`` rejected). With
+      ``prox_logp = behav_logp`` (w ≡ 1) this is REINFORCE on the samples as they are, stale or
+      not: the gradient is ``-A·∇logp``; on fresh samples it equals PPO's first-update gradient.
+
     ``dual_clip=c`` (c > 1, ppo/gspo): for A < 0 the term is ``min(max(-r·A, -clip(r)·A), -c·A)``.
 
     Behaviour weight ``w`` (never silently dropped: with ``behav_cap=None`` it is applied
@@ -147,6 +154,9 @@ def policy_loss(
       ``min(geomean_i(w), C)`` (sequence-level truncated importance sampling) instead of its own
       ``w_t``.
 
+    ``drop`` (optional bool, same shape): loss tokens dropped by a mask chosen outside (version
+    gap, M2PO: :mod:`asyncrl.algo.corrections`); they contribute 0, like cap-masked ones.
+
     Dropped tokens stay in the denominator (masking never up-weights the rest).
 
     ``aggregation`` / ``denominator``: see :func:`asyncrl.algo.aggregation.aggregate_loss` (pass
@@ -157,7 +167,9 @@ def policy_loss(
     ``n_loss_tokens``, ``clip_frac`` (tokens where the clipped branch is the active one; for
     CISPO where the weight was clipped), ``dual_clip_frac``, ``ratio_mean`` (of r, or s_i for
     GSPO), ``behav_weight_mean`` / ``behav_weight_max`` (of the raw w, before any cap),
-    ``behav_capped_frac`` (tokens dropped or clamped by the cap), ``approx_kl_prox`` /
+    ``behav_capped_frac`` (tokens dropped or clamped by the cap), ``behav_weight_sq_mean`` (second
+    moment of the raw w), ``log_behav_weight_sq_mean`` (mean of ``(log w)²``, M2PO's statistic),
+    ``dropped_frac`` (tokens dropped by ``drop``), ``approx_kl_prox`` /
     ``approx_kl_behav`` (k3 estimates ``(ρ - 1) - log ρ`` with ``ρ = π_θ/π_prox`` resp.
     ``π_θ/π_behav``, token means).
     """
@@ -186,8 +198,10 @@ def policy_loss(
         raise ValueError(f"eps_clip ({eps_clip}) and eps_clip_high ({eps_clip_high}) must be >= 0")
     if dual_clip is not None and not dual_clip > 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
-    if dual_clip is not None and loss_type == "cispo":
-        raise ValueError("dual_clip does not apply to loss_type='cispo' (CISPO never cuts gradients)")
+    if dual_clip is not None and loss_type in ("cispo", "pg"):
+        raise ValueError(f"dual_clip does not apply to loss_type={loss_type!r} (it never cuts gradients)")
+    if drop is not None and drop.shape != shape:
+        raise ValueError(f"drop shape {tuple(drop.shape)} != logp shape {tuple(shape)}")
     if behav_cap is not None and not behav_cap > 0.0:
         raise ValueError(f"behav_cap must be > 0, got {behav_cap}")
     check_denominator(denominator)
@@ -227,6 +241,10 @@ def policy_loss(
             r = ratio.detach()
             term = -r.clamp(low, high) * adv * lp
             clip_active = (r < low) | (r > high)
+        case "pg":
+            ratio = log_ratio.exp()
+            term = -adv * lp
+            clip_active = torch.zeros_like(mask)
         case _:
             raise ValueError(f"unknown loss_type {loss_type!r}; valid choices: {', '.join(LOSS_TYPES)}")
 
@@ -234,7 +252,8 @@ def policy_loss(
     weight, dropped, capped = _behaviour_weight(
         log_w, mask, behav_cap, behav_cap_mode, behav_cap_level, segments
     )
-    keep = mask & ~dropped
+    external = mask & drop.to(torch.bool) if drop is not None else torch.zeros_like(mask)
+    keep = mask & ~dropped & ~external
     per_token = torch.where(keep, weight * term, zero)
     loss = aggregate(per_token, mask, aggregation, denominator, segments)
 
@@ -258,6 +277,9 @@ def policy_loss(
             mean(capped),
             mean(torch.expm1(log_ratio.detach()) - log_ratio.detach()),
             mean(torch.expm1(rho) - rho),
+            mean(raw_w.square()),
+            mean(log_w.square()),
+            mean(external),
         ]
         values = torch.stack(stats).tolist()
     keys = (
@@ -270,6 +292,9 @@ def policy_loss(
         "behav_capped_frac",
         "approx_kl_prox",
         "approx_kl_behav",
+        "behav_weight_sq_mean",
+        "log_behav_weight_sq_mean",
+        "dropped_frac",
     )
     return loss, dict(zip(keys, values, strict=True))
 
