@@ -27,14 +27,49 @@ SRC = str(REPO / "src")
 
 @pytest.fixture
 def outside() -> Iterator[Path]:
-    """A world-writable directory outside the sandbox's private /tmp (under the repo's ignored
-    .cache/), so only the read-only mounts (or file permissions) can stop a write to it."""
-    base = REPO / ".cache"
-    base.mkdir(exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix="reward-outside-", dir=base))
+    """A world-writable directory, outside the sandbox's private /tmp where it can be (under the
+    repo's ignored .cache/), so only the read-only mounts (or file permissions) can stop a write
+    to it. A read-only checkout falls back to the system temp directory (hidden by the private
+    /tmp instead; the tests accept either)."""
+    try:
+        base = REPO / ".cache"
+        base.mkdir(exist_ok=True)
+        path = Path(tempfile.mkdtemp(prefix="reward-outside-", dir=base))
+    except OSError:  # a read-only source tree
+        path = Path(tempfile.mkdtemp(prefix="reward-outside-"))
     path.chmod(0o777)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _world_traversable(path: Path) -> bool:
+    """Whether a stranger uid can reach ``path`` (every directory up to it is o+x)."""
+    return all(p.stat().st_mode & 0o001 for p in (path, *path.parents))
+
+
+@pytest.fixture
+def world_readable_copy() -> Iterator[Path]:
+    """A fresh directory that any uid can read, holding a copy of the ``asyncrl`` package.
+
+    The unprivileged-user test runs Python as another uid, which may not be able to read the
+    checkout (a clone into an owner-only directory, e.g. ``mktemp -d`` or a home directory): it
+    imports this copy instead. The directory is made here, under a temp root every uid can
+    traverse, and removed afterwards; the sandbox itself is unchanged."""
+    roots = [Path(tempfile.gettempdir()), Path("/tmp"), Path("/var/tmp")]
+    root = next((r for r in roots if r.is_dir() and _world_traversable(r.resolve())), None)
+    if root is None:
+        pytest.skip("no temp directory that another uid can traverse")
+    path = Path(tempfile.mkdtemp(prefix="asyncrl-unpriv-", dir=root))
+    try:
+        path.chmod(0o755)
+        shutil.copytree(
+            Path(SRC) / "asyncrl", path / "asyncrl", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
+        for sub in (path / "asyncrl", *(path / "asyncrl").rglob("*")):
+            sub.chmod(0o755 if sub.is_dir() else 0o644)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _isolated() -> bool:
@@ -253,16 +288,19 @@ def _setpriv_python() -> list[str] | None:
 
 
 @pytest.mark.skipif(_setpriv_python() is None, reason="needs root, setpriv and a system python3 >= 3.10")
-def test_unprivileged_user_namespace_mode(tmp_path: Path) -> None:
+def test_unprivileged_user_namespace_mode(world_readable_copy: Path) -> None:
     """As an ordinary user the sandbox uses a user namespace: files the user may write stay
-    untouched, the network is gone, and killing the parent does nothing."""
-    target = tmp_path / "users_own_dir"
+    untouched, the network is gone, and killing the parent does nothing. The user imports
+    asyncrl from a world-readable copy (the checkout itself may be owner-only) and owns a
+    directory it could write to without the sandbox."""
+    target = world_readable_copy / "users_own_dir"
     target.mkdir()
     os.chown(target, 65534, 65534)
-    tmp_path.chmod(0o755)
     script = (
         "import sys, json\n"
-        f"sys.path.insert(0, {SRC!r})\n"
+        f"sys.path.insert(0, {str(world_readable_copy)!r})\n"
+        "import asyncrl.reward.code as code\n"
+        f"assert code.__file__.startswith({str(world_readable_copy)!r}), code.__file__\n"
         "from asyncrl.reward.code import run_code_tests\n"
         f"w = run_code_tests(\"open({str(target / 'x')!r}, 'w').write('x')\", '')\n"
         "n = run_code_tests(\"import socket; socket.create_connection(('1.1.1.1', 80), timeout=2)\", '')\n"
@@ -273,7 +311,9 @@ def test_unprivileged_user_namespace_mode(tmp_path: Path) -> None:
     )
     cmd = _setpriv_python()
     assert cmd is not None
-    out = subprocess.run([*cmd, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    out = subprocess.run(
+        [*cmd, "-c", script], capture_output=True, text=True, timeout=60, cwd=world_readable_copy
+    )
     assert out.returncode == 0, out.stderr
     modes_and_statuses = json.loads(out.stdout.strip().splitlines()[-1])
     modes, statuses = modes_and_statuses[:4], modes_and_statuses[4:]
