@@ -115,7 +115,9 @@ class AlgoConfig:
     batch_normalize: bool = False
     """Normalise advantages over the whole batch after the group estimator."""
     loss_type: str = "ppo"
-    """ppo (decoupled when prox_mode != behav) | gspo | cispo."""
+    """ppo (decoupled when prox_mode != behav) | gspo | cispo | pg (the plain policy gradient
+    ``-A·logp``, no ratio and no clip; with prox_mode=behav and behav_cap=null it applies no
+    off-policy correction at all: the "no correction" arm of ``asyncrl bench ablation``)."""
     prox_mode: str = "recompute"
     """recompute (extra forward pass with pre-update weights: decoupled PPO) | loglinear
     (approximate from stored versions) | behav (naive PPO: the behaviour policy is the clip centre)."""
@@ -123,8 +125,32 @@ class AlgoConfig:
     eps_clip_high: float | None = None
     dual_clip: float | None = None
     behav_cap: float | None = 5.0
+    """Cap C on the behaviour weight w = π_prox/π_behav (null: uncapped)."""
     behav_cap_mode: str = "mask"
+    """mask (drop what is over the cap: masked importance sampling) | clamp (min(w, C): truncated
+    importance sampling)."""
     behav_cap_level: str = "token"
+    """token (each token's w) | sequence (the geometric mean of w over a sequence's loss tokens:
+    sequence-level masked / truncated importance sampling)."""
+    max_version_gap: int | None = None
+    """Token-level masking by version gap: tokens sampled more than this many versions before the
+    trainer's current version are dropped from the loss (kept in its denominator); null: off."""
+    m2_threshold: float | None = None
+    """M2PO's second-moment trust region τ: per PPO mini-batch, the tokens with the largest
+    (log π_prox/π_behav)² are dropped until the mean of that square over the rest is <= τ (the
+    M2PO paper uses 0.04); null: off. Needs prox_mode=recompute."""
+    kl_coef: float = 0.0
+    """Weight of a KL penalty to the reference policy (the initial weights, frozen), added to the
+    loss with the same aggregation; 0: off (it costs one more forward pass per micro-batch and a
+    copy of the weights)."""
+    kl_estimator: str = "k3"
+    """k1 | k2 | k3: Schulman's estimators of KL(π_θ ‖ π_ref) per token (``algo.logprobs.kl_penalty``)."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong penalty: responses longer than ``rollout.max_new_tokens - overlong_buffer``
+    get a reward penalty growing linearly to ``-overlong_penalty`` at max_new_tokens (added to the
+    reward before the advantages; the ledger keeps the verifier's reward); 0: off."""
+    overlong_penalty: float = 1.0
+    """The penalty at ``rollout.max_new_tokens`` (see ``overlong_buffer``)."""
     aggregation: str = "token_mean"
     """token_mean | seq_mean_token_mean | seq_mean_token_sum."""
     filter_equal_rewards: bool = True
@@ -185,6 +211,13 @@ class ControllerConfig:
     """Prompt groups per training step."""
     max_staleness: int = 4
     """η: a sample trained at step i has min_version >= i - η. 0 is synchronous training."""
+    fixed_lag: int | None = None
+    """Controlled staleness k: training step i is trained on samples generated entirely by version
+    max(0, i - k), independent of machine speed (``controller.fixed_lag``). Admission is synchronous
+    (as max_staleness = 0) and the engine receives each version's weights k steps late (a ring of
+    the last k exports); k = 0 is ordinary synchronous training. Needs max_staleness >= k (the bound
+    the batcher still checks), trainer.weight_transport=tensors and the local launcher without
+    engine_urls; not resumable. null: off."""
     max_concurrent: int = 64
     """Cap on prompt groups in flight (admitted, not yet in the buffer)."""
     high_water_batches: int = 2
@@ -310,7 +343,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "rollout.interrupt_mode": ("abort", "keep"),
     "controller.high_water_unit": ("groups", "samples"),
     "algo.advantage": ("grpo", "dr_grpo", "rloo", "reinforce_pp"),
-    "algo.loss_type": ("ppo", "gspo", "cispo"),
+    "algo.loss_type": ("ppo", "gspo", "cispo", "pg"),
+    "algo.kl_estimator": ("k1", "k2", "k3"),
     "algo.prox_mode": ("recompute", "loglinear", "behav"),
     "algo.behav_cap_mode": ("mask", "clamp"),
     "algo.behav_cap_level": ("token", "sequence"),
@@ -382,6 +416,8 @@ def validate(cfg: Config) -> Config:
         )
     if cfg.rollout.temperature <= 0:
         raise ConfigError("rollout.temperature must be > 0 (use eval.greedy for argmax decoding)")
+    _validate_algo(cfg)
+    _validate_fixed_lag(cfg)
     if cfg.algo.advantage == "rloo" and cfg.rollout.group_size < 2:
         raise ConfigError("algo.advantage=rloo needs rollout.group_size >= 2")
     if cfg.trainer.lora_rank < 0 or cfg.trainer.decay_steps < 0 or not 0.0 <= cfg.trainer.min_lr_ratio <= 1.0:
@@ -404,6 +440,50 @@ def validate(cfg: Config) -> Config:
             "rollout.num_engines > 1 or launch.trainer_ranks > 1 (or torchrun for trainer ranks)"
         )
     return cfg
+
+
+def _validate_algo(cfg: Config) -> None:
+    """The off-policy corrections, the KL penalty and the overlong penalty (``algo.*``)."""
+    a = cfg.algo
+    if a.max_version_gap is not None and a.max_version_gap < 0:
+        raise ConfigError(f"algo.max_version_gap must be >= 0 or null, got {a.max_version_gap}")
+    if a.m2_threshold is not None:
+        if a.m2_threshold < 0:
+            raise ConfigError(f"algo.m2_threshold must be >= 0 or null, got {a.m2_threshold}")
+        if a.prox_mode != "recompute":
+            raise ConfigError(
+                f"algo.m2_threshold needs algo.prox_mode=recompute (the mask is computed from the recomputed "
+                f"proximal log-probs), got prox_mode={a.prox_mode}"
+            )
+    if a.kl_coef < 0:
+        raise ConfigError(f"algo.kl_coef must be >= 0 (0: off), got {a.kl_coef}")
+    if not 0 <= a.overlong_buffer <= cfg.rollout.max_new_tokens or a.overlong_penalty < 0:
+        raise ConfigError(
+            f"algo.overlong_buffer must be in [0, rollout.max_new_tokens={cfg.rollout.max_new_tokens}] (0: off) "
+            f"and algo.overlong_penalty >= 0, got {a.overlong_buffer} and {a.overlong_penalty}"
+        )
+    if a.dual_clip is not None and a.loss_type in ("cispo", "pg"):
+        raise ConfigError(f"algo.dual_clip does not apply to algo.loss_type={a.loss_type} (set it to null)")
+
+
+def _validate_fixed_lag(cfg: Config) -> None:
+    """``controller.fixed_lag``: a lag k >= 0 that the staleness bound allows, on the setups that hold
+    a ring of in-process weight snapshots."""
+    k = cfg.controller.fixed_lag
+    if k is None:
+        return
+    if k < 0:
+        raise ConfigError(f"controller.fixed_lag must be >= 0 or null, got {k}")
+    if cfg.controller.max_staleness < k:
+        raise ConfigError(
+            f"controller.fixed_lag={k} needs controller.max_staleness >= {k} (the bound the batcher checks), "
+            f"got {cfg.controller.max_staleness}"
+        )
+    if cfg.trainer.weight_transport != "tensors" or cfg.launch.kind != "local" or cfg.launch.engine_urls:
+        raise ConfigError(
+            "controller.fixed_lag needs trainer.weight_transport=tensors and launch.kind=local without "
+            "launch.engine_urls (it keeps the last k exports in memory)"
+        )
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:

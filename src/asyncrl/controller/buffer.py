@@ -4,7 +4,8 @@
 - ``make_batch``: at training step i, takes the oldest ``batch_size`` groups whose samples obey
   the staleness bound (``i - min_version <= max_staleness``), drops (and returns, for the
   ledger) older ones, and turns groups into ``TrainSample``s with per-token advantages from the
-  group estimator of ``algo`` (rewards scaled and biased first).
+  group estimator of ``algo`` (rewards scaled and biased first, then DAPO's overlong penalty
+  added when ``algo.overlong_buffer > 0``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from asyncrl.algo.advantages import compute_advantages, normalize_batch
+from asyncrl.algo.advantages import compute_advantages, normalize_batch, overlong_penalty
 from asyncrl.config import AlgoConfig
 from asyncrl.types import Group, TrainSample
 
@@ -67,8 +68,15 @@ class BatchStats:
     num_samples: int
 
 
-def groups_to_samples(groups: Sequence[Group], algo: AlgoConfig) -> list[TrainSample]:
-    """Per-token training samples of ``groups`` with advantages from the configured estimator."""
+def groups_to_samples(
+    groups: Sequence[Group], algo: AlgoConfig, max_new_tokens: int | None = None
+) -> list[TrainSample]:
+    """Per-token training samples of ``groups`` with advantages from the configured estimator.
+
+    With ``algo.overlong_buffer > 0``, DAPO's soft overlong penalty of each response length
+    (``algo.advantages.overlong_penalty`` over the last ``overlong_buffer`` tokens before
+    ``max_new_tokens``, the generation budget) is added to the scaled reward before the
+    advantages; ``TrainSample.reward`` keeps the verifier's reward."""
     if not groups:
         return []
     sizes = {len(g.completions) for g in groups}
@@ -76,6 +84,11 @@ def groups_to_samples(groups: Sequence[Group], algo: AlgoConfig) -> list[TrainSa
         raise ValueError(f"all groups of a batch must have the same size, got {sorted(sizes)}")
     rewards = torch.tensor([list(g.rewards) for g in groups], dtype=torch.float64)
     scaled = (rewards + algo.reward_bias) * algo.reward_scale
+    if algo.overlong_buffer > 0:
+        if max_new_tokens is None:
+            raise ValueError("algo.overlong_buffer > 0 needs max_new_tokens (rollout.max_new_tokens)")
+        lengths = torch.tensor([[len(c.output_ids) for c in g.completions] for g in groups], dtype=torch.float64)
+        scaled = scaled + overlong_penalty(lengths, max_new_tokens, algo.overlong_buffer, algo.overlong_penalty)
     adv = compute_advantages(scaled, algo.advantage)
     if algo.batch_normalize:
         adv = normalize_batch(adv)

@@ -340,7 +340,7 @@ class Controller:
 
     def _train_blocking(self, groups: list[Group], step: int) -> tuple[list[TrainSample], Any]:
         """Batching and the training step, on the executor thread (the step may run in the trainer process)."""
-        samples = groups_to_samples(groups, self.cfg.algo)
+        samples = groups_to_samples(groups, self.cfg.algo, self.cfg.rollout.max_new_tokens)
         return samples, self.trainer.train_step(TrainBatch(tuple(samples), step))
 
     async def _publish(self, executor: ThreadPoolExecutor) -> float:

@@ -16,6 +16,11 @@ Multi-rank (``trainer.distributed``): the model is FSDP2-sharded; each rank hold
 ``TrainBatch`` and works on its share. Under ``run_distributed`` the rank-0 trainer leads and
 every public call is mirrored on the other ranks.
 
+Off-policy corrections chosen in ``algo`` reach the loss here: token masks by version gap and
+M2PO's second-moment mask (computed over each whole PPO mini-batch before it is split, so the
+split stays invisible), the behaviour-weight cap, and a KL penalty to the initial weights
+(``algo.kl_coef > 0``: a frozen copy of the model, one more no-grad forward per micro-batch).
+
 The trainer knows the loss, not the algorithm: advantages arrive computed in the samples.
 Log-probs are of softmax(logits / temperature), the distribution the engine samples from.
 Weight export (``export_weights``), HF saving and checkpoints live in ``trainer.state`` as
@@ -25,6 +30,7 @@ methods of the same class (``TrainerStateMixin``).
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -33,11 +39,13 @@ from typing import Any
 
 import torch
 
-from asyncrl.algo.losses import loglinear_prox_logp, policy_loss
+from asyncrl.algo.aggregation import aggregate_loss
+from asyncrl.algo.losses import kl_penalty, loglinear_prox_logp, policy_loss
 from asyncrl.config import AlgoConfig, TrainerConfig
 from asyncrl.trainer import distributed as dist_mod
 from asyncrl.trainer.attention import use_packed_attention
 from asyncrl.trainer.lora import apply_lora, base_model, is_lora
+from asyncrl.trainer.offpolicy import drop_mask, m2_keep_rows
 from asyncrl.trainer.packing import PackedMicroBatch, PaddedMicroBatch, pack, pad, plan_micro_batches
 from asyncrl.trainer.state import TrainerStateMixin
 from asyncrl.types import TrainBatch, TrainSample
@@ -174,6 +182,11 @@ class Trainer(TrainerStateMixin):
             dist_mod.send_command(self.ctx, "init", payload)
         self._caller_model = model
         model.to(self.device)
+        self.ref_model: Any = None
+        if algo_cfg.kl_coef > 0:  # the reference policy: the initial weights, frozen (a full copy per rank)
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+            half = train_cfg.precision == "bf16" or (train_cfg.precision == "auto" and self.device.type == "cuda")
+            use_packed_attention(self.ref_model, self.device, torch.bfloat16 if half else dtype)
         if train_cfg.lora_rank > 0:
             model = apply_lora(model, train_cfg)
         cuda = self.device.type == "cuda"
@@ -406,13 +419,14 @@ class Trainer(TrainerStateMixin):
         """Backward every micro-batch of this rank's share of ``minibatch``; the loss of the
         whole mini-batch (summed over ranks)."""
         denom = denominator([samples[i] for i in minibatch], self.algo.aggregation)
+        m2 = m2_keep_rows(samples, minibatch, prox, self.algo.m2_threshold, self.ctx)
         loss_sum = 0.0
         for indices in plan:
             stats.micro_batches += 1
             if not indices:
                 self._dummy_pass(backward=True)
                 continue
-            loss, metrics = self._micro_loss(samples, indices, prox, denom)
+            loss, metrics = self._micro_loss(samples, indices, prox, denom, m2)
             loss.backward()
             loss_sum += float(loss.detach())
             stats.add(metrics)
@@ -450,12 +464,25 @@ class Trainer(TrainerStateMixin):
                 g.mul_(coef)
         return norm
 
+    def _kl_term(self, micro: MicroBatch, logp: torch.Tensor, mask: torch.Tensor, denom: float) -> tuple[
+        torch.Tensor, dict[str, float]
+    ]:  # fmt: skip
+        """``kl_coef`` x the aggregated KL estimate to the frozen initial weights, and its token mean."""
+        with torch.no_grad(), self._autocast():
+            ref_logp = micro.token_logp(self.ref_model(**micro.model_inputs()).logits, self.temperature)
+        per_token = kl_penalty(logp.float(), ref_logp.float(), self.algo.kl_estimator)
+        kl = aggregate_loss(per_token, mask, self.algo.aggregation, denom, **micro.loss_kwargs())
+        live = mask != 0
+        mean = float(torch.where(live, per_token.detach(), 0.0).sum()) / float(live.sum().clamp(min=1))
+        return self.algo.kl_coef * kl, {"kl_ref": mean}
+
     def _micro_loss(
         self,
         samples: Sequence[TrainSample],
         indices: Sequence[int],
         prox: dict[int, torch.Tensor] | None,
         denom: float,
+        m2: tuple[dict[int, torch.Tensor], dict[str, float]] | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         micro = self._build(samples, indices)
         rows = [samples[i] for i in indices]
@@ -463,6 +490,10 @@ class Trainer(TrainerStateMixin):
         behav = micro.cat_rows([s.behav_logprobs for s in rows])
         adv = micro.cat_rows([s.advantages for s in rows])
         mask = micro.cat_rows([s.loss_mask for s in rows])
+        keep_m2 = [m2[0][i] for i in indices] if m2 else None
+        drop, extra = drop_mask(micro, rows, keep_m2, mask, self.version, self.algo.max_version_gap)
+        if m2 is not None:
+            extra.update(m2[1])
         match self.algo.prox_mode:
             case "recompute":
                 assert prox is not None
@@ -475,7 +506,7 @@ class Trainer(TrainerStateMixin):
                 prox_logp = loglinear_prox_logp(behav, logp.detach(), versions, self.version + 1, loss_mask=mask)
             case other:
                 raise ValueError(f"unknown prox_mode {other!r}")
-        return policy_loss(
+        loss, metrics = policy_loss(
             logp,
             prox_logp,
             behav,
@@ -490,5 +521,12 @@ class Trainer(TrainerStateMixin):
             aggregation=self.algo.aggregation,
             loss_type=self.algo.loss_type,
             denominator=denom,
+            drop=drop,
             **micro.loss_kwargs(),
         )
+        metrics.update(extra)
+        if self.ref_model is not None:
+            kl, kl_metrics = self._kl_term(micro, logp, mask, denom)
+            loss = loss + kl
+            metrics.update(kl_metrics)
+        return loss, metrics
