@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from asyncrl.config import Config, ConfigError, dump_yaml, load_config
+from asyncrl.controller.rundir import RunDirError
 from asyncrl.launch import RunStopped
 
 
@@ -63,12 +64,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         from asyncrl.trainer.distributed import run_distributed
 
         cfg.controller.trainer_process = False  # the trainer must live in the ranks' process group
-        result = run_distributed(lambda: train(cfg, resume=bool(args.resume)), timeout_s=cfg.trainer.dist_timeout_s)
+        result = run_distributed(
+            lambda: train(cfg, resume=bool(args.resume), overwrite=args.overwrite), timeout_s=cfg.trainer.dist_timeout_s
+        )
         if result is None:
             return 0
         run_dir, summary = result
     else:
-        run_dir, summary = train(cfg, resume=bool(args.resume))
+        run_dir, summary = train(cfg, resume=bool(args.resume), overwrite=args.overwrite)
     print(json.dumps({k: summary[k] for k in (
         "accuracy_before", "accuracy_after", "steps", "wall_s", "trained_tokens_per_s", "max_staleness_seen"
     )}, indent=2))  # fmt: skip
@@ -259,7 +262,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("train", help="warm start (cached) then asynchronous RL; writes a run directory")
     _add_config_args(p)
-    p.add_argument("--run-dir", help="output directory (default runs/<timestamp>)")
+    p.add_argument(
+        "--run-dir", help="output directory (default runs/<timestamp>); one run per directory: one that already "
+        "holds a run is refused unless --resume or --overwrite",
+    )  # fmt: skip
+    p.add_argument(
+        "--overwrite", action="store_true",
+        help="start a new run in --run-dir even if it holds one: the old run is moved aside to DIR.old-<timestamp> "
+        "(never deleted)",
+    )  # fmt: skip
     p.add_argument("--model", help="local Hugging Face model directory (default: the tiny warm-started model)")
     p.add_argument(
         "--resume", metavar="RUN_DIR",
@@ -361,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asyncrl: config error: {exc}", file=sys.stderr)
         return 2
     except FileNotFoundError as exc:
+        print(f"asyncrl: {exc}", file=sys.stderr)
+        return 2
+    except RunDirError as exc:  # a run directory holding another run, or mixing runs: nothing was written
         print(f"asyncrl: {exc}", file=sys.stderr)
         return 2
     except RunStopped as exc:  # e.g. a trainer rank died: the message names the checkpoint to resume from

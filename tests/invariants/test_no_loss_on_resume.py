@@ -23,7 +23,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from asyncrl.controller.resume import list_checkpoints
-from asyncrl.controller.rundir import read_jsonl
+from asyncrl.controller.rundir import check_one_run, read_jsonl
 
 STEPS, BATCH, GROUP, ETA = 10, 4, 4, 2
 
@@ -94,6 +94,7 @@ def _check_admission_bound(ledger: list[dict]) -> None:
 
 def check_ledger(run_dir: Path) -> dict[str, int]:
     """Assert the invariants on the ledger and metrics of a finished run; return some counts."""
+    assert check_one_run(run_dir) is not None  # one run (its resumes keep the run id), never two mixed
     ledger = read_jsonl(run_dir / "trajectories.jsonl")
     admitted = [r for r in ledger if r["status"] == "admitted"]
     first = [r for r in admitted if not r["readmitted"]]

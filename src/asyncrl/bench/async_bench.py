@@ -2,7 +2,9 @@
 
 Owns the controller-level benchmarks of DESIGN §8. Every row is a real ``asyncrl train`` run
 (``launch.local.train``, in this process, one after the other, each in its own run directory
-under ``--out``) on the same model, data and seed; only the varied parameter changes.
+under ``--out``/<timestamp>/: a fresh directory per invocation, so that running a bench twice never
+mixes two runs in one directory) on the same model, data and seed; only the varied parameter
+changes.
 
 - ``async``: ``controller.max_staleness`` in {0, 1, 2, 4, 8} on two workloads (rows carry
   ``workload``, ``max_staleness``, ``high_water_batches``, ``high_water_unit``, ``interrupt_mode``
@@ -138,16 +140,26 @@ def effective_throughput(metrics: list[dict[str, Any]], warmup_steps: int) -> fl
     return tokens / max(metrics[-1]["time_s"] - t0, 1e-9)
 
 
+def _fresh_out(out_dir: str) -> Path:
+    """A new ``out_dir/<timestamp>`` for this invocation's run directories (made now)."""
+    from asyncrl.controller.rundir import fresh_subdir
+
+    out = fresh_subdir(out_dir)
+    print(f"bench: run directories under {out}", flush=True)
+    return out
+
+
 def _run(overrides: list[str], run_dir: Path, warmup_steps: int = 0) -> dict[str, Any]:
     """One training run; the row of its summary and per-step averages."""
     from asyncrl.config import load_config
-    from asyncrl.controller.rundir import read_jsonl
+    from asyncrl.controller.rundir import check_one_run, read_jsonl
     from asyncrl.launch.local import train
 
     cfg = load_config(None, [*overrides, f"run.run_dir={run_dir}", "run.progress=false"])
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
-    _, summary = train(cfg)
+    _, summary = train(cfg)  # refuses a run_dir that already holds a run
     load1 = os.getloadavg()[0]
+    check_one_run(run_dir)  # every number below comes from this run's lines alone
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     ledger = read_jsonl(run_dir / "trajectories.jsonl")
     finished = [r for r in ledger if r["status"] in ("trained", "filtered", "stale", "skipped")]
@@ -328,8 +340,10 @@ def run_async_bench(
     """The max_staleness sweep on each workload, each seed (see the module docstring); the runs
     of one seed are side by side (seed-major order), so load drift hits every max_staleness.
     ``high_waters``: values of ``controller.high_water_batches`` to run each max_staleness > 0
-    with (None: the config's); max_staleness = 0 runs once (the mark does not bind there)."""
+    with (None: the config's); max_staleness = 0 runs once (the mark does not bind there). The
+    run directories go under a new ``out_dir/<timestamp>/``."""
     base = list(overrides or [])
+    out = _fresh_out(out_dir)
     if steps is not None:
         base.append(f"controller.total_steps={steps}")
     rows: list[dict[str, Any]] = []
@@ -344,7 +358,7 @@ def run_async_bench(
                 if hw is not None:
                     run_overrides.append(f"controller.high_water_batches={hw}")
                 row = row_identity(w, seed, run_overrides)
-                run_dir = Path(out_dir) / f"{w}-s{seed}-eta{eta}-hw{row['high_water_batches']}"
+                run_dir = out / f"{w}-s{seed}-eta{eta}-hw{row['high_water_batches']}"
                 row.update(_run(run_overrides, run_dir, warmup_steps))
                 w_rows.append(row)
         rows.extend(w_rows)
@@ -380,7 +394,7 @@ def run_async_bench(
     print(json.dumps({"limits": limits}, indent=2))
     payload = {
         "bench": "async", "overrides": base, "seeds": list(seeds), "warmup_steps": warmup_steps,
-        "rows": rows, "summary": summary, "limits": limits,
+        "rows": rows, "summary": summary, "limits": limits, "out_dir": str(out),
     }  # fmt: skip
     _write(json_path, payload)
     return payload
@@ -395,8 +409,10 @@ def run_interrupt_bench(
     steps: int | None = None,
     out_dir: str = "runs/bench-interrupt",
 ) -> dict[str, Any]:
-    """In-flight updates (abort, keep) against draining the engine before each update."""
+    """In-flight updates (abort, keep) against draining the engine before each update (run
+    directories under a new ``out_dir/<timestamp>/``)."""
     base = list(overrides or [])
+    out = _fresh_out(out_dir)
     if steps is not None:
         base.append(f"controller.total_steps={steps}")
     workload = WORKLOAD_ALIASES.get(workload, workload)
@@ -409,7 +425,7 @@ def run_interrupt_bench(
     rows = []
     for mode, extra in modes.items():
         print(f"\n=== bench interrupt: {mode} (max_staleness={max_staleness}, workload {workload}) ===", flush=True)
-        rows.append({"update_mode": mode, "max_staleness": max_staleness, **_run([*wl, *extra], Path(out_dir) / mode)})
+        rows.append({"update_mode": mode, "max_staleness": max_staleness, **_run([*wl, *extra], out / mode)})
     drain = rows[-1]
     for row in rows:
         row["throughput_ratio_vs_drain"] = row["trained_tokens_per_s"] / max(drain["trained_tokens_per_s"], 1e-9)
@@ -417,7 +433,7 @@ def run_interrupt_bench(
             "interruptions_per_sample", "weight_sync_s", "staleness_mean", "accuracy_after"]  # fmt: skip
     _print_table("bench interrupt: in-flight weight updates vs draining", rows, keys)
     ratios = {f"{r['update_mode']}_vs_drain": r["throughput_ratio_vs_drain"] for r in rows}
-    payload = {"bench": "interrupt", "overrides": wl, "rows": rows, "ratios": ratios}
+    payload = {"bench": "interrupt", "overrides": wl, "rows": rows, "ratios": ratios, "out_dir": str(out)}
     _write(json_path, payload)
     return payload
 
@@ -430,8 +446,10 @@ def run_ablation_bench(
     steps: int | None = None,
     out_dir: str = "runs/bench-ablation",
 ) -> dict[str, Any]:
-    """Decoupled PPO (prox recomputed) against naive PPO (behaviour policy as the clip centre)."""
+    """Decoupled PPO (prox recomputed) against naive PPO (behaviour policy as the clip centre);
+    run directories under a new ``out_dir/<timestamp>/``."""
     base = list(overrides or [])
+    out = _fresh_out(out_dir)
     if steps is not None:
         base.append(f"controller.total_steps={steps}")
     rows = []
@@ -439,7 +457,7 @@ def run_ablation_bench(
         for name, prox in (("decoupled", "recompute"), ("naive", "behav")):
             print(f"\n=== bench ablation: {name} PPO at max_staleness={eta} ===", flush=True)
             run = _run([*base, f"controller.max_staleness={eta}", f"algo.prox_mode={prox}"],
-                       Path(out_dir) / f"{name}-eta{eta}")  # fmt: skip
+                       out / f"{name}-eta{eta}")  # fmt: skip
             rows.append({"objective": name, "prox_mode": prox, "max_staleness": eta, **run})
     ratios = {}
     for eta in etas:
@@ -450,6 +468,6 @@ def run_ablation_bench(
     keys = ["objective", "max_staleness", "steps", "accuracy_before", "accuracy_after", "staleness_mean",
             "trained_tokens_per_s"]  # fmt: skip
     _print_table("bench ablation: held-out accuracy after N steps", rows, keys)
-    payload = {"bench": "ablation", "overrides": base, "rows": rows, "ratios": ratios}
+    payload = {"bench": "ablation", "overrides": base, "rows": rows, "ratios": ratios, "out_dir": str(out)}
     _write(json_path, payload)
     return payload

@@ -1,4 +1,5 @@
-"""``asyncrl report RUN_DIR``: PNG plots of a run, read from its run directory only.
+"""``asyncrl report RUN_DIR``: PNG plots of a run, read from its run directory only (refused,
+``controller.rundir.MixedRunDir``, where the directory holds lines of more than one run).
 
 - ``reward.png``: accuracy of every scored rollout sample per step (filtered groups included, so
   dynamic sampling does not bias it) and of the trained batch, against RL wall time, with the
@@ -19,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from asyncrl.controller.rundir import read_jsonl
+from asyncrl.controller.rundir import check_one_run, read_jsonl
 
 
 def _load(run_dir: Path) -> tuple[list[dict], list[dict], list[dict], dict[str, Any], dict[str, Any]]:
@@ -45,6 +46,7 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
     run = Path(run_dir)
     if not (run / "metrics.jsonl").is_file():
         raise FileNotFoundError(f"{run} is not a run directory (no metrics.jsonl)")
+    check_one_run(run)  # MixedRunDir: plots over two runs' lines would be wrong
     out = Path(out_dir) if out_dir else run / "plots"
     out.mkdir(parents=True, exist_ok=True)
     metrics, ledger, timeline, summary, config = _load(run)

@@ -14,12 +14,21 @@
 Lines are flushed as they are written so a killed run keeps everything up to the kill. On
 resume the three jsonl files are cut back to the byte offsets saved with the checkpoint
 (``offsets``); the cut tails are kept under ``resume/`` for forensics, never read again.
+
+A run directory is one run. Every line of the three jsonl files, and ``summary.json``, carries
+the run's ``run_id`` (made when the run starts, kept by its resumes). ``claim_run_dir`` refuses
+to start a new run in a directory that already holds one (unless asked to move the old run aside
+to ``<dir>.old-<time>``: nothing is ever deleted), and ``check_one_run`` refuses a directory whose
+lines come from more than one run (e.g. written by a version without the guard), which readers
+(``asyncrl report``, the benches) call before trusting anything in it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -30,8 +39,151 @@ from asyncrl.types import Group
 JSONL_FILES = ("metrics.jsonl", "trajectories.jsonl", "timeline.jsonl")
 
 
+RUN_MARKERS = ("config.yaml", "metrics.jsonl", "trajectories.jsonl", "timeline.jsonl", "summary.json",
+               "checkpoints", "checkpoint")  # fmt: skip
+"""Names whose presence means a directory already holds (part of) a run."""
+_RUN_ID = re.compile(rb'"run_id": "([^"\\]*)"')
+
+
+class RunDirError(Exception):
+    """A run directory cannot be used as asked; the message says what to do instead."""
+
+
+class RunDirInUse(RunDirError):
+    """A new run was asked to write into a directory that already holds a run."""
+
+
+class MixedRunDir(RunDirError):
+    """A directory whose files hold lines of more than one run."""
+
+
+def new_run_id() -> str:
+    """A fresh run id: start time and 32 random bits (``20261130-170512-1f2e3d4c``)."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
+
+
+def _unique(path: Path) -> Path:
+    out, n = path, 1
+    while out.exists() or out.is_symlink():
+        out, n = path.with_name(f"{path.name}-{n}"), n + 1
+    return out
+
+
 def default_run_dir(root: str = "runs") -> Path:
-    return Path(root) / time.strftime("%Y%m%d-%H%M%S")
+    """``runs/<timestamp>``, with a ``-N`` suffix where a run started in the same second."""
+    return _unique(Path(root) / time.strftime("%Y%m%d-%H%M%S"))
+
+
+def fresh_subdir(root: str | Path) -> Path:
+    """Make and return a new ``root/<timestamp>[-N]`` directory (one per bench invocation, so that
+    two invocations never share a run directory, even when started in the same second)."""
+    Path(root).mkdir(parents=True, exist_ok=True)
+    while True:
+        path = default_run_dir(str(root))
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+
+
+def holds_run(path: str | Path) -> list[str]:
+    """The names in ``path`` that belong to a run (empty: missing, empty or unrelated directory)."""
+    p = Path(path)
+    if not p.is_dir():
+        return []
+    return [name for name in RUN_MARKERS if (p / name).exists()]
+
+
+def move_aside(path: str | Path) -> Path:
+    """Rename ``path`` to a new sibling ``<name>.old-<timestamp>`` and return it (never deletes)."""
+    p = Path(path)
+    target = _unique(p.with_name(f"{p.name}.old-{time.strftime('%Y%m%d-%H%M%S')}"))
+    p.rename(target)
+    return target
+
+
+def claim_run_dir(path: str | Path, *, resume: bool = False, overwrite: bool = False) -> Path | None:
+    """Check ``path`` before a run writes anything into it; returns where ``overwrite`` moved an
+    old run (None when nothing was moved).
+
+    A new run (``resume=False``) needs a directory that holds no run: otherwise it raises
+    :class:`RunDirInUse` naming the three ways out, or, with ``overwrite``, moves the old run
+    aside to ``<path>.old-<timestamp>`` first. A resume needs a directory holding one run."""
+    p = Path(path)
+    if resume:
+        if overwrite:
+            raise RunDirError("--overwrite starts a new run; it cannot be combined with --resume")
+        if not p.is_dir():
+            raise FileNotFoundError(f"cannot resume: {p} is not a run directory")
+        check_one_run(p)
+        return None
+    found = holds_run(p)
+    if not found:
+        return None
+    if overwrite:
+        return move_aside(p)
+    raise RunDirInUse(
+        f"{p} already holds a run ({', '.join(found)}); nothing was written. Either\n"
+        f"  - continue that run:          asyncrl train --resume {p}\n"
+        f"  - choose another directory:   --run-dir NEW_DIR (or no --run-dir: runs/<timestamp>)\n"
+        f"  - or start over in {p}: add --overwrite (the old run is moved aside to "
+        f"{p.name}.old-<timestamp>, never deleted)"
+    )
+
+
+def _ids_in(path: Path) -> set[str | None]:
+    """The run ids of the lines of one jsonl file (None for lines without one)."""
+    ids: set[str | None] = set()
+    if not path.is_file():
+        return ids
+    with open(path, "rb") as fh:
+        for raw in fh:
+            if not raw.strip():
+                continue
+            m = _RUN_ID.search(raw)
+            ids.add(m.group(1).decode() if m else None)
+    return ids
+
+
+def run_ids(path: str | Path) -> set[str | None]:
+    """Every run id found in the run directory's jsonl files and ``summary.json`` (None stands
+    for lines written without one, by a version before run ids)."""
+    p = Path(path)
+    ids: set[str | None] = set()
+    for name in JSONL_FILES:
+        ids |= _ids_in(p / name)
+    summary = p / "summary.json"
+    if summary.is_file():
+        try:
+            ids.add(json.loads(summary.read_text()).get("run_id"))
+        except (json.JSONDecodeError, AttributeError):
+            pass
+    return ids
+
+
+def check_one_run(path: str | Path, ids: set[str | None] | None = None) -> str | None:
+    """The run id of ``path`` (None: no lines yet, or written before run ids); raises
+    :class:`MixedRunDir` where its files hold lines of more than one run: different run ids, or
+    training steps in ``metrics.jsonl`` that start again (two runs without ids). ``ids``: the
+    result of ``run_ids(path)`` where the caller has it already."""
+    p = Path(path)
+    ids = run_ids(p) if ids is None else ids
+    if len(ids) > 1:
+        named = sorted(str(i) if i is not None else "(no id)" for i in ids)
+        raise MixedRunDir(
+            f"{p} mixes {len(ids)} runs (run ids {', '.join(named)}): its metrics, ledger and summary "
+            "cannot be trusted. Use a directory per run (asyncrl train refuses a directory that holds "
+            "a run unless --resume or --overwrite)."
+        )
+    steps = [m.get("step") for m in read_jsonl(p / "metrics.jsonl")]
+    for prev, cur in zip(steps, steps[1:], strict=False):
+        if isinstance(prev, int) and isinstance(cur, int) and cur <= prev:
+            raise MixedRunDir(
+                f"{p}/metrics.jsonl goes from step {prev} back to step {cur}: it holds more than one run "
+                "(written without run ids). Use a directory per run."
+            )
+    return next(iter(ids), None)
 
 
 def _clean(value: Any) -> Any:
@@ -53,8 +205,23 @@ class RunDir:
         purge_step: int | None = None,
     ) -> None:
         """``truncate``: resume — cut each jsonl file back to this byte offset (missing names: to 0)
-        first; ``purge_step``: TensorBoard drops its events from this step on (resume)."""
+        first, and keep the run's id; ``purge_step``: TensorBoard drops its events from this step
+        on (resume). A new run (no ``truncate``) refuses a directory whose jsonl files or summary
+        already hold lines (:class:`RunDirInUse`; ``claim_run_dir`` says so earlier, with the ways out)."""
         self.path = Path(path)
+        self.run_id: str | None
+        if truncate is not None:
+            ids = run_ids(self.path)
+            found = check_one_run(self.path, ids)
+            self.run_id = found if ids else new_run_id()  # None: a run from before run ids
+        else:
+            names = (*JSONL_FILES, "summary.json")
+            held = [n for n in names if (self.path / n).is_file() and (self.path / n).stat().st_size]
+            if held:
+                raise RunDirInUse(
+                    f"{self.path} already holds a run ({', '.join(held)}); a new run needs its own directory"
+                )
+            self.run_id = new_run_id()
         self.path.mkdir(parents=True, exist_ok=True)
         if cfg is not None:
             dump_yaml(cfg, self.path / "config.yaml")
@@ -95,14 +262,18 @@ class RunDir:
             "timeline.jsonl": self._timeline.tell(),
         }
 
+    def _stamp(self, line: dict[str, Any]) -> dict[str, Any]:
+        """``line`` with the run id first (absent for a resumed run from before run ids)."""
+        return line if self.run_id is None else {"run_id": self.run_id, **line}
+
     def _write_ledger(self, line: dict[str, Any]) -> None:
-        self._ledger.write(json.dumps(line) + "\n")
+        self._ledger.write(json.dumps(self._stamp(line)) + "\n")
         self._ledger.flush()
 
     def log_step(self, record: dict[str, Any]) -> None:
         """Append one step's metrics (and mirror the numeric ones to TensorBoard)."""
         clean = {k: _clean(v) for k, v in record.items()}
-        self._metrics.write(json.dumps(clean) + "\n")
+        self._metrics.write(json.dumps(self._stamp(clean)) + "\n")
         self._metrics.flush()
         if self._tb is not None:
             step = int(record.get("step", 0))
@@ -143,7 +314,7 @@ class RunDir:
                 line["step"] = step
             if tokenizer is not None and idx == 0:
                 line["response"] = tokenizer.decode(list(comp.output_ids), skip_special_tokens=True)
-            self._ledger.write(json.dumps(line) + "\n")
+            self._ledger.write(json.dumps(self._stamp(line)) + "\n")
         self._ledger.flush()
 
     def log_admitted(self, prompt_id: str, stream_index: int, start_version: int, readmitted: bool) -> None:
@@ -185,11 +356,17 @@ class RunDir:
 
     def log_timeline(self, sample: dict[str, Any]) -> None:
         """One activity sample (engine running requests, trainer busy, reward in flight, queues)."""
-        self._timeline.write(json.dumps(sample) + "\n")
+        self._timeline.write(json.dumps(self._stamp(sample)) + "\n")
         self._timeline.flush()
 
+    def log_snapshot(self, record: dict[str, Any]) -> None:
+        """One saved policy snapshot (version, RL time, path) in ``snapshots.jsonl``."""
+        with open(self.path / "snapshots.jsonl", "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
     def write_summary(self, summary: dict[str, Any]) -> None:
-        (self.path / "summary.json").write_text(json.dumps({k: _clean(v) for k, v in summary.items()}, indent=2))
+        clean = self._stamp({k: _clean(v) for k, v in summary.items()})
+        (self.path / "summary.json").write_text(json.dumps(clean, indent=2))
 
     def close(self) -> None:
         self._metrics.close()

@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config
-from asyncrl.controller.rundir import default_run_dir
 from asyncrl.controller.scoring import make_score_fn
 from asyncrl.controller.trainer_process import TrainerProcess
 from asyncrl.controller.warm_start import ensure_policy
-from asyncrl.launch.runner import Stages, configure_torch, run_stages, seed_everything
+from asyncrl.launch.runner import Stages, configure_torch, prepare_run_dir, run_stages, seed_everything
 from asyncrl.models import load_policy, stop_token_ids
 
 __all__ = ["configure_torch", "remote_engine_pool", "seed_everything", "train"]
@@ -96,16 +95,17 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
     return await run_stages(cfg, run_dir, stages, resume=resume, t_start=t_start, t_warm=t_warm)
 
 
-def train(cfg: Config, resume: bool = False) -> tuple[Path, dict[str, Any]]:
+def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> tuple[Path, dict[str, Any]]:
     """Run one training job (``resume``: continue ``cfg.run.run_dir`` from its newest
-    checkpoint); returns (run directory, summary). ``launch.kind=ray`` runs ``launch.ray.train_ray``."""
+    checkpoint); returns (run directory, summary). A directory that already holds a run is
+    refused before anything is written, unless ``resume``, or ``overwrite`` (the old run is moved
+    aside to ``<dir>.old-<time>``; see ``controller.rundir.claim_run_dir``). ``launch.kind=ray``
+    runs ``launch.ray.train_ray``."""
     if cfg.launch.kind == "ray":
         from asyncrl.launch.ray import train_ray
 
-        return train_ray(cfg, resume=resume)
+        return train_ray(cfg, resume=resume, overwrite=overwrite)
+    run_dir = prepare_run_dir(cfg, resume=resume, overwrite=overwrite)
     configure_torch(cfg)
-    run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else default_run_dir()
-    if resume and not run_dir.is_dir():
-        raise FileNotFoundError(f"cannot resume: {run_dir} is not a run directory")
     summary = asyncio.run(_train_async(cfg, run_dir, resume))
     return run_dir, summary

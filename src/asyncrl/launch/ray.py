@@ -35,11 +35,10 @@ from typing import Any
 
 from asyncrl.config import Config
 from asyncrl.controller.resume import latest_checkpoint
-from asyncrl.controller.rundir import default_run_dir
 from asyncrl.controller.scoring import make_score_fn
 from asyncrl.controller.warm_start import ensure_policy
 from asyncrl.launch import RunStopped
-from asyncrl.launch.runner import Stages, configure_torch, run_stages, seed_everything
+from asyncrl.launch.runner import Stages, configure_torch, prepare_run_dir, run_stages, seed_everything
 from asyncrl.models import load_policy, stop_token_ids
 
 __all__ = ["RayPlacement", "train_ray"]
@@ -235,15 +234,13 @@ def local_cpus(cfg: Config) -> int:
     return max(os.cpu_count() or 1, math.ceil(need))
 
 
-def train_ray(cfg: Config, resume: bool = False) -> tuple[Path, dict[str, Any]]:
+def train_ray(cfg: Config, resume: bool = False, overwrite: bool = False) -> tuple[Path, dict[str, Any]]:
     """``launch.local.train`` on Ray actors (see the module docstring)."""
     from asyncrl.launch.ray_clients import TrainerRankDied
 
     ray = _ray()
+    run_dir = prepare_run_dir(cfg, resume=resume, overwrite=overwrite)
     configure_torch(cfg)
-    run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else default_run_dir()
-    if resume and not run_dir.is_dir():
-        raise FileNotFoundError(f"cannot resume: {run_dir} is not a run directory")
     started = False
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}

@@ -23,7 +23,7 @@ from asyncrl.config import Config
 from asyncrl.controller.evaluate import evaluate
 from asyncrl.controller.loop import Controller
 from asyncrl.controller.resume import check_snapshot, latest_checkpoint
-from asyncrl.controller.rundir import RunDir, read_jsonl
+from asyncrl.controller.rundir import RunDir, claim_run_dir, default_run_dir, read_jsonl
 from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
 from asyncrl.rollout.workflow import ScoreFn
 
@@ -60,6 +60,17 @@ def configure_torch(cfg: Config) -> None:
 
     if cfg.run.torch_threads > 0:
         torch.set_num_threads(cfg.run.torch_threads)
+
+
+def prepare_run_dir(cfg: Config, *, resume: bool, overwrite: bool) -> Path:
+    """The run directory of this run (``run.run_dir`` or a new ``runs/<timestamp>``), checked before
+    anything is written to it: a new run refuses a directory holding a run unless ``overwrite``
+    (moves the old run aside); a resume needs one run there (``controller.rundir.claim_run_dir``)."""
+    run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else default_run_dir()
+    moved = claim_run_dir(run_dir, resume=resume, overwrite=overwrite)
+    if moved is not None:
+        print(f"--overwrite: the run that was in {run_dir} is now in {moved} (nothing deleted)")
+    return run_dir
 
 
 def _install_stop_handlers(controller: Controller) -> list[int]:
