@@ -217,7 +217,8 @@ class ControllerConfig:
     (as max_staleness = 0) and the engine receives each version's weights k steps late (a ring of
     the last k exports); k = 0 is ordinary synchronous training. Needs max_staleness >= k (the bound
     the batcher still checks), trainer.weight_transport=tensors and the local launcher without
-    engine_urls; not resumable. null: off."""
+    engine_urls and controller.eval_every=0 (held-out accuracy before and after only); not resumable.
+    null: off."""
     max_concurrent: int = 64
     """Cap on prompt groups in flight (admitted, not yet in the buffer)."""
     high_water_batches: int = 2
@@ -483,6 +484,11 @@ def _validate_fixed_lag(cfg: Config) -> None:
         raise ConfigError(
             "controller.fixed_lag needs trainer.weight_transport=tensors and launch.kind=local without "
             "launch.engine_urls (it keeps the last k exports in memory)"
+        )
+    if cfg.controller.eval_every:
+        raise ConfigError(
+            "controller.fixed_lag needs controller.eval_every=0 (an evaluation between steps would swap the "
+            "engine's weights while the next batch generates)"
         )
 
 

@@ -23,7 +23,8 @@ itself in its own process, ``controller.trainer_process``, so it shares no GIL w
 and this asyncio loop only moves prompts, groups and weights. A training step i starts from
 version i and publishes version i + 1 (DESIGN §7); the new weights reach the engine in flight.
 With ``max_staleness = 0`` the gate admits one batch per version and the same code trains
-synchronously.
+synchronously. ``controller.fixed_lag = k`` (``controller.fixed_lag``) is the same synchronous
+loop with the engine's weights k versions behind: step i trains on samples of version max(0, i - k).
 
 Every admitted prompt is tracked until its fate is in the ledger (``_open``); a checkpoint saves
 the counters, the prompt-stream position, the ledger offsets and the open prompts
@@ -44,6 +45,7 @@ from tqdm import tqdm
 
 from asyncrl.config import Config
 from asyncrl.controller.buffer import GroupBuffer, groups_to_samples
+from asyncrl.controller.fixed_lag import LaggedWeights
 from asyncrl.controller.metrics import step_metrics, timeline_sample
 from asyncrl.controller.resume import (
     SNAPSHOT_FORMAT,
@@ -95,13 +97,15 @@ class Controller:
         c = cfg.controller
         self.gate = StalenessGate(
             c.batch_size,
-            c.max_staleness,
+            0 if c.fixed_lag is not None else c.max_staleness,  # a fixed lag admits synchronously
             c.max_concurrent,
             high_water=c.high_water_batches * c.batch_size,
             high_water_unit=c.high_water_unit,
             group_size=cfg.rollout.group_size,
         )
         self.buffer = GroupBuffer()
+        LaggedWeights.check_resume(c.fixed_lag, resume is not None)
+        self.lag = LaggedWeights(c.fixed_lag) if c.fixed_lag is not None else None
         self.state = ControllerState()
         self.published_version = trainer.version
         self.sampling = SamplingParams(
@@ -352,7 +356,10 @@ class Controller:
             while self.gate.running > 0 and not self._errors:
                 await asyncio.sleep(0.005)
         update = await loop.run_in_executor(executor, self.trainer.export_weights)
-        await self.engine.update_weights(update)
+        if self.lag is not None:  # controlled staleness: the engine loads version v - k
+            await self.lag.publish(self.engine, update)
+        else:
+            await self.engine.update_weights(update)
         self._draining = False
         return time.perf_counter() - t0
 
@@ -447,7 +454,12 @@ class Controller:
         admit = asyncio.create_task(self._admit_loop())
         sampler = asyncio.create_task(self._sample_timeline())
         try:
+            if self.lag is not None:
+                loop = asyncio.get_running_loop()
+                await self.lag.start(lambda: loop.run_in_executor(executor, self.trainer.export_weights))
             await self._train_loop(executor, bar)
+            if self.lag is not None:  # the final evaluation measures the trained policy
+                await self.lag.finish(self.engine)
             self.state.stop_reason = self._stop_reason
             if self._last_checkpoint_step != self.state.step:
                 await self._checkpoint(executor)
