@@ -1,0 +1,88 @@
+"""``bench ablation`` bookkeeping (the arms' overrides, the collapse flag, the t-interval summary) and
+one tiny real grid (2 steps, tiny sizes): rows, summary and the controlled lag in each run's ledger."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from asyncrl.bench.ablation import (
+    OBJECTIVES,
+    arm_overrides,
+    collapse_reason,
+    run_ablation,
+    summarize,
+    t_interval,
+    t_quantile_975,
+)
+from asyncrl.config import load_config
+from asyncrl.controller.rundir import read_jsonl
+
+
+def test_every_objective_is_a_valid_config_at_every_lag() -> None:
+    for name in OBJECTIVES:
+        for lag in (0, 1, 16):
+            cfg = load_config(None, arm_overrides(name, lag, 3e-4, 2, 5, []))
+            assert cfg.controller.fixed_lag == lag <= cfg.controller.max_staleness
+            assert not cfg.algo.filter_equal_rewards and cfg.trainer.lr == 3e-4 and cfg.run.seed == 2
+    unc = load_config(None, arm_overrides("uncorrected", 4, 1e-4, 0, None, []))
+    assert (unc.algo.loss_type, unc.algo.prox_mode, unc.algo.behav_cap) == ("pg", "behav", None)
+    # the user's --set wins over the objective's keys
+    m2 = load_config(None, arm_overrides("m2po", 1, 1e-4, 0, None, ["algo.m2_threshold=0.1"]))
+    assert m2.algo.m2_threshold == 0.1
+    with pytest.raises(ValueError, match="unknown objective"):
+        arm_overrides("ppo2", 0, 1e-4, 0, None, [])
+
+
+def test_t_interval() -> None:
+    assert t_quantile_975(1) == 12.706 and t_quantile_975(30) == 2.042
+    assert t_quantile_975(31) == pytest.approx(2.040, abs=2e-3)
+    assert t_quantile_975(1000) == pytest.approx(1.962, abs=1e-3)
+    values = [0.5, 0.6, 0.7]
+    mean, half = t_interval(values)
+    assert mean == pytest.approx(0.6) and half == pytest.approx(4.303 * statistics.stdev(values) / math.sqrt(3))
+    assert math.isnan(t_interval([0.4])[1])
+
+
+def test_collapse_flag() -> None:
+    ok = [{"step": 0, "loss": 0.1, "skipped": 0.0}]
+    assert collapse_reason(ok, 0.4, 0.5, 0.5) is None
+    assert "accuracy" in collapse_reason(ok, 0.4, 0.19, 0.5)
+    assert "non-finite" in collapse_reason([{"step": 3, "loss": None}], 0.4, 0.5, 0.5)
+    assert "non-finite" in collapse_reason([{"step": 3, "loss": 0.1, "skipped": 1.0}], 0.4, 0.5, 0.5)
+    assert collapse_reason(ok, 0.4, None, 0.5) == "no final accuracy"
+
+
+def test_summary_over_seeds() -> None:
+    def row(obj, seed, acc, collapsed=False):
+        return {"objective": obj, "lag": 4, "lr": 1e-4, "seed": seed, "accuracy_before": 0.4, "accuracy_after": acc,
+                "collapsed": collapsed, "behav_weight_mean": 1.0 + seed}  # fmt: skip
+
+    rows = [row("naive", 0, 0.5), row("naive", 1, 0.7, True), row("decoupled", 0, 0.6)]
+    by = {s["objective"]: s for s in summarize(rows)}
+    naive = by["naive"]
+    assert naive["n"] == 2 and naive["accuracy_after_mean"] == pytest.approx(0.6)
+    assert naive["accuracy_after_ci95_half"] == pytest.approx(12.706 * statistics.stdev([0.5, 0.7]) / math.sqrt(2))
+    assert naive["collapse_rate"] == 0.5 and naive["behav_weight_mean"] == pytest.approx(1.5)
+    assert by["decoupled"]["accuracy_after_ci95"] is None  # one seed: no interval
+
+
+def test_tiny_grid_runs_with_the_controlled_lag(tiny_policy_dir, tmp_path) -> None:
+    user = [
+        f"model.path={tiny_policy_dir}", "controller.trainer_process=false", "controller.batch_size=2",
+        "rollout.group_size=2", "rollout.max_new_tokens=12", "eval.max_new_tokens=12", "task.eval_size=4",
+        "task.train_size=100", "eval.samples_per_prompt=1", "eval.report_greedy=false",
+    ]  # fmt: skip
+    out = run_ablation(
+        str(tmp_path / "ablation.json"), overrides=user, objectives=("decoupled", "uncorrected"), lags=(1,),
+        lrs=(1e-3,), seeds=(0,), steps=2, out_dir=str(tmp_path / "runs"),
+    )  # fmt: skip
+    assert (tmp_path / "ablation.json").is_file()
+    assert [(r["objective"], r["lag"], r["steps"]) for r in out["rows"]] == [("decoupled", 1, 2), ("uncorrected", 1, 2)]
+    for r in out["rows"]:
+        assert isinstance(r["collapsed"], bool) and "behav_weight_sq_mean" in r and "clip_frac" in r
+        trained = [x for x in read_jsonl(f"{r['run_dir']}/trajectories.jsonl") if x["status"] == "trained"]
+        assert {(x["trained_step"], x["min_version"], x["max_version"]) for x in trained} == {(0, 0, 0), (1, 0, 0)}
+    assert len(out["summary"]) == 2 and out["summary"][0]["n"] == 1
