@@ -128,7 +128,7 @@ def claim_run_dir(path: str | Path, *, resume: bool = False, overwrite: bool = F
         f"  - continue that run:          asyncrl train --resume {p}\n"
         f"  - choose another directory:   --run-dir NEW_DIR (or no --run-dir: runs/<timestamp>)\n"
         f"  - or start over in {p}: add --overwrite (the old run is moved aside to "
-        f"{p.name}.old-<timestamp>, never deleted)"
+        f"{p}.old-<timestamp>, never deleted)"
     )
 
 
