@@ -202,7 +202,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from asyncrl.bench.train import run_train_bench
 
             run_train_bench(args.json)
-        case "async" | "interrupt" | "ablation":
+        case "ablation":
+            _bench_ablation(args)
+        case "async" | "interrupt":
             from asyncrl.bench import async_bench
 
             overrides = [*args.overrides, *([f"model.path={args.model}"] if args.model else [])]
@@ -222,16 +224,36 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     args.json, etas=etas, workloads=workloads, seeds=seeds, warmup_steps=args.warmup,
                     high_waters=marks, calibrate_s=args.calibrate, **common,
                 )  # fmt: skip
-            elif args.name == "interrupt":
-                async_bench.run_interrupt_bench(args.json, **common)
             else:
-                etas = tuple(int(x) for x in args.etas.split(",")) if args.etas else (4, 8)
-                async_bench.run_ablation_bench(args.json, etas=etas, **common)
+                async_bench.run_interrupt_bench(args.json, **common)
         case other:
             raise ConfigError(
                 f"unknown benchmark {other!r} (available: engine, decode, train, async, interrupt, ablation)"
             )
     return 0
+
+
+def _bench_ablation(args: argparse.Namespace) -> None:
+    """``asyncrl bench ablation``: objectives x lags x lrs x seeds under controlled staleness."""
+    from asyncrl.bench import ablation
+
+    overrides = [*args.overrides, *([f"model.path={args.model}"] if args.model else [])]
+    load_config(None, overrides)  # fail fast on a bad override
+    objectives = tuple(args.objectives.split(",")) if args.objectives else ablation.DEFAULT_OBJECTIVES
+    unknown = [o for o in objectives if o not in ablation.OBJECTIVES]
+    if unknown:
+        raise ConfigError(f"unknown objective(s) {unknown} (available: {', '.join(ablation.OBJECTIVES)})")
+    try:
+        lags = tuple(int(x) for x in args.lags.split(",")) if args.lags else ablation.DEFAULT_LAGS
+        lrs = tuple(float(x) for x in args.lrs.split(",")) if args.lrs else None
+        seeds = tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (0, 1, 2)
+    except ValueError as exc:
+        raise ConfigError(f"bench ablation: --lags/--seeds take integers, --lrs numbers: {exc}") from exc
+    extra = {"out_dir": args.out} if args.out else {}
+    ablation.run_ablation(
+        args.json, overrides=overrides, objectives=objectives, lags=lags, lrs=lrs, seeds=seeds, steps=args.steps,
+        collapse_fraction=args.collapse_fraction, **extra,
+    )  # fmt: skip
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -332,11 +354,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="async|interrupt|ablation: config override applied to every run (repeatable)",
     )  # fmt: skip
     p.add_argument("--steps", type=int, help="async|interrupt|ablation: training steps per run (default: config)")
-    p.add_argument("--etas", help="async|ablation: comma-separated max_staleness values (default 0,1,2,4,8 | 4,8)")
+    p.add_argument("--etas", help="async: comma-separated max_staleness values (default 0,1,2,4,8)")
+    p.add_argument("--lags", help="ablation: comma-separated controller.fixed_lag values (default 0,1,2,4,8,16)")
+    p.add_argument(
+        "--objectives", help="ablation: comma-separated objectives (default decoupled,loglinear,naive,uncorrected,"
+        "seq_tis,seq_mis,m2po; also version_gap)",
+    )  # fmt: skip
+    p.add_argument("--lrs", help="ablation: comma-separated trainer.lr values (default: the config's)")
+    p.add_argument(
+        "--collapse-fraction", type=float, default=0.5,
+        help="ablation: a run whose final accuracy is below this x its starting accuracy counts as collapsed",
+    )  # fmt: skip
     p.add_argument(
         "--workload", help="async: comma-separated workloads: task (a, the default task), long (b, generation-bound)"
     )
-    p.add_argument("--seeds", help="async: comma-separated run.seed values, each a full sweep (default 0)")
+    p.add_argument(
+        "--seeds", help="async|ablation: comma-separated run.seed values, each a full sweep (default 0 | 0,1,2)"
+    )
     p.add_argument(
         "--warmup", type=int, default=4, help="async: steps left out of the effective throughput (default 4)"
     )

@@ -1,4 +1,4 @@
-"""``asyncrl bench async | interrupt | ablation``: whole training runs compared side by side.
+"""``asyncrl bench async | interrupt``: whole training runs compared side by side.
 
 Owns the controller-level benchmarks of DESIGN §8. Every row is a real ``asyncrl train`` run
 (``launch.local.train``, in this process, one after the other, each in its own run directory
@@ -39,8 +39,7 @@ changes.
 - ``interrupt``: at one max_staleness, in-flight weight updates in ``abort`` mode (re-prefill)
   and ``keep`` mode (keep the KV cache) against ``drain`` (stop admitting, wait for running
   episodes to finish, then update).
-- ``ablation``: decoupled PPO (``algo.prox_mode=recompute``) against naive PPO
-  (``algo.prox_mode=behav``) at max_staleness 4 and 8: held-out accuracy after N steps.
+- ``ablation`` moved to ``bench/ablation.py`` (objectives under controlled staleness).
 
 Each prints a table and, with ``--json FILE``, writes ``{"bench", "rows", "ratios", ...}``.
 """
@@ -56,7 +55,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WORKLOADS", "run_async_bench", "run_interrupt_bench", "run_ablation_bench"]
+__all__ = ["WORKLOADS", "run_async_bench", "run_interrupt_bench"]
 
 LONG_TASK = ["task.max_terms=256", "task.length_tail=0.98"]
 
@@ -437,37 +436,3 @@ def run_interrupt_bench(
     _write(json_path, payload)
     return payload
 
-
-def run_ablation_bench(
-    json_path: str | None,
-    *,
-    overrides: list[str] | None = None,
-    etas: tuple[int, ...] = (4, 8),
-    steps: int | None = None,
-    out_dir: str = "runs/bench-ablation",
-) -> dict[str, Any]:
-    """Decoupled PPO (prox recomputed) against naive PPO (behaviour policy as the clip centre);
-    run directories under a new ``out_dir/<timestamp>/``."""
-    base = list(overrides or [])
-    out = _fresh_out(out_dir)
-    if steps is not None:
-        base.append(f"controller.total_steps={steps}")
-    rows = []
-    for eta in etas:
-        for name, prox in (("decoupled", "recompute"), ("naive", "behav")):
-            print(f"\n=== bench ablation: {name} PPO at max_staleness={eta} ===", flush=True)
-            run = _run([*base, f"controller.max_staleness={eta}", f"algo.prox_mode={prox}"],
-                       out / f"{name}-eta{eta}")  # fmt: skip
-            rows.append({"objective": name, "prox_mode": prox, "max_staleness": eta, **run})
-    ratios = {}
-    for eta in etas:
-        dec, nai = (
-            next(r for r in rows if r["max_staleness"] == eta and r["objective"] == o) for o in ("decoupled", "naive")
-        )
-        ratios[f"eta{eta}_decoupled_minus_naive_points"] = 100 * (dec["accuracy_after"] - nai["accuracy_after"])
-    keys = ["objective", "max_staleness", "steps", "accuracy_before", "accuracy_after", "staleness_mean",
-            "trained_tokens_per_s"]  # fmt: skip
-    _print_table("bench ablation: held-out accuracy after N steps", rows, keys)
-    payload = {"bench": "ablation", "overrides": base, "rows": rows, "ratios": ratios, "out_dir": str(out)}
-    _write(json_path, payload)
-    return payload
