@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The first hour of a new user (issue 14), the parts the test suite cannot check from inside the
-# checkout. Run by .ci/run after `make test`; about a minute on 2 CPU cores. Needs the checkout's
+# checkout. Run by .ci/run after `make test`; 72-86 s measured on 2 busy CPU cores. Needs the checkout's
 # .venv (made by `make test`): its installed dependencies are reused, nothing is downloaded.
 #
 #  1. `git clone` into a directory only its owner can read (what `mktemp -d` makes, and what many
