@@ -60,7 +60,7 @@ def test_every_line_and_the_summary_carry_one_run_id(tmp_path: Path) -> None:
 
 
 def test_train_into_a_run_directory_is_refused_and_leaves_it_byte_identical(tmp_path: Path, capsys) -> None:
-    run_dir = tmp_path / "run"
+    run_dir = tmp_path / "my run"  # a path with a space
     _fake_run(run_dir)
     before = _hashes(run_dir)
     # refused before the warm start or anything else: no model is built, nothing is written
@@ -70,7 +70,7 @@ def test_train_into_a_run_directory_is_refused_and_leaves_it_byte_identical(tmp_
     assert "already holds a run" in err and f"--resume {run_dir}" in err and "--overwrite" in err
     assert "another directory" in err and "never deleted" in err
     assert _hashes(run_dir) == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my run"]
     # a fresh RunDir on it (a launcher that skipped the check) refuses too
     with pytest.raises(RunDirInUse):
         RunDir(run_dir, tensorboard=False)
