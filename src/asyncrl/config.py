@@ -137,8 +137,9 @@ class AlgoConfig:
     trainer's current version are dropped from the loss (kept in its denominator); null: off."""
     m2_threshold: float | None = None
     """M2PO's second-moment trust region τ: per PPO mini-batch, the tokens with the largest
-    (log π_prox/π_behav)² are dropped until the mean of that square over the rest is <= τ (the
-    M2PO paper uses 0.04); null: off. Needs prox_mode=recompute."""
+    (log π_prox/π_behav)² are dropped until the mean of that square over the rest is <= τ (0.04 is
+    the default of the implementations consulted; docs/algorithms.md); null: off. Needs
+    prox_mode=recompute."""
     kl_coef: float = 0.0
     """Weight of a KL penalty to the reference policy (the initial weights, frozen), added to the
     loss with the same aggregation; 0: off (it costs one more forward pass per micro-batch and a
