@@ -160,6 +160,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from asyncrl.auth import check_bind, resolve_api_key
+
+    try:
+        api_key = resolve_api_key(args.api_key, args.api_key_file)
+        check_bind(args.host, bool(api_key), f"{args.what} server")
+    except ValueError as exc:  # InsecureBindError included
+        raise ConfigError(str(exc)) from exc
     match args.what:
         case "engine":
             if not args.model:
@@ -169,12 +176,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             serve_engine(
                 args.model, args.host, args.port if args.port is not None else 30000, max_slots=args.max_slots,
                 max_seq_len=args.max_seq_len, interrupt_mode=args.interrupt_mode, device=args.device,
+                api_key=api_key, weights_root=args.weights_root,
             )  # fmt: skip
         case "reward":
             from asyncrl.reward.remote import serve_reward
 
             serve_reward(args.host, args.port if args.port is not None else 0, num_workers=args.workers,
-                         timeout_s=args.timeout)  # fmt: skip
+                         timeout_s=args.timeout, api_key=api_key)  # fmt: skip
         case other:
             raise ConfigError(f"unknown server {other!r}")
     return 0
@@ -329,10 +337,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("serve", help="serve an engine (SGLang-native subset) or the reward service over HTTP")
+    p = sub.add_parser(
+        "serve", help="serve an engine (SGLang-native subset) or the reward service over HTTP",
+        description="Serve an engine (SGLang-native subset) or the reward service over HTTP. Loopback by default; "
+        "beyond loopback an API key is required (a bearer token; prefer $ASYNCRL_API_KEY or --api-key-file to "
+        "--api-key, which other users can read in the process list). There is no TLS: use a trusted network or "
+        "a TLS proxy. Threat model: docs/security.md.",
+    )  # fmt: skip
     p.add_argument("what", choices=["engine", "reward"])
     p.add_argument("--model", help="engine: local Hugging Face model directory")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default; others need an API key)")
+    p.add_argument("--api-key", help="bearer token clients must send (default: $ASYNCRL_API_KEY; see docs/security.md)")
+    p.add_argument("--api-key-file", help="read the API key from the first line of this file")
+    p.add_argument(
+        "--weights-root", help="engine: the only directory /update_weights_from_disk may load from (the trainer's "
+        "trainer.weight_export_dir); without it, weight updates from disk are refused",
+    )  # fmt: skip
     p.add_argument("--port", type=int, default=None, help="engine default 30000; reward default: any free port")
     p.add_argument("--max-slots", type=int, default=64)
     p.add_argument("--max-seq-len", type=int, default=1024)

@@ -1,12 +1,15 @@
 """Rewards computed on another host: the ``asyncrl serve reward`` server and its client.
 
 Server (:class:`RewardServer`, :func:`serve_reward`): standard-library ``http.server`` in front of
-a :class:`~asyncrl.reward.service.RewardService`. Loopback only unless told otherwise.
+a :class:`~asyncrl.reward.service.RewardService`. Loopback only unless told otherwise; beyond
+loopback it refuses to start without an API key (``asyncrl.auth``, docs/security.md). With a key,
+every request but ``GET /health`` needs ``Authorization: Bearer <key>``; others get 401 (logged).
 
 - ``POST /score`` with JSON ``{"verifier", "response", "reference", "prompt", "row"}`` (only
   ``response`` and ``reference`` are required; ``verifier`` defaults to the server's) answers
   ``{"reward", "failure", "latency_s", "cached"}``. ``failure`` has the service's meaning.
-- ``GET /health`` answers ``{"status": "ok", "metrics": {...}}``.
+- ``GET /health`` answers ``{"status": "ok", "metrics": {...}}``; without the key (on a server
+  that has one) only ``{"status": "ok"}``.
 - Malformed input gets a 4xx with ``{"error": ...}``: bad JSON or fields 400, unknown path 404,
   missing length 411, body too large 413; ``remote:`` verifiers are refused (no relaying), and
   ``custom:`` ones unless the server was started with ``allow_custom=True`` (it would import and
@@ -14,7 +17,7 @@ a :class:`~asyncrl.reward.service.RewardService`. Loopback only unless told othe
 
 Client (:class:`RemoteRewardClient`): async (asyncio streams) and sync (urllib) calls. Network
 errors and 5xx raise :class:`~asyncrl.reward.InfrastructureError` (retried by the service);
-4xx raise ValueError.
+4xx raise ValueError. It sends the API key it is given, or else ``$ASYNCRL_API_KEY``.
 """
 
 from __future__ import annotations
@@ -33,12 +36,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+from asyncrl.auth import ApiKeyAuth, auth_headers, check_bind, peer_name, resolve_api_key
 from asyncrl.reward import InfrastructureError
 from asyncrl.reward.service import RemoteTarget, RewardService, resolve_verifier
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+ROUTES = {("GET", "/health"): "health", ("POST", "/score"): "score"}
+"""Every (method, path) the server answers (tests iterate over it)."""
 
 
 class _BadRequest(Exception):
@@ -64,9 +70,11 @@ class RewardServer:
         default_verifier: str = "math",
         allow_custom: bool = False,
         max_body_bytes: int = MAX_BODY_BYTES,
+        api_key: str | None = None,
         **service_kwargs: Any,
     ) -> None:
         resolve_verifier(default_verifier)
+        self.auth = ApiKeyAuth(api_key, "reward server")
         self.host = host
         self.port = port
         self.default_verifier = default_verifier
@@ -85,6 +93,8 @@ class RewardServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> RewardServer:
+        """Start serving; raises ``auth.InsecureBindError`` beyond loopback without an API key."""
+        check_bind(self.host, self.auth.enabled, "reward server")
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._loop_thread = threading.Thread(target=loop.run_forever, name="asyncrl-reward-loop", daemon=True)
@@ -193,45 +203,72 @@ def _make_handler(server: RewardServer) -> type[BaseHTTPRequestHandler]:
                     break
                 left -= len(chunk)
 
+        def _authorized(self, method: str) -> bool:
+            """Check the key before anything else (the body is not read); 401 if it is wrong."""
+            path = urlsplit(self.path).path
+            peer = peer_name(self.client_address)
+            if server.auth.allows(method, path, self.headers.get("Authorization"), peer):
+                return True
+            self.close_connection = True
+            length = self.headers.get("Content-Length", "")
+            if length.isdigit() and int(length) <= 64 * 1024:
+                self._discard_body(int(length))
+            data = json.dumps({"error": "missing or invalid API key (send 'Authorization: Bearer <key>')"})
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", "Bearer")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data.encode())
+            return False
+
         def do_GET(self) -> None:
-            if urlsplit(self.path).path != "/health":
-                self._reply(404, {"error": f"no such path {self.path!r}; use GET /health or POST /score"})
-                return
-            try:
-                self._reply(200, server.handle_health())
-            except Exception as e:  # noqa: BLE001
-                logger.exception("health check failed")
-                self._reply(500, {"error": f"{type(e).__name__}: {e}"})
+            self._serve("GET")
 
         def do_POST(self) -> None:
+            self._serve("POST")
+
+        def _serve(self, method: str) -> None:
+            """Key first, then the route of ``ROUTES``; never let a request take the server down."""
+            if not self._authorized(method):
+                return
+            name = ROUTES.get((method, urlsplit(self.path).path))
             try:
-                if urlsplit(self.path).path != "/score":
-                    raise _BadRequest(404, f"no such path {self.path!r}; use POST /score")
-                length_header = self.headers.get("Content-Length")
-                if length_header is None:
-                    raise _BadRequest(411, "Content-Length is required")
-                try:
-                    length = int(length_header)
-                except ValueError:
-                    raise _BadRequest(400, "bad Content-Length") from None
-                if length < 0:
-                    raise _BadRequest(400, "bad Content-Length")
-                if length > server.max_body_bytes:
-                    self._discard_body(length)
-                    raise _BadRequest(413, f"body over {server.max_body_bytes} bytes")
-                raw = self.rfile.read(length)
-                try:
-                    payload = json.loads(raw.decode("utf-8"))
-                except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                    raise _BadRequest(400, f"invalid JSON: {e}") from None
-                self._reply(200, server.handle_score(payload))
+                if name is None:
+                    raise _BadRequest(404, f"no such route {method} {self.path!r}; use GET /health or POST /score")
+                self._reply(200, getattr(self, f"_route_{name}")())
             except _BadRequest as e:
                 self.close_connection = True
                 self._reply(e.status, {"error": str(e)})
-            except Exception as e:  # noqa: BLE001 - never let a request take the server down
-                logger.exception("reward request failed")
+            except Exception as e:  # noqa: BLE001
+                logger.exception("reward request %s %r failed", method, self.path)
                 self.close_connection = True
                 self._reply(500, {"error": f"{type(e).__name__}: {e}"})
+
+        def _route_health(self) -> dict[str, Any]:
+            if server.auth.enabled and not server.auth.valid(self.headers.get("Authorization")):
+                return {"status": "ok"}  # the open route: liveness only, nothing revealed
+            return server.handle_health()
+
+        def _route_score(self) -> dict[str, Any]:
+            length_header = self.headers.get("Content-Length")
+            if length_header is None:
+                raise _BadRequest(411, "Content-Length is required")
+            try:
+                length = int(length_header)
+            except ValueError:
+                raise _BadRequest(400, "bad Content-Length") from None
+            if length < 0:
+                raise _BadRequest(400, "bad Content-Length")
+            if length > server.max_body_bytes:
+                self._discard_body(length)
+                raise _BadRequest(413, f"body over {server.max_body_bytes} bytes")
+            raw = self.rfile.read(length)
+            try:
+                payload = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise _BadRequest(400, f"invalid JSON: {e}") from None
+            return server.handle_score(payload)
 
     return Handler
 
@@ -246,13 +283,14 @@ def serve_reward(
     allow_custom: bool = False,
     on_ready: Callable[[str], None] | None = None,
     stop: threading.Event | None = None,
+    api_key: str | None = None,
     **service_kwargs: Any,
 ) -> None:
     """Run a reward server until SIGINT/SIGTERM (or ``stop`` is set). Blocking.
 
     Prints ``asyncrl reward server listening on http://HOST:PORT`` once ready (``port=0`` picks
-    a free port) and calls ``on_ready(url)``. Extra keyword arguments go to RewardService
-    (``max_retries``, ``cache_size``, ``code_timeout_s``, ...).
+    a free port) and calls ``on_ready(url)``. ``api_key``: see the module docstring. Extra keyword
+    arguments go to RewardService (``max_retries``, ``cache_size``, ``code_timeout_s``, ...).
     """
     stop = stop or threading.Event()
     server = RewardServer(
@@ -262,6 +300,7 @@ def serve_reward(
         timeout_s,
         default_verifier=default_verifier,
         allow_custom=allow_custom,
+        api_key=api_key,
         **service_kwargs,
     ).start()
     previous: dict[int, Any] = {}
@@ -269,7 +308,8 @@ def serve_reward(
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda *_: stop.set())
     try:
-        print(f"asyncrl reward server listening on {server.url}", flush=True)
+        key = "required" if api_key else "off"
+        print(f"asyncrl reward server listening on {server.url} (API key {key})", flush=True)
         if on_ready is not None:
             on_ready(server.url)
         while not stop.wait(0.5):
@@ -287,7 +327,7 @@ class RemoteRewardClient:
     the server uses its default.
     """
 
-    def __init__(self, url: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 30.0, api_key: str | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"remote reward URL must be http(s)://host:port, got {url!r}")
@@ -297,6 +337,7 @@ class RemoteRewardClient:
         self.base_path = parts.path.rstrip("/")
         self.verifier = parts.fragment or None
         self.timeout_s = timeout_s
+        self._headers = auth_headers(api_key or resolve_api_key())
 
     def _payload(
         self, response: str, reference: str, prompt: str, row: dict | None, verifier: str | None
@@ -318,6 +359,8 @@ class RemoteRewardClient:
             body = {"error": data[:200].decode("utf-8", "replace")}
         if status >= 500:
             raise InfrastructureError(f"reward server {where} answered {status}: {body.get('error')}")
+        if status == 401:
+            raise ValueError(f"reward server {where} answered 401: missing or wrong API key (set ASYNCRL_API_KEY)")
         if status != 200:
             raise ValueError(f"reward server {where} refused the request ({status}): {body.get('error')}")
         reward, failure = body.get("reward"), body.get("failure")
@@ -360,7 +403,8 @@ class RemoteRewardClient:
             head = (
                 f"{method} {self.base_path}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body or b'')}\r\n"
-                "Connection: close\r\n\r\n"
+                + "".join(f"{k}: {v}\r\n" for k, v in self._headers.items())
+                + "Connection: close\r\n\r\n"
             )
             writer.write(head.encode() + (body or b""))
             await writer.drain()
@@ -402,7 +446,7 @@ class RemoteRewardClient:
         request = urllib.request.Request(
             f"{self.scheme}://{self.host}:{self.port}{self.base_path}/score",
             data=self._payload(response, reference, prompt, row, verifier),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **self._headers},
             method="POST",
         )
         try:
