@@ -205,6 +205,40 @@ def test_engines_as_http_servers_with_weights_through_disk(
     assert any((tmp_path / "exports").iterdir())
 
 
+def test_served_engine_actor_needs_the_run_key(ray_instance: Any, tiny_policy_dir: Path, tmp_path: Path) -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    from asyncrl.launch.ray import ServeAuth
+    from asyncrl.launch.ray_actors import EngineWorker
+
+    cfg = load_config(None, [f"model.path={tiny_policy_dir}", f"trainer.weight_export_dir={tmp_path / 'exports'}"])
+    auth, other = ServeAuth.for_run(cfg), ServeAuth.for_run(cfg)
+    assert auth.api_key != other.api_key and auth.api_key not in repr(auth) and not auth.temporary
+    assert auth.weights_root == str((tmp_path / "exports").resolve())
+    actor = ray_instance.remote(EngineWorker).options(num_cpus=1).remote(str(tiny_policy_dir), cfg)
+    url = ray_instance.get(actor.serve.remote(auth.api_key, auth.weights_root), timeout=120)
+
+    def call(path: str, key: str | None, body: Any = None) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url + path, data=data, headers=headers, method="POST" if data else "GET")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    try:
+        assert call("/model_info", None)[0] == 401 and call("/model_info", other.api_key)[0] == 401
+        status, info = call("/model_info", auth.api_key)
+        assert status == 200 and info["weights_root"] == auth.weights_root
+        assert call("/update_weights_from_disk", auth.api_key, {"model_path": str(tiny_policy_dir)})[0] == 403
+    finally:
+        ray_instance.kill(actor, no_restart=True)
+
+
 def test_reward_workers_score_every_verifier_and_a_dead_one_is_replaced(ray_instance: Any) -> None:
     import asyncio
 

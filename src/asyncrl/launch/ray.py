@@ -18,6 +18,12 @@ restarted in its bundle with the newest weights and its requests are re-run (``E
 reward worker that dies is replaced; a trainer rank that dies stops the run (every rank is
 killed), and the error names the newest checkpoint and the command that resumes from it.
 
+Security (docs/security.md): with ``launch.engine_mode=server`` the engines listen on their node's
+address, so the launcher makes a fresh API key for the run (``secrets.token_urlsafe``), hands it to
+its engine actors (as a call argument: not in the config, the environment or a command line) and
+to their clients only, and confines their weight updates to the run's export directory
+(``trainer.weight_export_dir``, or a temporary directory removed at the end).
+
 Ray is started here when ``launch.ray_address`` is None (and shut down at the end; its logical CPUs
 are ``launch.ray_num_cpus``, or the machine's cores or the run's requests, whichever is more), else joined
 (``"auto"``: the cluster of ``ray start --head``); an instance already initialised in this
@@ -27,12 +33,17 @@ process is reused and left running.
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import os
+import shutil
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from asyncrl.auth import new_api_key
 from asyncrl.config import Config
 from asyncrl.controller.resume import latest_checkpoint
 from asyncrl.controller.scoring import make_score_fn
@@ -97,9 +108,28 @@ class RayPlacement:
         _ray().util.remove_placement_group(self.group)
 
 
-async def _build_engines(cfg: Config, model_dir: str, placement: RayPlacement) -> Any:
-    """The engine pool: actors (direct or as servers) or, with ``launch.engine_urls``, servers
-    that already run."""
+@dataclass(frozen=True)
+class ServeAuth:
+    """What the engine servers of one run (``launch.engine_mode=server``) are started with: a key
+    made for this run alone, handed only to its actors and their clients, and the run's weight
+    export directory, the only one their ``/update_weights_from_disk`` loads from."""
+
+    api_key: str = field(repr=False)  # never printed
+    weights_root: str
+    temporary: bool  # made by the launcher (removed at the end of the run)
+
+    @classmethod
+    def for_run(cls, cfg: Config) -> ServeAuth:
+        root = cfg.trainer.weight_export_dir
+        if root:
+            Path(root).mkdir(parents=True, exist_ok=True)
+            return cls(new_api_key(), str(Path(root).resolve()), False)
+        return cls(new_api_key(), tempfile.mkdtemp(prefix="asyncrl-weights-"), True)
+
+
+async def _build_engines(cfg: Config, model_dir: str, placement: RayPlacement, auth: ServeAuth | None) -> Any:
+    """The engine pool: actors (direct or as servers behind ``auth``) or, with
+    ``launch.engine_urls``, servers that already run."""
     ray = _ray()
     from asyncrl.launch.local import remote_engine_pool
     from asyncrl.launch.ray_actors import EngineWorker
@@ -114,8 +144,9 @@ async def _build_engines(cfg: Config, model_dir: str, placement: RayPlacement) -
     async def start(index: int) -> Any:
         opts = placement.options(index, launch.cpus_per_engine, launch.gpus_per_engine)
         actor = remote_cls.options(**opts, max_concurrency=10_000).remote(model_dir, cfg)
-        if launch.engine_mode == "server":
-            return ServedEngineClient(await actor.serve.remote(), actor, index)
+        if auth is not None:
+            url = await actor.serve.remote(auth.api_key, auth.weights_root)
+            return ServedEngineClient(url, actor, index, auth.api_key)
         client = RayEngineClient(actor, index)
         await client.fetch_stats()  # constructed (raises here if the engine cannot start)
         return client
@@ -165,17 +196,24 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool) -> dict[str, An
     model, tokenizer = load_policy(model_dir, device="cpu", dtype=cfg.model.dtype)
     stops = stop_token_ids(tokenizer, model)
     del model
+    auth = trainer_cfg = None
+    if cfg.launch.engine_mode == "server" and not cfg.launch.engine_urls:
+        auth = ServeAuth.for_run(cfg)
+        trainer_cfg = copy.deepcopy(cfg)  # the run's config (as saved) keeps the user's value
+        trainer_cfg.trainer.weight_export_dir = auth.weights_root
     placement = RayPlacement(cfg)
     engines = trainer = rewards = None
+    loop = asyncio.get_running_loop()
     try:
-        engines = await _build_engines(cfg, str(model_dir), placement)
-        trainer = await asyncio.get_running_loop().run_in_executor(None, _build_trainer, cfg, str(model_dir), placement)
+        engines = await _build_engines(cfg, str(model_dir), placement, auth)
+        trainer = await loop.run_in_executor(None, _build_trainer, trainer_cfg or cfg, str(model_dir), placement)
         rewards = _build_rewards(cfg, placement)
     except BaseException:
         for part in (engines, trainer):
             if part is not None:
                 part.close()
         placement.remove()
+        _remove_temporary(auth)
         raise
 
     async def close() -> None:
@@ -183,6 +221,7 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool) -> dict[str, An
         trainer.close()
         await rewards.close()
         placement.remove()
+        _remove_temporary(auth)
 
     async def summary_extra() -> dict[str, Any]:
         if hasattr(engines, "wait_restarts"):  # an engine restart in progress: count it once it is back
@@ -220,6 +259,11 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool) -> dict[str, An
         summary_extra=summary_extra,
     )
     return await run_stages(cfg, run_dir, stages, resume=resume, t_start=t_start, t_warm=t_warm)
+
+
+def _remove_temporary(auth: ServeAuth | None) -> None:
+    if auth is not None and auth.temporary:
+        shutil.rmtree(auth.weights_root, ignore_errors=True)
 
 
 def local_cpus(cfg: Config) -> int:

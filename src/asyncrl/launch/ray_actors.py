@@ -5,8 +5,9 @@
   launcher's). Async actor: its event loop serves ``generate`` calls concurrently while the
   engine decodes in its own thread. ``update_weights`` takes a ``WeightUpdate`` (a safetensors
   directory) or an ``ObjectStoreUpdate`` (byte buckets read from Ray's object store). With
-  ``serve=True`` it also answers the SGLang-native HTTP protocol (``rollout.server``) on a port of
-  its node, for ``launch.engine_mode=server``.
+  ``serve(api_key, weights_root)`` it also answers the SGLang-native HTTP protocol
+  (``rollout.server``) on a port of its node, for ``launch.engine_mode=server``: behind the run's
+  API key, loading weights only from the run's export directory.
 - ``TrainerRank``: one rank of the FSDP2 trainer (``trainer.distributed``, SPMD mode: every rank
   runs the same calls in the same order, driven by ``launch.ray_clients.RayTrainerGroup``).
   ``export`` gathers the full weights (a collective) and, on rank 0, publishes them as object-store
@@ -70,13 +71,14 @@ class EngineWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    async def serve(self) -> str:
-        """Start the HTTP front end on this node (idempotent); returns its URL."""
+    async def serve(self, api_key: str, weights_root: str) -> str:
+        """Start the HTTP front end on this node (idempotent); returns its URL. ``api_key`` (the
+        run's) is required of every request; weight updates load only from ``weights_root``."""
         from asyncrl.rollout.server import EngineServer
 
         host = _node_ip()
         if self._server is None:
-            self._server = EngineServer(self.engine)
+            self._server = EngineServer(self.engine, api_key=api_key, weights_root=weights_root)
             self._port = await self._server.start(host=host, port=0)
         return f"http://{host}:{self._port}"
 

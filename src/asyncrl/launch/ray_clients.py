@@ -6,7 +6,8 @@
   event loop: it returns the newest counters received and asks for fresh ones in the background
   (the controller's timeline sampler calls it four times a second, so they are at most ~0.25 s old).
 - ``ServedEngineClient``: a ``RemoteEngine`` of an engine actor's HTTP server
-  (``launch.engine_mode=server``); a failed request whose actor is dead raises ``EngineDied``.
+  (``launch.engine_mode=server``), sending the run's API key; a failed request whose actor is dead
+  raises ``EngineDied``.
 - ``RayTrainerGroup``: the M ``TrainerRank`` actors behind the ``Trainer`` interface: every call
   goes to every rank (SPMD) and rank 0's answer is returned. When a rank dies, the others would
   wait in a collective until the process-group timeout; the group instead notices the death at
@@ -113,8 +114,8 @@ class RayEngineClient:
 class ServedEngineClient(RemoteEngine):
     """``RemoteEngine`` of an engine actor's server; maps a dead actor to ``EngineDied``."""
 
-    def __init__(self, url: str, actor: Any, index: int) -> None:
-        super().__init__(url)
+    def __init__(self, url: str, actor: Any, index: int, api_key: str) -> None:
+        super().__init__(url, api_key=api_key)
         self.actor = actor
         self.index = index
 
