@@ -177,100 +177,104 @@ class RewardServer:
         return {"status": "ok", "metrics": asyncio.run_coroutine_threadsafe(metrics(), self._loop).result(10)}
 
 
-def _make_handler(server: RewardServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        server_version = "asyncrl-reward/1"
+class _Handler(BaseHTTPRequestHandler):
+    """One request of a :class:`RewardServer` (``reward`` is set by :func:`_make_handler`)."""
 
-        def log_message(self, format: str, *args: Any) -> None:
-            logger.debug("%s " + format, self.address_string(), *args)
+    reward: RewardServer
+    protocol_version = "HTTP/1.1"
+    server_version = "asyncrl-reward/1"
 
-        def _reply(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("%s " + format, self.address_string(), *args)
 
-        def _discard_body(self, length: int) -> None:
-            """Read (up to 64 MiB of) a refused body, so the client gets our answer rather
-            than a connection reset."""
-            left = min(length, 64 * 1024 * 1024)
-            while left > 0:
-                chunk = self.rfile.read(min(left, 1 << 16))
-                if not chunk:
-                    break
-                left -= len(chunk)
+    def _reply(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
-        def _authorized(self, method: str) -> bool:
-            """Check the key before anything else (the body is not read); 401 if it is wrong."""
-            path = urlsplit(self.path).path
-            peer = peer_name(self.client_address)
-            if server.auth.allows(method, path, self.headers.get("Authorization"), peer):
-                return True
+    def _discard_body(self, length: int) -> None:
+        """Read (up to 64 MiB of) a refused body, so the client gets our answer rather
+        than a connection reset."""
+        left = min(length, 64 * 1024 * 1024)
+        while left > 0:
+            chunk = self.rfile.read(min(left, 1 << 16))
+            if not chunk:
+                break
+            left -= len(chunk)
+
+    def _authorized(self, method: str) -> bool:
+        """Check the key before anything else (the body is not read); 401 if it is wrong."""
+        path = urlsplit(self.path).path
+        peer = peer_name(self.client_address)
+        if self.reward.auth.allows(method, path, self.headers.get("Authorization"), peer):
+            return True
+        self.close_connection = True
+        length = self.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) <= 64 * 1024:
+            self._discard_body(int(length))
+        data = json.dumps({"error": "missing or invalid API key (send 'Authorization: Bearer <key>')"})
+        self.send_response(401)
+        self.send_header("WWW-Authenticate", "Bearer")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data.encode())
+        return False
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def _serve(self, method: str) -> None:
+        """Key first, then the route of ``ROUTES``; never let a request take the server down."""
+        if not self._authorized(method):
+            return
+        name = ROUTES.get((method, urlsplit(self.path).path))
+        try:
+            if name is None:
+                raise _BadRequest(404, f"no such route {method} {self.path!r}; use GET /health or POST /score")
+            self._reply(200, getattr(self, f"_route_{name}")())
+        except _BadRequest as e:
             self.close_connection = True
-            length = self.headers.get("Content-Length", "")
-            if length.isdigit() and int(length) <= 64 * 1024:
-                self._discard_body(int(length))
-            data = json.dumps({"error": "missing or invalid API key (send 'Authorization: Bearer <key>')"})
-            self.send_response(401)
-            self.send_header("WWW-Authenticate", "Bearer")
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data.encode())
-            return False
+            self._reply(e.status, {"error": str(e)})
+        except Exception as e:  # noqa: BLE001
+            logger.exception("reward request %s %r failed", method, self.path)
+            self.close_connection = True
+            self._reply(500, {"error": f"{type(e).__name__}: {e}"})
 
-        def do_GET(self) -> None:
-            self._serve("GET")
+    def _route_health(self) -> dict[str, Any]:
+        if self.reward.auth.enabled and not self.reward.auth.valid(self.headers.get("Authorization")):
+            return {"status": "ok"}  # the open route: liveness only, nothing revealed
+        return self.reward.handle_health()
 
-        def do_POST(self) -> None:
-            self._serve("POST")
+    def _route_score(self) -> dict[str, Any]:
+        length_header = self.headers.get("Content-Length")
+        if length_header is None:
+            raise _BadRequest(411, "Content-Length is required")
+        try:
+            length = int(length_header)
+        except ValueError:
+            raise _BadRequest(400, "bad Content-Length") from None
+        if length < 0:
+            raise _BadRequest(400, "bad Content-Length")
+        if length > self.reward.max_body_bytes:
+            self._discard_body(length)
+            raise _BadRequest(413, f"body over {self.reward.max_body_bytes} bytes")
+        raw = self.rfile.read(length)
+        try:
+            payload = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise _BadRequest(400, f"invalid JSON: {e}") from None
+        return self.reward.handle_score(payload)
 
-        def _serve(self, method: str) -> None:
-            """Key first, then the route of ``ROUTES``; never let a request take the server down."""
-            if not self._authorized(method):
-                return
-            name = ROUTES.get((method, urlsplit(self.path).path))
-            try:
-                if name is None:
-                    raise _BadRequest(404, f"no such route {method} {self.path!r}; use GET /health or POST /score")
-                self._reply(200, getattr(self, f"_route_{name}")())
-            except _BadRequest as e:
-                self.close_connection = True
-                self._reply(e.status, {"error": str(e)})
-            except Exception as e:  # noqa: BLE001
-                logger.exception("reward request %s %r failed", method, self.path)
-                self.close_connection = True
-                self._reply(500, {"error": f"{type(e).__name__}: {e}"})
 
-        def _route_health(self) -> dict[str, Any]:
-            if server.auth.enabled and not server.auth.valid(self.headers.get("Authorization")):
-                return {"status": "ok"}  # the open route: liveness only, nothing revealed
-            return server.handle_health()
-
-        def _route_score(self) -> dict[str, Any]:
-            length_header = self.headers.get("Content-Length")
-            if length_header is None:
-                raise _BadRequest(411, "Content-Length is required")
-            try:
-                length = int(length_header)
-            except ValueError:
-                raise _BadRequest(400, "bad Content-Length") from None
-            if length < 0:
-                raise _BadRequest(400, "bad Content-Length")
-            if length > server.max_body_bytes:
-                self._discard_body(length)
-                raise _BadRequest(413, f"body over {server.max_body_bytes} bytes")
-            raw = self.rfile.read(length)
-            try:
-                payload = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise _BadRequest(400, f"invalid JSON: {e}") from None
-            return server.handle_score(payload)
-
-    return Handler
+def _make_handler(server: RewardServer) -> type[BaseHTTPRequestHandler]:
+    return type("Handler", (_Handler,), {"reward": server})
 
 
 def serve_reward(
