@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from asyncrl.config_checks import validate_algo, validate_fixed_lag
 from asyncrl.config_parse import ConfigError, apply_mapping, nest, parse_override
 
 __all__ = ["Config", "ConfigError", "dump_yaml", "load_config", "parse_override", "to_dict", "validate"]
@@ -418,8 +419,8 @@ def validate(cfg: Config) -> Config:
         )
     if cfg.rollout.temperature <= 0:
         raise ConfigError("rollout.temperature must be > 0 (use eval.greedy for argmax decoding)")
-    _validate_algo(cfg)
-    _validate_fixed_lag(cfg)
+    validate_algo(cfg)
+    validate_fixed_lag(cfg)
     if cfg.algo.advantage == "rloo" and cfg.rollout.group_size < 2:
         raise ConfigError("algo.advantage=rloo needs rollout.group_size >= 2")
     if cfg.trainer.lora_rank < 0 or cfg.trainer.decay_steps < 0 or not 0.0 <= cfg.trainer.min_lr_ratio <= 1.0:
@@ -442,55 +443,6 @@ def validate(cfg: Config) -> Config:
             "rollout.num_engines > 1 or launch.trainer_ranks > 1 (or torchrun for trainer ranks)"
         )
     return cfg
-
-
-def _validate_algo(cfg: Config) -> None:
-    """The off-policy corrections, the KL penalty and the overlong penalty (``algo.*``)."""
-    a = cfg.algo
-    if a.max_version_gap is not None and a.max_version_gap < 0:
-        raise ConfigError(f"algo.max_version_gap must be >= 0 or null, got {a.max_version_gap}")
-    if a.m2_threshold is not None:
-        if a.m2_threshold < 0:
-            raise ConfigError(f"algo.m2_threshold must be >= 0 or null, got {a.m2_threshold}")
-        if a.prox_mode != "recompute":
-            raise ConfigError(
-                f"algo.m2_threshold needs algo.prox_mode=recompute (the mask is computed from the recomputed "
-                f"proximal log-probs), got prox_mode={a.prox_mode}"
-            )
-    if a.kl_coef < 0:
-        raise ConfigError(f"algo.kl_coef must be >= 0 (0: off), got {a.kl_coef}")
-    if not 0 <= a.overlong_buffer <= cfg.rollout.max_new_tokens or a.overlong_penalty < 0:
-        raise ConfigError(
-            f"algo.overlong_buffer must be in [0, rollout.max_new_tokens={cfg.rollout.max_new_tokens}] (0: off) "
-            f"and algo.overlong_penalty >= 0, got {a.overlong_buffer} and {a.overlong_penalty}"
-        )
-    if a.dual_clip is not None and a.loss_type in ("cispo", "pg"):
-        raise ConfigError(f"algo.dual_clip does not apply to algo.loss_type={a.loss_type} (set it to null)")
-
-
-def _validate_fixed_lag(cfg: Config) -> None:
-    """``controller.fixed_lag``: a lag k >= 0 that the staleness bound allows, on the setups that hold
-    a ring of in-process weight snapshots."""
-    k = cfg.controller.fixed_lag
-    if k is None:
-        return
-    if k < 0:
-        raise ConfigError(f"controller.fixed_lag must be >= 0 or null, got {k}")
-    if cfg.controller.max_staleness < k:
-        raise ConfigError(
-            f"controller.fixed_lag={k} needs controller.max_staleness >= {k} (the bound the batcher checks), "
-            f"got {cfg.controller.max_staleness}"
-        )
-    if cfg.trainer.weight_transport != "tensors" or cfg.launch.kind != "local" or cfg.launch.engine_urls:
-        raise ConfigError(
-            "controller.fixed_lag needs trainer.weight_transport=tensors and launch.kind=local without "
-            "launch.engine_urls (it keeps the last k exports in memory)"
-        )
-    if cfg.controller.eval_every:
-        raise ConfigError(
-            "controller.fixed_lag needs controller.eval_every=0 (an evaluation between steps would swap the "
-            "engine's weights while the next batch generates)"
-        )
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:

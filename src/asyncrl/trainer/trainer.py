@@ -34,7 +34,7 @@ import copy
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,6 +44,7 @@ from asyncrl.algo.losses import kl_penalty, loglinear_prox_logp, policy_loss
 from asyncrl.config import AlgoConfig, TrainerConfig
 from asyncrl.trainer import distributed as dist_mod
 from asyncrl.trainer.attention import use_packed_attention
+from asyncrl.trainer.bookkeeping import _Stats, denominator, lr_factor
 from asyncrl.trainer.lora import apply_lora, base_model, is_lora
 from asyncrl.trainer.offpolicy import drop_mask, m2_keep_rows
 from asyncrl.trainer.packing import PackedMicroBatch, PaddedMicroBatch, pack, pad, plan_micro_batches
@@ -67,70 +68,6 @@ class StepResult:
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def denominator(samples: Sequence[TrainSample], aggregation: str) -> float:
-    """The global loss denominator of a mini-batch for ``aggregation`` (see ``algo.aggregation``)."""
-    match aggregation:
-        case "token_mean":
-            return float(max(1, sum(s.num_loss_tokens for s in samples)))
-        case "seq_mean_token_mean":
-            return float(max(1, sum(1 for s in samples if s.num_loss_tokens > 0)))
-        case "seq_mean_token_sum":
-            return float(max(1, len(samples) * max(len(s.token_ids) for s in samples)))
-        case _:
-            raise ValueError(f"unknown aggregation {aggregation!r}")
-
-
-def lr_factor(step: int, cfg: TrainerConfig, total_steps: int | None) -> float:
-    """LR multiplier of training step ``step``: linear warm-up over ``warmup_steps``, then the
-    configured decay to ``min_lr_ratio`` over ``decay_steps`` (or ``total_steps``)."""
-    warm = max(0, cfg.warmup_steps)
-    if step < warm:
-        return (step + 1) / warm
-    horizon = cfg.decay_steps or total_steps or 0
-    if cfg.lr_schedule == "constant" or horizon <= warm:
-        return 1.0
-    progress = min(1.0, (step - warm) / max(1, horizon - warm))
-    floor = cfg.min_lr_ratio
-    match cfg.lr_schedule:
-        case "linear":
-            return 1.0 - (1.0 - floor) * progress
-        case "cosine":
-            return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-        case other:
-            raise ValueError(f"unknown lr_schedule {other!r}")
-
-
-@dataclass
-class _Stats:
-    """Loss metrics of one step: token-weighted sums, maxima, micro-batch count."""
-
-    sums: dict[str, float] = field(default_factory=dict)
-    maxima: dict[str, float] = field(default_factory=dict)
-    weight: float = 0.0
-    micro_batches: int = 0
-
-    @staticmethod
-    def merge(parts: list[_Stats]) -> _Stats:
-        """The statistics of several ranks together (micro-batch count: the per-rank count)."""
-        out = _Stats(micro_batches=parts[0].micro_batches)
-        for part in parts:
-            out.weight += part.weight
-            for k, v in part.sums.items():
-                out.sums[k] = out.sums.get(k, 0.0) + v
-            for k, v in part.maxima.items():
-                out.maxima[k] = max(out.maxima.get(k, -math.inf), v)
-        return out
-
-    def add(self, metrics: dict[str, float]) -> None:
-        w = metrics["n_loss_tokens"]
-        self.weight += w
-        for k, v in metrics.items():
-            if k.endswith("_max"):
-                self.maxima[k] = max(self.maxima.get(k, -math.inf), float(v))
-            elif k != "n_loss_tokens":
-                self.sums[k] = self.sums.get(k, 0.0) + w * float(v)
 
 
 class Trainer(TrainerStateMixin):
