@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -39,6 +39,10 @@ class ModelConfig:
     """cpu | cuda | cuda:N."""
 
 
+ArithmeticForm = Literal["chain", "repeat"]
+"""The problem forms of the synthetic arithmetic task (``task.form``; ``data/synthetic.py``)."""
+
+
 @dataclass
 class TaskConfig:
     name: str = "arithmetic"
@@ -55,6 +59,9 @@ class TaskConfig:
     length_tail: float = 0.5
     """Synthetic arithmetic: P(one more operand). 0.5 gives many short and a few long problems."""
     max_operand: int = 9
+    form: ArithmeticForm = "chain"
+    """Synthetic arithmetic: chain (additions and subtractions, the default) | repeat (a product
+    modulo 10 worked out as repeated addition: long chains a tiny model can keep right)."""
     path: str | None = None
     """Dataset file for gsm8k/jsonl tasks (default: ../shared/data for gsm8k)."""
     verifier: str = "arithmetic"
@@ -241,6 +248,11 @@ class ControllerConfig:
     """Held-out accuracy every N steps during RL (``eval_accuracy`` etc. in that step's line of
     metrics.jsonl; the trainer waits meanwhile, the time counts in RL wall time); 0: only before
     and after."""
+    snapshot_every_s: float = 0.0
+    """Save the published policy as a Hugging Face checkpoint (``RUN_DIR/snapshots/v<version>``,
+    listed with its RL time in ``snapshots.jsonl``) at the start, whenever this many seconds of RL
+    time passed since the last one, and at the end; 0: off. ``asyncrl bench headline`` evaluates
+    them afterwards (accuracy against wall time without slowing the run it measures)."""
     checkpoint_every: int = 10
     """Save a resumable checkpoint (trainer state, data position, ledger offsets, staleness
     counters) every N steps into ``RUN_DIR/checkpoints/``; 0: only at the end and on SIGINT/SIGTERM."""

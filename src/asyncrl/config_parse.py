@@ -65,6 +65,10 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
         if isinstance(value, str):
             return value
         raise ConfigError(f"{key}: expected a string, got {value!r}")
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, args))}")
     raise ConfigError(f"{key}: unsupported field type {annotation!r}")
 
 

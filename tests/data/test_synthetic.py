@@ -68,3 +68,50 @@ def test_flawed_teacher_slips_at_the_configured_rate() -> None:
     assert 0.45 < slipped / len(train) < 0.65
     clean = random.Random(0)
     assert all(teacher_solution(p, clean, 0.0) == p.solution for p in train[:50])
+
+
+def test_repeat_form_solutions_are_correct_and_long_tailed() -> None:
+    train, held_out = make_splits(11, 3000, 100, max_terms=300, tail=0.986, form="repeat")
+    for p in train[:200] + held_out:
+        factor, count = p.question.split("%")[0].split("*")
+        lines = p.solution.split(";")[:-1]
+        assert len(lines) == int(count) == p.num_terms
+        assert [int(line.split(":")[0]) for line in lines] == list(range(int(count), 0, -1))
+        assert [int(line.split(":")[1]) for line in lines] == [k * int(factor) % 10 for k in range(1, int(count) + 1)]
+        assert int(p.answer) == int(factor) * int(count) % 10
+        assert arithmetic_reward(p.solution, p.answer) == 1.0
+    lengths = sorted(len(p.solution) for p in train)
+    assert 150 < lengths[len(lengths) // 2] < 400  # a few hundred tokens at the median
+    assert lengths[-1] > 1500  # and a tail past 1,500
+
+
+def test_repeat_form_teacher_slips_to_the_total_before_the_last_line() -> None:
+    import random
+
+    from asyncrl.data.synthetic import teacher_solution
+
+    train, _ = make_splits(2, 300, 10, max_terms=40, tail=0.9, form="repeat")
+    for p in train:
+        slipped = teacher_solution(p, random.Random(0), 1.0)
+        lines = p.solution.split(";")
+        assert slipped == ";".join(lines[:-1]) + f";#{lines[-3].split(':')[1]}"
+        assert arithmetic_reward(slipped, p.answer) == 0.0  # factor 1..9: the slip is always wrong
+
+
+def test_held_out_is_disjoint_from_training_for_every_eval_size_and_train_does_not_depend_on_it() -> None:
+    for form, kwargs in (("chain", {}), ("repeat", {"max_terms": 300, "tail": 0.986})):
+        trains = []
+        for eval_size in (16, 64, 256, 512, 1024):
+            train, held_out = make_splits(1234, 4000, eval_size, form=form, **kwargs)
+            assert len(held_out) == eval_size
+            assert not {p.question for p in train} & {p.question for p in held_out}, (form, eval_size)
+            trains.append([p.question for p in train])
+        assert all(t == trains[0] for t in trains), form  # the warm start's demonstrations never change
+
+
+def test_held_out_and_training_share_the_length_distribution() -> None:
+    train, held_out = make_splits(1234, 20000, 2000)
+    share = {name: Counter(p.num_terms for p in split)[2] / len(split) for name, split in
+             (("train", train), ("held_out", held_out))}  # fmt: skip
+    assert abs(share["train"] - share["held_out"]) < 0.04, share  # P(two terms) = 0.5 in the generator
+    assert abs(share["train"] - 0.5) < 0.02

@@ -46,6 +46,7 @@ def build_task(
                 max_terms=task.max_terms,
                 tail=task.length_tail,
                 max_operand=task.max_operand,
+                form=task.form,
             )
 
             def to_prompt(p: Any) -> Prompt:
