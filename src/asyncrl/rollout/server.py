@@ -413,8 +413,9 @@ class ServerThread:
             asyncio.set_event_loop(self._loop)
             try:
                 self._loop.run_until_complete(self.server.start(host, port))
-            except BaseException as e:  # surface bind errors to the constructor
+            except BaseException as e:  # surface bind (and insecure bind) errors to the constructor
                 self._error = e
+                self._loop.close()
                 ready.set()
                 return
             ready.set()
@@ -431,7 +432,7 @@ class ServerThread:
         return f"http://{self.host}:{self.server.port}"
 
     def stop(self) -> None:
-        if not self._loop.is_running():
+        if self._loop.is_closed() or not self._loop.is_running():
             return
         asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
