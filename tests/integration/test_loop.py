@@ -138,3 +138,25 @@ def test_eval_every_logs_held_out_accuracy(tiny_policy_dir, tmp_path) -> None:
     assert evaluated == [1]  # after 2 steps; after 4 (the last) the launcher's accuracy_after
     m = metrics[1]
     assert 0.0 <= m["eval_accuracy"] <= 1.0 and m["eval_response_len"] > 0 and m["eval_s"] > 0
+
+
+def test_policy_snapshots_are_saved_with_their_version_and_time(tiny_policy_dir, tmp_path) -> None:
+    """``controller.snapshot_every_s``: the starting policy, policies at least that far apart in RL
+    time, and the final one, each a loadable Hugging Face checkpoint listed with version and time."""
+    from asyncrl.models import load_policy
+
+    run_dir = tmp_path / "snapshots"
+    train(_cfg(tiny_policy_dir, run_dir, 1, steps=4, extra=("controller.snapshot_every_s=1e-6",)))
+    snaps = read_jsonl(run_dir / "snapshots.jsonl")
+    assert [s["version"] for s in snaps] == [0, 1, 2, 3, 4]  # every version: the interval is tiny
+    assert snaps[0]["t"] < 1.0 and all(a["t"] <= b["t"] for a, b in zip(snaps, snaps[1:], strict=False))
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    for snap in snaps[1:]:  # version v is published at the end of step v - 1, after step v - 2 ended
+        assert snap["t"] <= metrics[snap["version"] - 1]["time_s"]
+        assert snap["version"] == 1 or snap["t"] >= metrics[snap["version"] - 2]["time_s"]
+    model, _ = load_policy(snaps[2]["path"])
+    assert sum(p.numel() for p in model.parameters()) > 0
+
+    sparse = tmp_path / "sparse"
+    train(_cfg(tiny_policy_dir, sparse, 1, steps=4, extra=("controller.snapshot_every_s=3600",)))
+    assert [s["version"] for s in read_jsonl(sparse / "snapshots.jsonl")] == [0, 4]  # start and end only

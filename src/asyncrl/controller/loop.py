@@ -132,6 +132,7 @@ class Controller:
         self._checkpointing = False
         self._checkpoint_s = 0.0
         self._last_checkpoint_step: int | None = None
+        self._last_snapshot: tuple[int, float] | None = None  # (version, RL time) of the newest policy snapshot
         self._elapsed0 = 0.0
         self._run_start = time.perf_counter()
         self._resumed = resume is not None
@@ -194,6 +195,28 @@ class Controller:
         prune_checkpoints(self.rundir.path, self.cfg.controller.keep_checkpoints)
         self._checkpoint_s += time.perf_counter() - t0
         self._last_checkpoint_step = step
+
+    async def _snapshot_policy(self, executor: ThreadPoolExecutor, *, final: bool = False) -> None:
+        """Save the published policy as a Hugging Face checkpoint ``snapshots/v<version>`` when
+        ``controller.snapshot_every_s`` of RL time passed since the last one (or ``final``), and
+        record its version and RL time in ``snapshots.jsonl``: what ``asyncrl bench headline``
+        evaluates afterwards, so that measuring accuracy never slows the run it measures."""
+        every = self.cfg.controller.snapshot_every_s
+        version, t = self.published_version, self._now()
+        if every <= 0 or (self._last_snapshot is not None and self._last_snapshot[0] == version):
+            return
+        if not final and self._last_snapshot is not None and t - self._last_snapshot[1] < every:
+            return
+        directory = self.rundir.path / "snapshots" / f"v{version:06d}"
+        t0 = time.perf_counter()
+        await asyncio.get_running_loop().run_in_executor(
+            executor, self.trainer.save_pretrained, directory, self.tokenizer
+        )
+        self.rundir.log_snapshot(
+            {"version": version, "step": self.state.step, "t": t, "path": str(directory),
+             "save_s": time.perf_counter() - t0}
+        )  # fmt: skip
+        self._last_snapshot = (version, t)
 
     # ------------------------------------------------------------------ admission and episodes
     async def _admit_loop(self) -> None:
@@ -388,6 +411,7 @@ class Controller:
             sync_s = await self._publish(executor)
             self.published_version = result.version
             self._wake_admit.set()
+            await self._snapshot_policy(executor)
 
             staleness = [step - g.min_version for g in groups]
             for g in groups:
@@ -454,12 +478,14 @@ class Controller:
         admit = asyncio.create_task(self._admit_loop())
         sampler = asyncio.create_task(self._sample_timeline())
         try:
+            await self._snapshot_policy(executor)  # the starting policy, at RL time 0
             if self.lag is not None:
                 loop = asyncio.get_running_loop()
                 await self.lag.start(lambda: loop.run_in_executor(executor, self.trainer.export_weights))
             await self._train_loop(executor, bar)
             if self.lag is not None:  # the final evaluation measures the trained policy
                 await self.lag.finish(self.engine)
+            await self._snapshot_policy(executor, final=True)
             self.state.stop_reason = self._stop_reason
             if self._last_checkpoint_step != self.state.step:
                 await self._checkpoint(executor)
