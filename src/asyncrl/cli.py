@@ -225,20 +225,44 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 workloads = tuple(args.workload.split(",")) if args.workload else ("task", "long")
                 unknown = set(workloads) - set(async_bench.WORKLOADS) - set(async_bench.WORKLOAD_ALIASES)
                 if unknown:
-                    raise ConfigError(f"unknown workload(s) {sorted(unknown)} (available: task (a), long (b))")
+                    available = ", ".join(async_bench.WORKLOADS)
+                    raise ConfigError(f"unknown workload(s) {sorted(unknown)} (available: {available})")
                 seeds = tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (0,)
                 marks = tuple(int(x) for x in args.high_water.split(",")) if args.high_water else None
                 async_bench.run_async_bench(
-                    args.json, etas=etas, workloads=workloads, seeds=seeds, warmup_steps=args.warmup,
+                    args.json, etas=etas, workloads=workloads, seeds=seeds, warmup_s=args.warmup_s,
                     high_waters=marks, calibrate_s=args.calibrate, **common,
                 )  # fmt: skip
             else:
                 async_bench.run_interrupt_bench(args.json, **common)
+        case "headline":
+            _bench_headline(args)
         case other:
             raise ConfigError(
-                f"unknown benchmark {other!r} (available: engine, decode, train, async, interrupt, ablation)"
+                f"unknown benchmark {other!r} (available: engine, decode, train, async, interrupt, ablation, headline)"
             )
     return 0
+
+
+def _bench_headline(args: argparse.Namespace) -> None:
+    """``asyncrl bench headline``: time to a target accuracy, asynchronous arms against the best
+    synchronous arm (``bench/headline.py``)."""
+    from asyncrl.bench import async_bench, headline
+
+    overrides = [*args.overrides, *([f"model.path={args.model}"] if args.model else [])]
+    load_config(None, overrides)  # fail fast on a bad override
+    workload = args.workload or "reason"
+    if async_bench.WORKLOAD_ALIASES.get(workload, workload) not in async_bench.WORKLOADS:
+        raise ConfigError(f"unknown workload {workload!r} (available: {', '.join(async_bench.WORKLOADS)})")
+    if args.sync_setting and args.sync_setting not in headline.SYNC_CANDIDATES:
+        raise ConfigError(f"--sync-setting {args.sync_setting!r}: one of {', '.join(headline.SYNC_CANDIDATES)}")
+    headline.run_headline_bench(
+        args.json, overrides=overrides, workload=workload, steps=args.steps,
+        etas=tuple(int(x) for x in args.etas.split(",")) if args.etas else (0, 2, 4, 8),
+        seeds=tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (0, 1, 2),
+        snapshot_every_s=args.snapshot_every, warmup_s=args.warmup_s, target_fraction=args.target_fraction,
+        probe_steps=args.probe_steps, sync_setting=args.sync_setting, out_dir=args.out or "runs/bench-headline",
+    )  # fmt: skip
 
 
 def _bench_ablation(args: argparse.Namespace) -> None:
@@ -363,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
-    p.add_argument("name", help="engine | decode | train | async | interrupt | ablation")
+    p.add_argument("name", help="engine | decode | train | async | interrupt | ablation | headline")
     p.add_argument("--json", help="write the result rows and ratios here")
     p.add_argument(
         "--model", help="engine|decode|async|interrupt|ablation: model directory (default: the tiny model; async: each "
@@ -386,14 +410,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="ablation: a run whose final accuracy is below this x its starting accuracy counts as collapsed",
     )  # fmt: skip
     p.add_argument(
-        "--workload", help="async: comma-separated workloads: task (a, the default task), long (b, generation-bound)"
+        "--workload", help="async: comma-separated workloads (task, long, reason); headline: one (default reason)"
     )
     p.add_argument(
         "--seeds", help="async|ablation: comma-separated run.seed values, each a full sweep (default 0 | 0,1,2)"
     )
     p.add_argument(
-        "--warmup", type=int, default=4, help="async: steps left out of the effective throughput (default 4)"
+        "--warmup-s", type=float, default=60.0,
+        help="async|headline: seconds of RL time before the steady-state window opens (default 60)",
+    )  # fmt: skip
+    p.add_argument(
+        "--snapshot-every", type=float, default=20.0, help="headline: seconds of RL time between policy snapshots"
     )
+    p.add_argument(
+        "--target-fraction", type=float, default=0.9,
+        help="headline: the target is the synchronous run's start + this fraction of its gain (default 0.9)",
+    )  # fmt: skip
+    p.add_argument("--sync-setting", help="headline: the synchronous setting to use without probing (SYNC_CANDIDATES)")
+    p.add_argument("--probe-steps", type=int, default=0, help="headline: steps of each synchronous probe (0: --steps)")
     p.add_argument(
         "--high-water", help="async: controller.high_water_batches values for max_staleness > 0 (default: config)"
     )

@@ -180,9 +180,12 @@ class TrainerConfig:
     seed: int = 0
     micro_batching: str = "packed"
     """packed (padding-free streams under the token budget, varlen attention) | padded (fixed-size
-    micro-batches of ``padded_micro_batch_size`` right-padded sequences: the baseline)."""
+    micro-batches of ``padded_micro_batch_size`` right-padded sequences in batch order: the
+    baseline) | padded_grouped (the same, over the batch sorted by length, so that sequences of
+    similar length pad together: what a length-grouped sampler such as HF's ``group_by_length``
+    gives)."""
     padded_micro_batch_size: int = 8
-    """Sequences per micro-batch when ``micro_batching=padded``."""
+    """Sequences per micro-batch when ``micro_batching`` is padded or padded_grouped."""
     balance: str = "ffd"
     """How sequences are binned into micro-batches and spread over data-parallel ranks:
     ffd (first-fit-decreasing into the least-loaded fitting bin) | kk (Karmarkar-Karp)."""
@@ -364,7 +367,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "algo.behav_cap_mode": ("mask", "clamp"),
     "algo.behav_cap_level": ("token", "sequence"),
     "algo.aggregation": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"),
-    "trainer.micro_batching": ("packed", "padded"),
+    "trainer.micro_batching": ("packed", "padded", "padded_grouped"),
     "trainer.balance": ("ffd", "kk"),
     "trainer.lr_schedule": ("constant", "linear", "cosine"),
     "trainer.precision": ("auto", "fp32", "bf16"),

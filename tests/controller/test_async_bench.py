@@ -1,5 +1,5 @@
-"""``bench async`` bookkeeping: effective throughput after warm-up, the over-seeds summary, the
-run variants, the workload names. No runs here (those are the benchmark itself)."""
+"""``bench async`` bookkeeping: the over-seeds summary, the run variants, the workload names. No
+runs here (those are the benchmark itself); the throughput measure is tested in tests/bench."""
 
 from __future__ import annotations
 
@@ -12,32 +12,16 @@ from asyncrl.bench.async_bench import (
     WORKLOAD_ALIASES,
     WORKLOADS,
     _variants,
-    effective_throughput,
     summarize,
 )
 from asyncrl.config import load_config
 
 
-def _metrics(times: list[float], tokens: list[int]) -> list[dict]:
-    return [{"time_s": t, "trained_tokens": n, "applied": True} for t, n in zip(times, tokens, strict=True)]
-
-
-def test_effective_throughput_leaves_out_the_warm_up() -> None:
-    # a slow first step (the engine filling the pipeline), then 100 tokens per second
-    m = _metrics([10.0, 11.0, 12.0, 13.0], [100, 100, 100, 100])
-    assert effective_throughput(m, 0) == pytest.approx(400 / 13.0)
-    assert effective_throughput(m, 1) == pytest.approx(300 / 3.0)
-    assert effective_throughput(m, 2) == pytest.approx(200 / 2.0)
-    assert effective_throughput(m, 4) == pytest.approx(400 / 13.0)  # not longer than the warm-up: whole run
-    m[3]["applied"] = False  # a skipped (non-finite) step trains nothing
-    assert effective_throughput(m, 1) == pytest.approx(200 / 3.0)
-    assert effective_throughput([], 2) == 0.0
-
-
 def _row(eta: int, seed: int, eff: float, acc: float, hw: int = 2) -> dict:
     return {
         "workload": "task", "max_staleness": eta, "high_water_batches": hw, "seed": seed,
-        "effective_tokens_per_s": eff, "trained_tokens_per_s": eff, "accuracy_after": acc, "staleness_mean": eta / 2,
+        "steady_state_tokens_per_s": eff, "trained_tokens_per_s": eff / 2, "accuracy_after": acc,
+        "staleness_mean": eta / 2,
     }  # fmt: skip
 
 
@@ -48,14 +32,19 @@ def test_summary_means_spreads_and_paired_accuracy_deltas() -> None:
     assert set(by) == {(0, 2), (8, 2), (8, 0)}
     eta8 = by[(8, 2)]
     assert eta8["seeds"] == [0, 1]
-    assert eta8["effective_tokens_per_s_mean"] == pytest.approx(300.0)
-    assert eta8["effective_ratio_vs_sync"] == pytest.approx(300.0 / 200.0)
+    assert eta8["steady_state_tokens_per_s_mean"] == pytest.approx(300.0)
+    # ratios paired by seed: 200/100 and 400/300, mean and 95% t-interval (1 degree of freedom)
+    ratio = eta8["steady_state_ratio_vs_sync"]
+    assert eta8["steady_state_ratio_vs_sync_per_seed"] == pytest.approx([2.0, 4 / 3])
+    assert ratio["mean"] == pytest.approx(5 / 3)
+    assert ratio["high"] - ratio["mean"] == pytest.approx(12.706 * (2 - 4 / 3) / 2 / 2**0.5 * 2**0.5, rel=1e-3)
+    assert eta8["whole_run_ratio_vs_sync"]["mean"] == pytest.approx(5 / 3)
     assert eta8["accuracy_after_mean"] == pytest.approx(0.63)
     # paired by seed: -5 and +1 points
     assert eta8["accuracy_delta_vs_sync_points_mean"] == pytest.approx(-2.0)
     assert eta8["accuracy_delta_vs_sync_points_std"] == pytest.approx(4.2426, abs=1e-3)
     assert by[(8, 0)]["accuracy_delta_vs_sync_points_mean"] == pytest.approx(-10.0)
-    assert by[(0, 2)]["effective_ratio_vs_sync"] == pytest.approx(1.0)
+    assert by[(0, 2)]["steady_state_ratio_vs_sync"]["mean"] == pytest.approx(1.0)
 
 
 def test_variants_run_each_high_water_mark_for_asynchronous_rows_only() -> None:
@@ -64,7 +53,9 @@ def test_variants_run_each_high_water_mark_for_asynchronous_rows_only() -> None:
 
 
 def test_workloads_are_valid_configs_and_long_is_long() -> None:
-    assert set(WORKLOADS) == {"task", "long"} and WORKLOAD_ALIASES == {"a": "task", "b": "long"}
+    assert set(WORKLOADS) == {"task", "long", "reason"} and WORKLOAD_ALIASES == {"a": "task", "b": "long"}
+    reason = load_config(None, [*WORKLOADS["reason"], *WARM_STARTS["reason"]])
+    assert reason.task.form == "repeat" and reason.rollout.max_new_tokens >= 2048
     task, long = (load_config(None, WORKLOADS[w]) for w in ("task", "long"))
     assert long.rollout.max_new_tokens >= 8 * task.rollout.max_new_tokens
     assert long.task.length_tail > task.task.length_tail and long.task.max_terms > task.task.max_terms

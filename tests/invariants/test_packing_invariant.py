@@ -83,15 +83,22 @@ def test_packed_micro_batches_equal_one_padded_batch(tiny_policy_dir, aggregatio
         assert rel_diff(g, r) <= TOL
 
 
-def test_trainer_padded_mode_equals_packed_mode(tiny_policy_dir) -> None:
-    """The padded baseline (fixed-size micro-batches) trains exactly the same objective."""
+@pytest.mark.parametrize("mode", ["padded", "padded_grouped"])
+def test_trainer_padded_mode_equals_packed_mode(tiny_policy_dir, mode: str) -> None:
+    """The padded baselines (fixed-size micro-batches, in batch order or grouped by length) train
+    exactly the same objective."""
     model, _ = load_policy(tiny_policy_dir)
     packed = Trainer(model, TrainerConfig(max_tokens_per_micro_batch=48), AlgoConfig())
     samples = make_samples(10, seed=2, logprob_fn=packed.compute_logprobs)
     loss = packed.accumulate_gradients(samples)
     grads = [p.grad.detach().clone() for p in packed.model.parameters()]
     model2, _ = load_policy(tiny_policy_dir)
-    padded = Trainer(model2, TrainerConfig(micro_batching="padded", padded_micro_batch_size=3), AlgoConfig())
+    padded = Trainer(model2, TrainerConfig(micro_batching=mode, padded_micro_batch_size=3), AlgoConfig())
+    lengths = [len(s.token_ids) for s in samples]
+    plan = padded._plan(lengths)
+    assert sorted(i for b in plan for i in b) == list(range(len(samples)))
+    if mode == "padded_grouped":  # buckets of neighbours in length, longest first
+        assert [lengths[i] for b in plan for i in b] == sorted(lengths, reverse=True)
     loss2 = padded.accumulate_gradients(samples)
     assert abs(loss - loss2) <= TOL * max(1.0, abs(loss2))
     for g, p in zip(grads, padded.model.parameters(), strict=True):

@@ -27,4 +27,13 @@ def test_bench_train_rows_and_ratios(tmp_path) -> None:
     assert sum(r["same_budget"] for r in padded) == 1
     for r in rows:
         assert r["trained_tokens_per_s"] > 0 and r["step_time_s"] > 0
-    assert set(result["ratios"]) == {"tiny_packed_vs_padded_same_budget", "tiny_packed_vs_best_padded"}
+    grouped = [r for r in rows if r["micro_batching"] == "padded_grouped"]
+    assert {r["padded_micro_batch_size"] for r in grouped} == {r["padded_micro_batch_size"] for r in padded}
+    assert not any(r["same_budget"] for r in grouped)
+    for g in grouped:  # sorted buckets never pad more than batch order at the same size
+        p = next(r for r in padded if r["padded_micro_batch_size"] == g["padded_micro_batch_size"])
+        assert g["computed_tokens"] <= p["computed_tokens"] and g["trained_tokens"] == p["trained_tokens"]
+    assert set(result["ratios"]) == {
+        "tiny_packed_vs_padded_same_budget", "tiny_packed_vs_best_padded", "tiny_packed_vs_best_padded_grouped",
+        "tiny_best_padded_grouped_size",
+    }  # fmt: skip

@@ -25,17 +25,19 @@ changes.
   (``rollout.interrupt_mode=keep``: ``abort`` re-prefills every running sample at every update;
   with ~110 samples of ~600 tokens running that halved the CPU engine's throughput, 1131 against
   2395 generated tok/s; docs/controller.md §5.2.1).
-  Metrics: ``effective_tokens_per_s`` (the paper's effective throughput: trained tokens per
-  second of RL wall time after ``warmup_steps`` steps, see ``effective_throughput``),
-  ``trained_tokens_per_s`` (the same over the whole run), held-out ``accuracy_after``; with
-  several seeds, ``summary`` gives mean and spread per (max_staleness, high water) and the
-  accuracy difference to max_staleness = 0 paired by seed. ``limits`` gives the bottleneck limit
+  Metrics: ``steady_state_tokens_per_s`` (the paper's effective throughput, measured so that
+  pipeline inventory cannot flatter it: tokens *generated* in the window from ``warmup_s``
+  seconds of RL time to the end of the last step, times the run's trained tokens per generated
+  token, over the window; ``bench/throughput.py``), ``trained_tokens_per_s`` (trained tokens over
+  the whole run's RL wall time), held-out ``accuracy_after``; with several seeds, ``summary``
+  gives mean, spread and 95% interval per (max_staleness, high water) and the accuracy
+  difference to max_staleness = 0 paired by seed. ``limits`` gives the bottleneck limit
   min(trainer alone, engine alone) in trained tokens/s: "trainer alone" is trained tokens per
   second of training + weight sync in the synchronous runs (nothing else runs then, and the
   trainer has the core it also gets when the two overlap); "engine alone" is a calibration of
   the engine kept at full occupancy with no trainer (generated tokens/s, from the engine's own
   counter) times the trained tokens per generated token of the synchronous runs (filtered groups
-  cost generation and train nothing). ``fraction_of_limit`` = effective throughput / limit.
+  cost generation and train nothing). ``fraction_of_limit`` = steady-state throughput / limit.
 - ``interrupt``: at one max_staleness, in-flight weight updates in ``abort`` mode (re-prefill)
   and ``keep`` mode (keep the KV cache) against ``drain`` (stop admitting, wait for running
   episodes to finish, then update).
@@ -55,9 +57,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.bench.stats import mean_ci95
+from asyncrl.bench.throughput import measure_throughput
+
 __all__ = ["WORKLOADS", "run_async_bench", "run_interrupt_bench"]
 
 LONG_TASK = ["task.max_terms=256", "task.length_tail=0.98"]
+REASON_TASK = ["task.form=repeat", "task.max_terms=300", "task.length_tail=0.986"]
 
 WORKLOADS: dict[str, list[str]] = {
     "task": [],
@@ -73,6 +79,17 @@ WORKLOADS: dict[str, list[str]] = {
         "rollout.interrupt_mode=keep",
         "controller.high_water_unit=samples",
     ],
+    "reason": [
+        *REASON_TASK,
+        "rollout.max_new_tokens=2048",
+        "eval.max_new_tokens=2048",
+        "controller.batch_size=8",
+        "task.eval_size=128",
+        "eval.samples_per_prompt=2",
+        "eval.report_greedy=false",
+        "rollout.interrupt_mode=keep",
+        "controller.high_water_unit=samples",
+    ],
 }
 """Config overrides of each workload of ``bench async`` (the user's ``--set`` wins over them, see
 ``workload_overrides``)."""
@@ -80,6 +97,7 @@ WORKLOADS: dict[str, list[str]] = {
 WARM_STARTS: dict[str, list[str]] = {
     "task": [],
     "long": [*LONG_TASK, "sft.steps=150", "sft.batch_size=32"],
+    "reason": [*REASON_TASK, "sft.steps=600", "sft.batch_size=32"],
 }
 """Overrides of each workload's warm start (``ensure_policy``; built once, cached under
 ``sft.cache_dir``): ``long`` gets a policy fine-tuned on the long problems themselves, so that it
@@ -127,18 +145,6 @@ def _std(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def effective_throughput(metrics: list[dict[str, Any]], warmup_steps: int) -> float:
-    """Trained tokens/s after warm-up: tokens of the (applied) steps after the first
-    ``warmup_steps`` over the RL time from the end of step ``warmup_steps - 1`` to the end of the
-    last step (the whole run when ``warmup_steps`` is 0 or the run is not longer than it)."""
-    if not metrics:
-        return 0.0
-    w = warmup_steps if 0 < warmup_steps < len(metrics) else 0
-    t0 = metrics[w - 1]["time_s"] if w else 0.0
-    tokens = sum(m["trained_tokens"] for m in metrics[w:] if m.get("applied", True))
-    return tokens / max(metrics[-1]["time_s"] - t0, 1e-9)
-
-
 def _fresh_out(out_dir: str) -> Path:
     """A new ``out_dir/<timestamp>`` for this invocation's run directories (made now)."""
     from asyncrl.controller.rundir import fresh_subdir
@@ -148,8 +154,9 @@ def _fresh_out(out_dir: str) -> Path:
     return out
 
 
-def _run(overrides: list[str], run_dir: Path, warmup_steps: int = 0) -> dict[str, Any]:
-    """One training run; the row of its summary and per-step averages."""
+def _run(overrides: list[str], run_dir: Path, warmup_s: float = 0.0) -> dict[str, Any]:
+    """One training run; the row of its summary, throughput (``measure_throughput`` with a warm-up
+    of ``warmup_s`` seconds of RL time), per-step averages and policy snapshots (if any)."""
     from asyncrl.config import load_config
     from asyncrl.controller.rundir import check_one_run, read_jsonl
     from asyncrl.launch.local import train
@@ -161,20 +168,20 @@ def _run(overrides: list[str], run_dir: Path, warmup_steps: int = 0) -> dict[str
     check_one_run(run_dir)  # every number below comes from this run's lines alone
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     ledger = read_jsonl(run_dir / "trajectories.jsonl")
+    speed = measure_throughput(metrics, ledger, read_jsonl(run_dir / "timeline.jsonl"), warmup_s=warmup_s)
     finished = [r for r in ledger if r["status"] in ("trained", "filtered", "stale", "skipped")]
     generated = sum(r["response_len"] for r in finished)
     trained = sum(m["trained_tokens"] for m in metrics)
     busy = sum(m["train_step_s"] + m["weight_sync_s"] for m in metrics)
     lens = sorted(r["response_len"] for r in finished) or [0]
     return {
-        "effective_tokens_per_s": effective_throughput(metrics, warmup_steps),
+        **speed.as_row(),
         "trained_tokens_per_s": summary["trained_tokens_per_s"],
         "accuracy_before": summary["accuracy_before"],
         "accuracy_after": summary["accuracy_after"],
         "rl_wall_s": summary["rl_wall_s"],
         "wall_s": time.perf_counter() - t0,
         "steps": summary["steps"],
-        "warmup_steps": warmup_steps,
         "trained_tokens": summary["trained_tokens"],
         "trainer_alone_tokens_per_s": trained / busy if busy else 0.0,
         "trained_per_generated_token": summary["trained_tokens"] / max(1, generated),
@@ -193,6 +200,7 @@ def _run(overrides: list[str], run_dir: Path, warmup_steps: int = 0) -> dict[str
         "train_step_s": _mean([m["train_step_s"] for m in metrics]),
         "interruptions_per_sample": _mean([m["interruptions_per_sample"] for m in metrics]),
         "weight_sync_s": _mean([m["weight_sync_s"] for m in metrics]),
+        "snapshots": read_jsonl(run_dir / "snapshots.jsonl"),
         "run_dir": str(run_dir),
     }
 
@@ -283,34 +291,37 @@ def _write(json_path: str | None, payload: dict[str, Any]) -> None:
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (workload, max_staleness, high_water_batches) over seeds: mean and spread (sample std) of effective
-    throughput and held-out accuracy, ratios of means to max_staleness = 0, and the accuracy
-    difference to max_staleness = 0 paired by seed (mean and std over seeds)."""
+    """Per (workload, max_staleness, high_water_batches) over seeds: mean, spread (sample std) and
+    95% interval of the steady-state and whole-run throughput and of held-out accuracy; the
+    ratios to max_staleness = 0, paired by seed (mean and 95% interval); and the accuracy
+    difference to max_staleness = 0 paired by seed."""
     out: list[dict[str, Any]] = []
     for w in dict.fromkeys(r["workload"] for r in rows):
         w_rows = [r for r in rows if r["workload"] == w]
         sync = {r["seed"]: r for r in w_rows if r["max_staleness"] == 0}
         for eta, hw in dict.fromkeys((r["max_staleness"], r.get("high_water_batches")) for r in w_rows):
             e_rows = [r for r in w_rows if r["max_staleness"] == eta and r.get("high_water_batches") == hw]
-            eff = [r["effective_tokens_per_s"] for r in e_rows]
+            steady = [r["steady_state_tokens_per_s"] for r in e_rows]
             acc = [r["accuracy_after"] for r in e_rows if r["accuracy_after"] is not None]
             item: dict[str, Any] = {
                 "workload": w, "max_staleness": eta, "high_water_batches": hw, "seeds": [r["seed"] for r in e_rows],
-                "effective_tokens_per_s_mean": _mean(eff), "effective_tokens_per_s_std": _std(eff),
+                "steady_state_tokens_per_s_mean": _mean(steady), "steady_state_tokens_per_s_std": _std(steady),
+                "steady_state_tokens_per_s_ci95": mean_ci95(steady),
                 "trained_tokens_per_s_mean": _mean([r["trained_tokens_per_s"] for r in e_rows]),
                 "accuracy_after_mean": _mean(acc), "accuracy_after_std": _std(acc),
                 "staleness_mean": _mean([r["staleness_mean"] for r in e_rows]),
             }  # fmt: skip
-            if sync:
-                sync_eff = _mean([r["effective_tokens_per_s"] for r in sync.values()])
-                item["effective_ratio_vs_sync"] = item["effective_tokens_per_s_mean"] / max(sync_eff, 1e-9)
-                deltas = [
-                    100 * (r["accuracy_after"] - sync[r["seed"]]["accuracy_after"])
-                    for r in e_rows
-                    if r["seed"] in sync and r["accuracy_after"] is not None
-                ]
+            paired = [(r, sync[r["seed"]]) for r in e_rows if r["seed"] in sync]
+            if paired:
+                for key, name in (("steady_state_tokens_per_s", "steady_state"), ("trained_tokens_per_s", "whole_run")):
+                    ratios = [r[key] / max(s[key], 1e-9) for r, s in paired]
+                    item[f"{name}_ratio_vs_sync"] = mean_ci95(ratios)
+                    item[f"{name}_ratio_vs_sync_per_seed"] = ratios
+                deltas = [100 * (r["accuracy_after"] - s["accuracy_after"]) for r, s in paired
+                          if r["accuracy_after"] is not None and s["accuracy_after"] is not None]  # fmt: skip
                 item["accuracy_delta_vs_sync_points_mean"] = _mean(deltas)
                 item["accuracy_delta_vs_sync_points_std"] = _std(deltas)
+                item["accuracy_delta_vs_sync_points_ci95"] = mean_ci95(deltas)
             out.append(item)
     return out
 
@@ -331,7 +342,7 @@ def run_async_bench(
     workloads: tuple[str, ...] = ("task", "long"),
     steps: int | None = None,
     seeds: tuple[int, ...] = (0,),
-    warmup_steps: int = 4,
+    warmup_s: float = 60.0,
     high_waters: tuple[int, ...] | None = None,
     out_dir: str = "runs/bench-async",
     calibrate_s: float = 30.0,
@@ -358,7 +369,7 @@ def run_async_bench(
                     run_overrides.append(f"controller.high_water_batches={hw}")
                 row = row_identity(w, seed, run_overrides)
                 run_dir = out / f"{w}-s{seed}-eta{eta}-hw{row['high_water_batches']}"
-                row.update(_run(run_overrides, run_dir, warmup_steps))
+                row.update(_run(run_overrides, run_dir, warmup_s))
                 w_rows.append(row)
         rows.extend(w_rows)
         syncs = [r for r in w_rows if r["max_staleness"] == 0]
@@ -376,23 +387,23 @@ def run_async_bench(
                 "bottleneck_limit_tokens_per_s": limit,
             }
             for r in w_rows:
-                r["fraction_of_limit"] = r["effective_tokens_per_s"] / max(limit, 1e-9)
+                r["fraction_of_limit"] = r["steady_state_tokens_per_s"] / max(limit, 1e-9)
     summary = summarize(rows)
     for item in summary:
         if item["workload"] in limits:
             limit = limits[item["workload"]]["bottleneck_limit_tokens_per_s"]
-            item["fraction_of_limit"] = item["effective_tokens_per_s_mean"] / max(limit, 1e-9)
-    keys = ["workload", "seed", "max_staleness", "high_water_batches", "effective_tokens_per_s",
+            item["fraction_of_limit"] = item["steady_state_tokens_per_s_mean"] / max(limit, 1e-9)
+    keys = ["workload", "seed", "max_staleness", "high_water_batches", "steady_state_tokens_per_s",
             "trained_tokens_per_s", "accuracy_after", "staleness_mean", "stale_groups", "unused_groups",
             "response_len_p50", "rl_wall_s"]  # fmt: skip
-    _print_table("bench async: runs (effective = trained tokens/s after warm-up)", rows, keys)
-    keys = ["workload", "max_staleness", "high_water_batches", "effective_tokens_per_s_mean", "effective_ratio_vs_sync",
+    _print_table("bench async: runs (steady state: generated in the window x trained per generated)", rows, keys)
+    keys = ["workload", "max_staleness", "high_water_batches", "steady_state_tokens_per_s_mean",
             "fraction_of_limit", "accuracy_after_mean", "accuracy_after_std", "accuracy_delta_vs_sync_points_mean",
             "accuracy_delta_vs_sync_points_std"]  # fmt: skip
     _print_table("bench async: over seeds", summary, keys)
     print(json.dumps({"limits": limits}, indent=2))
     payload = {
-        "bench": "async", "overrides": base, "seeds": list(seeds), "warmup_steps": warmup_steps,
+        "bench": "async", "overrides": base, "seeds": list(seeds), "warmup_s": warmup_s,
         "rows": rows, "summary": summary, "limits": limits, "out_dir": str(out),
     }  # fmt: skip
     _write(json_path, payload)

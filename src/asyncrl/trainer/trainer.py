@@ -191,6 +191,8 @@ class Trainer(TrainerStateMixin):
             )[self.rank]
         size = self.cfg.padded_micro_batch_size
         share = list(range(self.rank, len(lengths), self.world_size))
+        if self.cfg.micro_batching == "padded_grouped":  # sorted buckets: neighbours in length pad together
+            share.sort(key=lambda i: -lengths[i])
         count = _ceil_div(_ceil_div(len(lengths), self.world_size), size)
         bins = [share[k : k + size] for k in range(0, len(share), size)]
         return bins + [[] for _ in range(count - len(bins))]

@@ -1,0 +1,266 @@
+"""``asyncrl bench headline``: time to a target held-out accuracy, asynchronous against the best
+synchronous arm (the AReaL paper's headline claim, measured on this machine).
+
+One invocation, seed-major (every arm of a seed runs back to back, so load drift hits all arms):
+
+1. **The synchronous arm's setting.** ``max_staleness = 0`` is run once per candidate of
+   ``SYNC_CANDIDATES`` (seed ``seeds[0]``, ``probe_steps`` steps) and the one with the highest
+   whole-run trained tokens/s becomes the synchronous arm: a baseline is never handicapped (with
+   nothing overlapping, generation and training may each use both cores).
+2. **The arms.** ``max_staleness`` in ``etas`` (0 at the winning setting; the others as the local
+   launcher runs asynchronously: engine thread and trainer process, one core each), the same
+   steps, data order and seed. Each run saves its published policy every ``snapshot_every_s``
+   seconds of RL time (``controller.snapshot_every_s``) with its version and time.
+3. **Evaluation afterwards.** Every snapshot is evaluated on the held-out split (``eval.*``)
+   once all runs are done, so measuring accuracy never slows the run it measures.
+4. **The numbers.** Per seed, the target is the synchronous run's starting accuracy plus
+   ``target_fraction`` of its gain over the run (start -> final snapshot); each arm's time to the
+   target (``stats.time_to_target``: reached and held at the next evaluation, interpolated);
+   the speed-up ``T_sync / T_arm`` per seed, and its mean with a 95% t-interval; final accuracies
+   side by side with the paired difference to the synchronous run; the throughput of each run
+   (``throughput.measure_throughput``: steady state and whole run). A plot of accuracy against
+   wall time for every arm and seed is written beside the JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from asyncrl.bench.async_bench import WORKLOAD_ALIASES, _run, workload_overrides
+from asyncrl.bench.stats import mean_ci95, time_to_target
+from asyncrl.controller.rundir import fresh_subdir
+
+__all__ = ["SYNC_CANDIDATES", "run_headline_bench", "analyse"]
+
+SYNC_CANDIDATES: dict[str, list[str]] = {
+    "threads1-trainer-process": ["run.torch_threads=1", "controller.trainer_process=true"],
+    "threads2-trainer-process": ["run.torch_threads=2", "controller.trainer_process=true"],
+    "threads2-one-process": ["run.torch_threads=2", "controller.trainer_process=false"],
+}
+"""The reasonable synchronous settings: how many intra-op threads each phase gets, and whether
+the trainer runs in its own process (no weights or batches cross a pipe) or in the engine's."""
+
+ASYNC_SETTING = ["run.torch_threads=1", "controller.trainer_process=true"]
+"""The asynchronous arms: engine and trainer overlap, one core each (DESIGN §6)."""
+
+
+def evaluate_snapshots(overrides: list[str], snapshots: list[dict[str, Any]]) -> list[float]:
+    """Held-out accuracy of each snapshot (the run's ``eval.*`` settings, every core)."""
+    import os
+
+    import torch
+
+    from asyncrl.config import load_config
+    from asyncrl.controller.evaluate import evaluate
+    from asyncrl.controller.scoring import make_score_fn
+    from asyncrl.data.prompts import build_task, drop_long_prompts
+    from asyncrl.models import load_policy, stop_token_ids
+    from asyncrl.rollout.engine import LocalEngine
+
+    cfg = load_config(None, overrides)
+    torch.set_num_threads(os.cpu_count() or 1)
+    held_out: list[Any] | None = None
+    out = []
+    for snap in snapshots:
+        model, tok = load_policy(snap["path"], device=cfg.model.device, dtype=cfg.model.dtype)
+        if held_out is None:  # every snapshot of a run shares the tokenizer
+            held_out = drop_long_prompts(build_task(cfg.task, tok)[1], cfg.rollout.max_prompt_len, "held-out prompts")
+        engine = LocalEngine(
+            model, tok, max_slots=cfg.rollout.max_slots, device=cfg.model.device,
+            max_seq_len=cfg.rollout.max_prompt_len + cfg.eval.max_new_tokens,
+        )  # fmt: skip
+        try:
+            result = asyncio.run(
+                evaluate(
+                    engine, held_out, make_score_fn(cfg.task.verifier, tok), greedy=cfg.eval.greedy,
+                    temperature=cfg.rollout.temperature, max_new_tokens=cfg.eval.max_new_tokens,
+                    stop_token_ids=stop_token_ids(tok, model), samples_per_prompt=cfg.eval.samples_per_prompt,
+                )
+            )  # fmt: skip
+        finally:
+            engine.close()
+        out.append(result["accuracy"])
+    return out
+
+
+def _arm_name(eta: int) -> str:
+    return f"eta{eta}"
+
+
+def analyse(rows: list[dict[str, Any]], target_fraction: float) -> dict[str, Any]:
+    """Targets, times to target, speed-ups and accuracy differences from evaluated rows (each row:
+    ``seed``, ``max_staleness``, ``curve`` [(t, accuracy)], throughput fields)."""
+    by_seed: dict[int, dict[int, dict[str, Any]]] = {}
+    for row in rows:
+        by_seed.setdefault(row["seed"], {})[row["max_staleness"]] = row
+    per_seed = []
+    for seed, arms in sorted(by_seed.items()):
+        sync = arms.get(0)
+        if sync is None or not sync["curve"]:
+            continue
+        start, final = sync["curve"][0][1], sync["curve"][-1][1]
+        target = start + target_fraction * (final - start)
+        t_sync = time_to_target(sync["curve"], target)
+        item: dict[str, Any] = {"seed": seed, "target_accuracy": target, "sync_start": start, "sync_final": final}
+        for eta, row in sorted(arms.items()):
+            t_arm = time_to_target(row["curve"], target)
+            row["time_to_target_s"] = t_arm
+            row["final_accuracy"] = row["curve"][-1][1]
+            item[f"{_arm_name(eta)}_time_to_target_s"] = t_arm
+            item[f"{_arm_name(eta)}_speedup"] = t_sync / t_arm if t_arm > 0 and math.isfinite(t_arm) else 0.0
+            item[f"{_arm_name(eta)}_final_minus_sync_points"] = 100 * (row["final_accuracy"] - final)
+            for key in ("steady_state_tokens_per_s", "trained_tokens_per_s"):
+                item[f"{_arm_name(eta)}_{key}_ratio"] = row[key] / max(sync[key], 1e-9)
+        per_seed.append(item)
+    etas = sorted({r["max_staleness"] for r in rows})
+    summary: dict[str, Any] = {}
+    for eta in etas:
+        name = _arm_name(eta)
+        finals = [r["final_accuracy"] for r in rows if r["max_staleness"] == eta and "final_accuracy" in r]
+        summary[name] = {
+            "speedup": mean_ci95([s[f"{name}_speedup"] for s in per_seed if f"{name}_speedup" in s]),
+            "time_to_target_s": mean_ci95(
+                [s[f"{name}_time_to_target_s"] for s in per_seed if f"{name}_time_to_target_s" in s]
+            ),
+            "final_accuracy": mean_ci95(finals),
+            "final_minus_sync_points": mean_ci95(
+                [s[f"{name}_final_minus_sync_points"] for s in per_seed if f"{name}_final_minus_sync_points" in s]
+            ),
+            "steady_state_ratio": mean_ci95(
+                [s[f"{name}_steady_state_tokens_per_s_ratio"] for s in per_seed if f"{name}_speedup" in s]
+            ),
+            "whole_run_ratio": mean_ci95(
+                [s[f"{name}_trained_tokens_per_s_ratio"] for s in per_seed if f"{name}_speedup" in s]
+            ),
+            "staleness_mean": mean_ci95([r["staleness_mean"] for r in rows if r["max_staleness"] == eta]),
+        }
+    return {"per_seed": per_seed, "summary": summary}
+
+
+def plot_curves(rows: list[dict[str, Any]], path: Path, targets: dict[int, float]) -> None:
+    """Held-out accuracy against RL wall time, one line per run (colour: arm, style: seed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    etas = sorted({r["max_staleness"] for r in rows})
+    colours = dict(zip(etas, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    styles = ["-", "--", ":", "-."]
+    seeds = sorted({r["seed"] for r in rows})
+    for row in rows:
+        t, acc = zip(*row["curve"], strict=True) if row["curve"] else ((), ())
+        label = f"η={row['max_staleness']}" if row["seed"] == seeds[0] else None
+        ax.plot(t, acc, styles[seeds.index(row["seed"]) % 4], color=colours[row["max_staleness"]], marker=".",
+                label=label)  # fmt: skip
+    for seed, target in targets.items():
+        ax.axhline(target, color="grey", lw=0.6, ls=styles[seeds.index(seed) % 4])
+    ax.set_xlabel("RL wall time (s)")
+    ax.set_ylabel("held-out accuracy")
+    ax.set_title("time to accuracy (grey: each seed's target; line style: seed)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _probe_sync(base: list[str], seed: int, steps: int, out: Path, warmup_s: float) -> tuple[str, list[dict]]:
+    """Run each synchronous candidate; the name of the fastest (whole-run trained tokens/s)."""
+    probes = []
+    for name, extra in SYNC_CANDIDATES.items():
+        print(f"\n=== bench headline: synchronous candidate {name} (seed {seed}, {steps} steps) ===", flush=True)
+        over = [*base, *extra, f"run.seed={seed}", "controller.max_staleness=0", f"controller.total_steps={steps}",
+                "controller.snapshot_every_s=0"]  # fmt: skip
+        row = _run(over, out / f"probe-{name}", 0.0)
+        probes.append({"candidate": name, "overrides": extra, **{k: v for k, v in row.items() if k != "snapshots"}})
+    best = max(probes, key=lambda p: p["trained_tokens_per_s"])
+    return best["candidate"], probes
+
+
+def run_headline_bench(
+    json_path: str | None,
+    *,
+    overrides: list[str] | None = None,
+    workload: str = "reason",
+    etas: tuple[int, ...] = (0, 2, 4, 8),
+    seeds: tuple[int, ...] = (0, 1, 2),
+    steps: int | None = None,
+    snapshot_every_s: float = 20.0,
+    warmup_s: float = 60.0,
+    target_fraction: float = 0.9,
+    probe_steps: int = 0,
+    sync_setting: str | None = None,
+    out_dir: str = "runs/bench-headline",
+) -> dict[str, Any]:
+    """The headline benchmark (see the module docstring). ``sync_setting``: a name of
+    ``SYNC_CANDIDATES`` to use without probing; ``probe_steps`` 0 with no ``sync_setting``: the
+    probe runs as many steps as the arms."""
+    workload = WORKLOAD_ALIASES.get(workload, workload)
+    base = workload_overrides(list(overrides or []), workload)
+    if steps is not None:
+        base.append(f"controller.total_steps={steps}")
+    out = fresh_subdir(out_dir)
+    probes: list[dict[str, Any]] = []
+    if sync_setting is None:
+        from asyncrl.config import load_config
+
+        n_probe = probe_steps or load_config(None, base).controller.total_steps
+        sync_setting, probes = _probe_sync(base, seeds[0], n_probe, out, warmup_s)
+    elif sync_setting not in SYNC_CANDIDATES:
+        raise ValueError(f"sync setting {sync_setting!r}: expected one of {', '.join(SYNC_CANDIDATES)}")
+    rows: list[dict[str, Any]] = []
+    for seed in seeds:
+        for eta in etas:
+            setting = SYNC_CANDIDATES[sync_setting] if eta == 0 else ASYNC_SETTING
+            print(f"\n=== bench headline: {workload}, seed {seed}, max_staleness={eta} ===", flush=True)
+            over = [*base, *setting, f"run.seed={seed}", f"controller.max_staleness={eta}",
+                    f"controller.snapshot_every_s={snapshot_every_s}"]  # fmt: skip
+            row = {"workload": workload, "seed": seed, "max_staleness": eta,
+                   "setting": sync_setting if eta == 0 else "async", "overrides": setting}  # fmt: skip
+            row.update(_run(over, out / f"s{seed}-eta{eta}", warmup_s))
+            rows.append(row)
+    print("\n=== bench headline: evaluating the snapshots (after every run) ===", flush=True)
+    for row in rows:
+        accuracies = evaluate_snapshots(base, row["snapshots"])
+        row["curve"] = [(s["t"], a) for s, a in zip(row["snapshots"], accuracies, strict=True)]
+        row["curve_versions"] = [s["version"] for s in row["snapshots"]]
+    result = analyse(rows, target_fraction)
+    payload = {
+        "bench": "headline", "workload": workload, "overrides": base, "seeds": list(seeds), "etas": list(etas),
+        "target_fraction": target_fraction, "warmup_s": warmup_s, "snapshot_every_s": snapshot_every_s,
+        "sync_setting": sync_setting, "sync_probes": probes, "rows": rows, **result,
+    }  # fmt: skip
+    _print_summary(payload)
+    if json_path:
+        path = Path(json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2, default=str))
+        targets = {s["seed"]: s["target_accuracy"] for s in result["per_seed"]}
+        plot_curves(rows, path.with_suffix(".png"), targets)
+        print(f"\nwrote {path} and {path.with_suffix('.png')}")
+    return payload
+
+
+def _fmt(stat: dict[str, Any]) -> str:
+    if stat.get("mean") is None:
+        return "-"
+    if stat.get("low") is None:
+        return f"{stat['mean']:.3g}"
+    return f"{stat['mean']:.3g} [{stat['low']:.3g}, {stat['high']:.3g}]"
+
+
+def _print_summary(payload: dict[str, Any]) -> None:
+    print(f"\nbench headline ({payload['workload']}): synchronous setting {payload['sync_setting']}")
+    for s in payload["per_seed"]:
+        print(f"  seed {s['seed']}: target {s['target_accuracy']:.3f} (sync {s['sync_start']:.3f} -> "
+              f"{s['sync_final']:.3f})")  # fmt: skip
+    print(f"  {'arm':>6}  {'speed-up to target':>26}  {'final accuracy':>24}  {'steady-state ratio':>24}  "
+          f"{'whole-run ratio':>24}")  # fmt: skip
+    for name, stat in payload["summary"].items():
+        print(f"  {name:>6}  {_fmt(stat['speedup']):>26}  {_fmt(stat['final_accuracy']):>24}  "
+              f"{_fmt(stat['steady_state_ratio']):>24}  {_fmt(stat['whole_run_ratio']):>24}")  # fmt: skip
