@@ -55,6 +55,7 @@ from asyncrl.controller.resume import (
     prune_checkpoints,
 )
 from asyncrl.controller.rundir import RunDir
+from asyncrl.controller.snapshots import PolicySnapshots
 from asyncrl.controller.staleness import EpisodeSamples, StalenessGate
 from asyncrl.controller.state import ControllerState
 from asyncrl.data.prompts import PromptSource
@@ -132,7 +133,7 @@ class Controller:
         self._checkpointing = False
         self._checkpoint_s = 0.0
         self._last_checkpoint_step: int | None = None
-        self._last_snapshot: tuple[int, float] | None = None  # (version, RL time) of the newest policy snapshot
+        self._snapshots = PolicySnapshots(c.snapshot_every_s, rundir.path, rundir.log_snapshot)
         self._elapsed0 = 0.0
         self._run_start = time.perf_counter()
         self._resumed = resume is not None
@@ -197,26 +198,10 @@ class Controller:
         self._last_checkpoint_step = step
 
     async def _snapshot_policy(self, executor: ThreadPoolExecutor, *, final: bool = False) -> None:
-        """Save the published policy as a Hugging Face checkpoint ``snapshots/v<version>`` when
-        ``controller.snapshot_every_s`` of RL time passed since the last one (or ``final``), and
-        record its version and RL time in ``snapshots.jsonl``: what ``asyncrl bench headline``
-        evaluates afterwards, so that measuring accuracy never slows the run it measures."""
-        every = self.cfg.controller.snapshot_every_s
-        version, t = self.published_version, self._now()
-        if every <= 0 or (self._last_snapshot is not None and self._last_snapshot[0] == version):
-            return
-        if not final and self._last_snapshot is not None and t - self._last_snapshot[1] < every:
-            return
-        directory = self.rundir.path / "snapshots" / f"v{version:06d}"
-        t0 = time.perf_counter()
-        await asyncio.get_running_loop().run_in_executor(
-            executor, self.trainer.save_pretrained, directory, self.tokenizer
+        """The published policy into ``snapshots/`` when due (``controller.snapshots``)."""
+        await self._snapshots.maybe_save(
+            executor, self.trainer, self.tokenizer, self.published_version, self.state.step, self._now(), final=final
         )
-        self.rundir.log_snapshot(
-            {"version": version, "step": self.state.step, "t": t, "path": str(directory),
-             "save_s": time.perf_counter() - t0}
-        )  # fmt: skip
-        self._last_snapshot = (version, t)
 
     # ------------------------------------------------------------------ admission and episodes
     async def _admit_loop(self) -> None:

@@ -1,0 +1,47 @@
+"""``bench headline``'s arithmetic: targets from the synchronous run, times to target, speed-ups
+paired by seed, final accuracies, throughput ratios (no training runs here)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from asyncrl.bench.headline import SYNC_CANDIDATES, analyse
+from asyncrl.config import load_config
+
+
+def _row(seed: int, eta: int, curve: list[tuple[float, float]], steady: float, whole: float) -> dict:
+    return {"seed": seed, "max_staleness": eta, "curve": curve, "steady_state_tokens_per_s": steady,
+            "trained_tokens_per_s": whole, "staleness_mean": eta / 2}  # fmt: skip
+
+
+def test_speedup_is_paired_by_seed_against_the_synchronous_target() -> None:
+    rows = [
+        # seed 0: sync goes 0.2 -> 0.8 over 100 s; target 0.2 + 0.9 * 0.6 = 0.74, reached at t = 90
+        _row(0, 0, [(0, 0.2), (50, 0.5), (80, 0.7), (90, 0.74), (100, 0.8)], 100.0, 90.0),
+        _row(0, 8, [(0, 0.2), (20, 0.6), (30, 0.8), (45, 0.82)], 250.0, 200.0),
+        # seed 1: sync 0.3 -> 0.7; target 0.66; the async arm never holds it
+        _row(1, 0, [(0, 0.3), (60, 0.66), (120, 0.7)], 110.0, 100.0),
+        _row(1, 8, [(0, 0.3), (30, 0.7), (60, 0.5)], 220.0, 180.0),
+    ]
+    result = analyse(rows, target_fraction=0.9)
+    seed0, seed1 = result["per_seed"]
+    assert seed0["target_accuracy"] == pytest.approx(0.74)
+    assert seed0["eta0_time_to_target_s"] == pytest.approx(90.0)
+    assert seed0["eta8_time_to_target_s"] == pytest.approx(20 + 10 * (0.74 - 0.6) / 0.2)
+    assert seed0["eta8_speedup"] == pytest.approx(90.0 / 27.0)
+    assert seed0["eta8_final_minus_sync_points"] == pytest.approx(2.0)
+    assert seed0["eta8_steady_state_tokens_per_s_ratio"] == pytest.approx(2.5)
+    assert seed1["eta8_time_to_target_s"] == math.inf and seed1["eta8_speedup"] == 0.0  # never reached: no speed-up
+    summary = result["summary"]["eta8"]
+    assert summary["speedup"]["mean"] == pytest.approx((90.0 / 27.0 + 0.0) / 2)
+    assert summary["speedup"]["n"] == 2 and summary["speedup"]["low"] < summary["speedup"]["mean"]
+    assert summary["final_minus_sync_points"]["mean"] == pytest.approx((2.0 - 20.0) / 2)
+    assert result["summary"]["eta0"]["speedup"]["mean"] == pytest.approx(1.0)
+
+
+def test_synchronous_candidates_are_valid_configs() -> None:
+    for overrides in SYNC_CANDIDATES.values():
+        cfg = load_config(None, [*overrides, "controller.max_staleness=0"])
+        assert cfg.controller.max_staleness == 0 and cfg.run.torch_threads in (1, 2)
