@@ -34,7 +34,7 @@ TINY_CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " 
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """Shape of the tiny Llama decoder (defaults: about 1.2 M parameters)."""
+    """Shape of the tiny Llama decoder (defaults: 800,384 parameters, about 0.8 M)."""
 
     hidden_size: int = 128
     num_layers: int = 4
