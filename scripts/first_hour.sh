@@ -62,6 +62,11 @@ if [ "$(id -u)" = 0 ] && unshare --mount true 2>/dev/null; then
   # root ignores file modes: a read-only bind mount in a private mount namespace instead
   (cd "$WORK" && unshare --mount --propagation private bash -c \
     'mount --bind -o ro "$1" "$1" && ! touch "$1/probe" 2>/dev/null && shift && exec "$@"' _ "$CLONE" "${SANDBOX_TESTS[@]}")
+elif [ "$(id -u)" = 0 ]; then
+  # root without mount namespaces (e.g. a container without CAP_SYS_ADMIN) cannot make a tree it
+  # cannot write: run the sandbox tests from another working directory only, and say so
+  echo "first hour: root without 'unshare --mount': the read-only-tree check is skipped"
+  (cd "$WORK" && "${SANDBOX_TESTS[@]}")
 else
   chmod -R a-w "$CLONE"
   (cd "$WORK" && ! touch "$CLONE/probe" 2>/dev/null && "${SANDBOX_TESTS[@]}")

@@ -249,11 +249,16 @@ def _bench_headline(args: argparse.Namespace) -> None:
     synchronous arm (``bench/headline.py``)."""
     from asyncrl.bench import async_bench, headline
 
+    if args.reanalyse:
+        headline.reanalyse(args.reanalyse)
+        return
     overrides = [*args.overrides, *([f"model.path={args.model}"] if args.model else [])]
     load_config(None, overrides)  # fail fast on a bad override
     workload = args.workload or "reason"
     if async_bench.WORKLOAD_ALIASES.get(workload, workload) not in async_bench.WORKLOADS:
         raise ConfigError(f"unknown workload {workload!r} (available: {', '.join(async_bench.WORKLOADS)})")
+    if args.snapshot_every <= 0:
+        raise ConfigError("--snapshot-every must be > 0: the accuracy curves are evaluated from the snapshots")
     if args.sync_setting and args.sync_setting not in headline.SYNC_CANDIDATES:
         raise ConfigError(f"--sync-setting {args.sync_setting!r}: one of {', '.join(headline.SYNC_CANDIDATES)}")
     headline.run_headline_bench(
@@ -428,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--sync-setting", help="headline: the synchronous setting to use without probing (SYNC_CANDIDATES)")
     p.add_argument("--probe-steps", type=int, default=0, help="headline: steps of each synchronous probe (0: --steps)")
+    p.add_argument("--reanalyse", metavar="FILE", help="headline: recompute a finished result file from its runs")
     p.add_argument(
         "--high-water", help="async: controller.high_water_batches values for max_staleness > 0 (default: config)"
     )

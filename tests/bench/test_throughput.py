@@ -33,13 +33,14 @@ def test_inventory_carried_into_the_window_does_not_flatter_it() -> None:
 
 def test_untrained_generation_is_discounted_by_the_trained_per_generated_ratio() -> None:
     timeline = _timeline(1000, 1000, 0, 100)
-    metrics = [{"time_s": float(t), "trained_tokens": 500} for t in range(10, 101, 10)]
-    ledger = [{"status": "trained", "response_len": 5000}, {"status": "filtered", "response_len": 5000},
-              {"status": "in_flight", "response_len": 999}]  # fmt: skip
+    metrics = [{"time_s": float(t), "trained_tokens": 4950} for t in range(10, 101, 10)]
+    ledger = [{"status": "trained", "response_len": 50_000}, {"status": "filtered", "response_len": 49_000},
+              {"status": "in_flight", "response_len": 1000}]  # fmt: skip
     speed = measure_throughput(metrics, ledger, timeline, warmup_s=20)
     assert speed.trained_per_generated == pytest.approx(0.5)
-    assert speed.steady_state_tokens_per_s == pytest.approx(500)
     assert speed.generated_in_window == pytest.approx(80_000)
+    assert speed.never_finished_tokens == pytest.approx(1000)  # still generating at the end
+    assert speed.steady_state_tokens_per_s == pytest.approx((80_000 - 1000) * 0.5 / 80)
 
 
 def test_a_run_shorter_than_the_warm_up_is_refused() -> None:
@@ -63,3 +64,16 @@ def test_time_to_target_needs_the_target_held_and_interpolates() -> None:
     assert time_to_target(curve, 0.2) == 0.0
     assert time_to_target(curve, 0.95) == math.inf
     assert time_to_target([(0.0, 0.1), (10.0, 0.95)], 0.9) == pytest.approx(10 * 0.8 / 0.85)
+
+
+def test_inventory_built_up_inside_the_window_does_not_flatter_it() -> None:
+    # 1000 tok/s generated throughout, but the last 40 s of it (40 k tokens) were never trained:
+    # they sit in the buffer when the run stops. Counting them would credit 1000 tok/s.
+    timeline = _timeline(1000, 1000, 0, 100)
+    metrics = [{"time_s": float(t), "trained_tokens": 10_000} for t in range(10, 61, 10)]
+    ledger = [{"status": "trained", "response_len": 60_000}, {"status": "unused", "response_len": 40_000}]
+    metrics.append({"time_s": 100.0, "trained_tokens": 0})  # a last step that trained nothing new
+    speed = measure_throughput(metrics, ledger, timeline, warmup_s=0)
+    assert speed.never_finished_tokens == pytest.approx(40_000)
+    assert speed.steady_state_tokens_per_s == pytest.approx(600)  # what was produced *and* finished
+    assert speed.steady_state_tokens_per_s == pytest.approx(speed.whole_run_tokens_per_s)

@@ -115,3 +115,24 @@ def test_held_out_and_training_share_the_length_distribution() -> None:
              (("train", train), ("held_out", held_out))}  # fmt: skip
     assert abs(share["train"] - share["held_out"]) < 0.04, share  # P(two terms) = 0.5 in the generator
     assert abs(share["train"] - 0.5) < 0.02
+
+
+def test_a_question_space_too_small_to_split_is_an_error_not_a_hang() -> None:
+    import pytest
+
+    failures = 0
+    for seed in range(12):  # 9 questions (factor 1..9, count 2): some seeds hold none of them out
+        try:
+            make_splits(seed, 10, 2, max_terms=2, form="repeat")
+        except ValueError as exc:
+            assert "too small to split" in str(exc)
+            failures += 1
+    assert failures > 0
+    with pytest.raises(ValueError, match="too small"):
+        make_splits(next(s for s in range(12) if _no_held_out(s)), 10, 2, max_terms=2, form="repeat")
+
+
+def _no_held_out(seed: int) -> bool:
+    from asyncrl.data.synthetic import is_held_out
+
+    return not any(is_held_out(seed, f"{f}*2%10") for f in range(1, 10))

@@ -84,7 +84,8 @@ WORKLOADS: dict[str, list[str]] = {
         "rollout.max_new_tokens=2048",
         "eval.max_new_tokens=2048",
         "controller.batch_size=8",
-        "task.eval_size=128",
+        "trainer.lr=1.5e-4",
+        "task.eval_size=64",
         "eval.samples_per_prompt=2",
         "eval.report_greedy=false",
         "rollout.interrupt_mode=keep",
@@ -168,14 +169,19 @@ def _run(overrides: list[str], run_dir: Path, warmup_s: float = 0.0) -> dict[str
     check_one_run(run_dir)  # every number below comes from this run's lines alone
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     ledger = read_jsonl(run_dir / "trajectories.jsonl")
-    speed = measure_throughput(metrics, ledger, read_jsonl(run_dir / "timeline.jsonl"), warmup_s=warmup_s)
+    try:
+        speed = measure_throughput(metrics, ledger, read_jsonl(run_dir / "timeline.jsonl"), warmup_s=warmup_s)
+        throughput: dict[str, Any] = speed.as_row()
+    except ValueError as exc:  # a run shorter than the warm-up: keep the row, say why it has no window
+        print(f"bench: {run_dir}: no steady-state throughput ({exc})", flush=True)
+        throughput = {"steady_state_tokens_per_s": None, "steady_state_error": str(exc)}
     finished = [r for r in ledger if r["status"] in ("trained", "filtered", "stale", "skipped")]
     generated = sum(r["response_len"] for r in finished)
     trained = sum(m["trained_tokens"] for m in metrics)
     busy = sum(m["train_step_s"] + m["weight_sync_s"] for m in metrics)
     lens = sorted(r["response_len"] for r in finished) or [0]
     return {
-        **speed.as_row(),
+        **throughput,
         "trained_tokens_per_s": summary["trained_tokens_per_s"],
         "accuracy_before": summary["accuracy_before"],
         "accuracy_after": summary["accuracy_after"],
@@ -301,7 +307,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         sync = {r["seed"]: r for r in w_rows if r["max_staleness"] == 0}
         for eta, hw in dict.fromkeys((r["max_staleness"], r.get("high_water_batches")) for r in w_rows):
             e_rows = [r for r in w_rows if r["max_staleness"] == eta and r.get("high_water_batches") == hw]
-            steady = [r["steady_state_tokens_per_s"] for r in e_rows]
+            steady = [r["steady_state_tokens_per_s"] for r in e_rows if r["steady_state_tokens_per_s"] is not None]
             acc = [r["accuracy_after"] for r in e_rows if r["accuracy_after"] is not None]
             item: dict[str, Any] = {
                 "workload": w, "max_staleness": eta, "high_water_batches": hw, "seeds": [r["seed"] for r in e_rows],
@@ -314,7 +320,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             paired = [(r, sync[r["seed"]]) for r in e_rows if r["seed"] in sync]
             if paired:
                 for key, name in (("steady_state_tokens_per_s", "steady_state"), ("trained_tokens_per_s", "whole_run")):
-                    ratios = [r[key] / max(s[key], 1e-9) for r, s in paired]
+                    ratios = [r[key] / max(s[key], 1e-9) for r, s in paired if None not in (r[key], s[key])]
                     item[f"{name}_ratio_vs_sync"] = mean_ci95(ratios)
                     item[f"{name}_ratio_vs_sync_per_seed"] = ratios
                 deltas = [100 * (r["accuracy_after"] - s["accuracy_after"]) for r, s in paired
@@ -439,7 +445,7 @@ def run_interrupt_bench(
     drain = rows[-1]
     for row in rows:
         row["throughput_ratio_vs_drain"] = row["trained_tokens_per_s"] / max(drain["trained_tokens_per_s"], 1e-9)
-    keys = ["update_mode", "trained_tokens_per_s", "throughput_ratio_vs_drain", "generated_tokens_per_s",
+    keys = ["update_mode", "trained_tokens_per_s", "throughput_ratio_vs_drain", "steady_state_tokens_per_s",
             "interruptions_per_sample", "weight_sync_s", "staleness_mean", "accuracy_after"]  # fmt: skip
     _print_table("bench interrupt: in-flight weight updates vs draining", rows, keys)
     ratios = {f"{r['update_mode']}_vs_drain": r["throughput_ratio_vs_drain"] for r in rows}

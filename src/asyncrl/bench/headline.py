@@ -27,14 +27,16 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
 from asyncrl.bench.async_bench import WORKLOAD_ALIASES, _run, workload_overrides
 from asyncrl.bench.stats import mean_ci95, time_to_target
+from asyncrl.bench.throughput import measure_throughput
 from asyncrl.controller.rundir import fresh_subdir
 
-__all__ = ["SYNC_CANDIDATES", "run_headline_bench", "analyse"]
+__all__ = ["SYNC_CANDIDATES", "run_headline_bench", "analyse", "reanalyse"]
 
 SYNC_CANDIDATES: dict[str, list[str]] = {
     "threads1-trainer-process": ["run.torch_threads=1", "controller.trainer_process=true"],
@@ -91,9 +93,11 @@ def _arm_name(eta: int) -> str:
     return f"eta{eta}"
 
 
-def analyse(rows: list[dict[str, Any]], target_fraction: float) -> dict[str, Any]:
+def analyse(rows: list[dict[str, Any]], target_fraction: float, eval_samples: int = 0) -> dict[str, Any]:
     """Targets, times to target, speed-ups and accuracy differences from evaluated rows (each row:
-    ``seed``, ``max_staleness``, ``curve`` [(t, accuracy)], throughput fields)."""
+    ``seed``, ``max_staleness``, ``curve`` [(t, accuracy)], throughput fields). ``eval_samples``:
+    scored samples per evaluation, for the standard error of the synchronous run's gain (a seed
+    whose gain is within two standard errors has no meaningful target, and says so)."""
     by_seed: dict[int, dict[int, dict[str, Any]]] = {}
     for row in rows:
         by_seed.setdefault(row["seed"], {})[row["max_staleness"]] = row
@@ -105,37 +109,42 @@ def analyse(rows: list[dict[str, Any]], target_fraction: float) -> dict[str, Any
         start, final = sync["curve"][0][1], sync["curve"][-1][1]
         target = start + target_fraction * (final - start)
         t_sync = time_to_target(sync["curve"], target)
-        item: dict[str, Any] = {"seed": seed, "target_accuracy": target, "sync_start": start, "sync_final": final}
+        se = math.sqrt((start * (1 - start) + final * (1 - final)) / eval_samples) if eval_samples else None
+        item: dict[str, Any] = {
+            "seed": seed, "target_accuracy": target, "sync_start": start, "sync_final": final,
+            "sync_gain_se": se, "target_meaningful": se is None or final - start > 2 * se,
+        }  # fmt: skip
         for eta, row in sorted(arms.items()):
             t_arm = time_to_target(row["curve"], target)
             row["time_to_target_s"] = t_arm
             row["final_accuracy"] = row["curve"][-1][1]
+            item[f"{_arm_name(eta)}_reached"] = math.isfinite(t_arm)
             item[f"{_arm_name(eta)}_time_to_target_s"] = t_arm
             item[f"{_arm_name(eta)}_speedup"] = t_sync / t_arm if t_arm > 0 and math.isfinite(t_arm) else 0.0
             item[f"{_arm_name(eta)}_final_minus_sync_points"] = 100 * (row["final_accuracy"] - final)
             for key in ("steady_state_tokens_per_s", "trained_tokens_per_s"):
-                item[f"{_arm_name(eta)}_{key}_ratio"] = row[key] / max(sync[key], 1e-9)
+                if row.get(key) is not None and sync.get(key):
+                    item[f"{_arm_name(eta)}_{key}_ratio"] = row[key] / sync[key]
         per_seed.append(item)
-    etas = sorted({r["max_staleness"] for r in rows})
     summary: dict[str, Any] = {}
-    for eta in etas:
+    for eta in sorted({r["max_staleness"] for r in rows}):
         name = _arm_name(eta)
-        finals = [r["final_accuracy"] for r in rows if r["max_staleness"] == eta and "final_accuracy" in r]
+
+        def over_seeds(key: str, name: str = name) -> list[float]:
+            return [s[f"{name}_{key}"] for s in per_seed if f"{name}_{key}" in s]
+
+        speedups = over_seeds("speedup")
+        reached = [v for v in speedups if v > 0]
         summary[name] = {
-            "speedup": mean_ci95([s[f"{name}_speedup"] for s in per_seed if f"{name}_speedup" in s]),
-            "time_to_target_s": mean_ci95(
-                [s[f"{name}_time_to_target_s"] for s in per_seed if f"{name}_time_to_target_s" in s]
-            ),
-            "final_accuracy": mean_ci95(finals),
-            "final_minus_sync_points": mean_ci95(
-                [s[f"{name}_final_minus_sync_points"] for s in per_seed if f"{name}_final_minus_sync_points" in s]
-            ),
-            "steady_state_ratio": mean_ci95(
-                [s[f"{name}_steady_state_tokens_per_s_ratio"] for s in per_seed if f"{name}_speedup" in s]
-            ),
-            "whole_run_ratio": mean_ci95(
-                [s[f"{name}_trained_tokens_per_s_ratio"] for s in per_seed if f"{name}_speedup" in s]
-            ),
+            "speedup": mean_ci95(speedups),
+            "speedup_geometric_mean_of_reached": math.exp(sum(map(math.log, reached)) / len(reached))
+            if reached else None,
+            "reached": f"{len(reached)} of {len(speedups)}",
+            "time_to_target_s": mean_ci95(over_seeds("time_to_target_s")),
+            "final_accuracy": mean_ci95([r["final_accuracy"] for r in rows if r["max_staleness"] == eta]),
+            "final_minus_sync_points": mean_ci95(over_seeds("final_minus_sync_points")),
+            "steady_state_ratio": mean_ci95(over_seeds("steady_state_tokens_per_s_ratio")),
+            "whole_run_ratio": mean_ci95(over_seeds("trained_tokens_per_s_ratio")),
             "staleness_mean": mean_ci95([r["staleness_mean"] for r in rows if r["max_staleness"] == eta]),
         }
     return {"per_seed": per_seed, "summary": summary}
@@ -229,21 +238,52 @@ def run_headline_bench(
         accuracies = evaluate_snapshots(base, row["snapshots"])
         row["curve"] = [(s["t"], a) for s, a in zip(row["snapshots"], accuracies, strict=True)]
         row["curve_versions"] = [s["version"] for s in row["snapshots"]]
-    result = analyse(rows, target_fraction)
+    from asyncrl.config import load_config
+
+    eval_cfg = load_config(None, base)
+    eval_samples = eval_cfg.task.eval_size * (1 if eval_cfg.eval.greedy else eval_cfg.eval.samples_per_prompt)
     payload = {
         "bench": "headline", "workload": workload, "overrides": base, "seeds": list(seeds), "etas": list(etas),
         "target_fraction": target_fraction, "warmup_s": warmup_s, "snapshot_every_s": snapshot_every_s,
-        "sync_setting": sync_setting, "sync_probes": probes, "rows": rows, **result,
+        "eval_samples": eval_samples, "sync_setting": sync_setting, "sync_probes": probes, "rows": rows,
     }  # fmt: skip
+    return _finish(payload, json_path)
+
+
+def _finish(payload: dict[str, Any], json_path: str | None) -> dict[str, Any]:
+    """Analyse the evaluated rows, print the summary, write the JSON and the plot."""
+    result = analyse(payload["rows"], payload["target_fraction"], payload.get("eval_samples", 0))
+    payload.update(result)
     _print_summary(payload)
     if json_path:
         path = Path(json_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(payload, indent=2, default=str))
         targets = {s["seed"]: s["target_accuracy"] for s in result["per_seed"]}
-        plot_curves(rows, path.with_suffix(".png"), targets)
+        plot_curves(payload["rows"], path.with_suffix(".png"), targets)
         print(f"\nwrote {path} and {path.with_suffix('.png')}")
     return payload
+
+
+def reanalyse(json_path: str, *, eval_samples: int | None = None) -> dict[str, Any]:
+    """Recompute a finished headline JSON in place from its run directories (throughput with the
+    current ``measure_throughput``) and its evaluated curves (the analysis with the current
+    ``analyse``), without running or evaluating anything again; records that it did."""
+    from asyncrl.controller.rundir import read_jsonl
+
+    payload = json.loads(Path(json_path).read_text())
+    for row in payload["rows"]:
+        run_dir = Path(row["run_dir"])
+        speed = measure_throughput(
+            read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "trajectories.jsonl"),
+            read_jsonl(run_dir / "timeline.jsonl"), warmup_s=payload["warmup_s"],
+        )  # fmt: skip
+        row.update(speed.as_row())
+        row["curve"] = [tuple(point) for point in row["curve"]]
+    if eval_samples is not None:
+        payload["eval_samples"] = eval_samples
+    payload.setdefault("reanalysed", []).append(time.strftime("%Y-%m-%d %H:%M:%S"))
+    return _finish(payload, json_path)
 
 
 def _fmt(stat: dict[str, Any]) -> str:

@@ -5,15 +5,21 @@ the engine's in-flight samples are inventory), and leaves untrained samples behi
 Counting the *trained* tokens of the steps inside a window therefore rewards a run that carried
 inventory into it. This module counts what the pipeline *produced* inside the window instead:
 
-    steady_state = generated_in_window * trained_per_generated / window_seconds
+    steady_state = (generated_in_window - never_finished) * trained_per_generated / window_seconds
 
 ``generated_in_window`` comes from the engine's own token counter (``timeline.jsonl``), so
-nothing generated before the window counts; ``trained_per_generated`` is the run's ratio of
-trained tokens (prompt + response of every trained sample) to generated tokens of the samples
-that finished (trained, filtered, stale, skipped: a filtered group costs generation and trains
-nothing), from the ledger. The window opens ``warmup_s`` seconds of RL time after the start, the
-same for every arm, and closes at the end of the last training step. The whole-run figure
-(trained tokens over RL wall time) is reported beside it.
+nothing generated before the window counts. ``never_finished`` is every token the engine
+generated during RL that no finished sample accounts for: samples still buffered or generating
+when the run stopped, attempts that failed and were retried, evaluations run during RL
+(``controller.eval_every``). All of it is taken out of the window, as if it had all been made
+there (an overcount for a run whose leftovers were partly made before the window, so the measure
+errs against the run with more inventory at the end: the asynchronous one). What remains is as if
+the run had ended with a drain. ``trained_per_generated`` is the run's ratio of trained tokens
+(prompt + response of every trained sample) to generated tokens of the samples that finished
+(trained, filtered, stale, skipped: a filtered group costs generation and trains nothing), from
+the ledger. The window opens ``warmup_s`` seconds of RL time after the start, the same for every
+arm, and closes at the end of the last training step. The whole-run figure (trained tokens over
+RL wall time) is reported beside it.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ class Throughput:
     inventory carried into the window flatters (kept for comparison only)."""
     trained_per_generated: float
     generated_in_window: float
+    never_finished_tokens: float
+    """Tokens generated during RL that no finished sample accounts for (taken out of the window)."""
     window_start_s: float
     window_end_s: float
 
@@ -79,16 +87,18 @@ def measure_throughput(
     times = [float(s["t"]) for s in timeline]
     counter = [float(s["engine_generated_tokens"]) for s in timeline]
     in_window = _counter_at(times, counter, end) - _counter_at(times, counter, warmup_s)
+    never_finished = max(0.0, _counter_at(times, counter, end) - _counter_at(times, counter, 0.0) - generated)
     window = end - warmup_s
     window_trained = sum(
         m["trained_tokens"] for m in metrics if m.get("applied", True) and float(m["time_s"]) > warmup_s
     )
     return Throughput(
-        steady_state_tokens_per_s=in_window * per_generated / window,
+        steady_state_tokens_per_s=max(0.0, in_window - never_finished) * per_generated / window,
         whole_run_tokens_per_s=trained / end,
         window_trained_tokens_per_s=window_trained / window,
         trained_per_generated=per_generated,
         generated_in_window=in_window,
+        never_finished_tokens=never_finished,
         window_start_s=warmup_s,
         window_end_s=end,
     )

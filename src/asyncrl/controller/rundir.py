@@ -36,7 +36,7 @@ from typing import Any
 from asyncrl.config import Config, dump_yaml
 from asyncrl.types import Group
 
-JSONL_FILES = ("metrics.jsonl", "trajectories.jsonl", "timeline.jsonl")
+JSONL_FILES = ("metrics.jsonl", "trajectories.jsonl", "timeline.jsonl", "snapshots.jsonl")
 
 
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "trajectories.jsonl", "timeline.jsonl", "summary.json",
@@ -231,6 +231,7 @@ class RunDir:
         self._metrics = open(self.path / "metrics.jsonl", "a", encoding="utf-8")
         self._ledger = open(self.path / "trajectories.jsonl", "a", encoding="utf-8")
         self._timeline = open(self.path / "timeline.jsonl", "a", encoding="utf-8")
+        self._snapshots = open(self.path / "snapshots.jsonl", "a", encoding="utf-8")
         self._tb = None
         if tensorboard:
             try:
@@ -260,6 +261,7 @@ class RunDir:
             "metrics.jsonl": self._metrics.tell(),
             "trajectories.jsonl": self._ledger.tell(),
             "timeline.jsonl": self._timeline.tell(),
+            "snapshots.jsonl": self._snapshots.tell(),
         }
 
     def _stamp(self, line: dict[str, Any]) -> dict[str, Any]:
@@ -360,9 +362,10 @@ class RunDir:
         self._timeline.flush()
 
     def log_snapshot(self, record: dict[str, Any]) -> None:
-        """One saved policy snapshot (version, RL time, path) in ``snapshots.jsonl``."""
-        with open(self.path / "snapshots.jsonl", "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+        """One saved policy snapshot (version, RL time, path) in ``snapshots.jsonl`` (cut back with the
+        other files on resume, so a curve never mixes a lost branch in)."""
+        self._snapshots.write(json.dumps(self._stamp(record)) + "\n")
+        self._snapshots.flush()
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         clean = self._stamp({k: _clean(v) for k, v in summary.items()})
@@ -372,6 +375,7 @@ class RunDir:
         self._metrics.close()
         self._ledger.close()
         self._timeline.close()
+        self._snapshots.close()
         if self._tb is not None:
             self._tb.close()
 

@@ -151,6 +151,12 @@ def make_splits(
         out: list[ArithmeticProblem] = []
         index = 0
         while len(out) < size:
+            if index > 1000 * (size + 1):  # a question space with no question on this side (tiny tasks)
+                side = "held-out" if held_out else "training"
+                raise ValueError(
+                    f"task.form={form}: no {side} question found in {index} draws; the question space of "
+                    f"max_terms={max_terms}, max_operand={max_operand} is too small to split"
+                )
             problem = _make_problem(rng, f"{stream}-{index}", max_terms, tail, max_operand, form)
             index += 1
             if is_held_out(seed, problem.question) == held_out:
