@@ -28,7 +28,7 @@ def warm_start_key(cfg: Config, spec: TinyModelSpec) -> str:
         "sft": cfg.sft.__dict__,
         "task": {k: v for k, v in cfg.task.__dict__.items() if k not in ("eval_size",)},
         "micro": cfg.trainer.max_tokens_per_micro_batch,
-        "format": 2,
+        "format": 3,  # 3: held-out and training split by question hash (data/synthetic.py)
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
