@@ -282,6 +282,11 @@ def reanalyse(json_path: str, *, eval_samples: int | None = None) -> dict[str, A
         row["curve"] = [tuple(point) for point in row["curve"]]
     if eval_samples is not None:
         payload["eval_samples"] = eval_samples
+    elif not payload.get("eval_samples"):  # a file from before eval_samples was recorded: its config says
+        from asyncrl.config import load_config
+
+        cfg = load_config(None, payload["overrides"])
+        payload["eval_samples"] = cfg.task.eval_size * (1 if cfg.eval.greedy else cfg.eval.samples_per_prompt)
     payload.setdefault("reanalysed", []).append(time.strftime("%Y-%m-%d %H:%M:%S"))
     return _finish(payload, json_path)
 
