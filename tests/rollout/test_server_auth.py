@@ -204,3 +204,21 @@ def test_no_weights_root_refuses_every_disk_update(load_tiny: Any, tmp_path: Pat
     finally:
         srv.stop()
         eng.close()
+
+
+def test_a_get_with_a_body_is_refused_before_the_body_is_read() -> None:
+    """``GET /health`` is open without a key; a body sent with it is refused, never buffered."""
+    import asyncio
+
+    from asyncrl.rollout.http import HTTPError, read_request
+
+    async def run() -> int:
+        reader = asyncio.StreamReader()
+        reader.feed_data(b"GET /health HTTP/1.1\r\nContent-Length: 8000000\r\n\r\n")
+        try:
+            await read_request(reader, max_body=8 << 20, authorize=lambda m, p, h: True)
+        except HTTPError as exc:
+            return exc.status
+        return 200
+
+    assert asyncio.run(run()) == 400

@@ -104,6 +104,8 @@ async def read_request(
     if length < 0:
         raise HTTPError(400, "invalid Content-Length", close=True)
     path = target.split("?", 1)[0]
+    if method.upper() in ("GET", "HEAD") and length > 0:  # nothing here reads one: never buffer it
+        raise HTTPError(400, f"a {method.upper()} request carries no body (Content-Length {length})", close=True)
     if authorize is not None and not authorize(method.upper(), path, headers):
         if 0 < length <= DRAIN_REFUSED_BODY:
             await reader.readexactly(length)
