@@ -12,7 +12,7 @@ One invocation, seed-major (every arm of a seed runs back to back, so load drift
    steps, data order and seed. Each run saves its published policy every ``snapshot_every_s``
    seconds of RL time (``controller.snapshot_every_s``) with its version and time.
 3. **Evaluation afterwards.** Every snapshot is evaluated on the held-out split (``eval.*``)
-   once all runs are done, so measuring accuracy never slows the run it measures.
+   once all runs are done, so measuring accuracy costs a run only the saves (milliseconds each).
 4. **The numbers.** Per seed, the target is the synchronous run's starting accuracy plus
    ``target_fraction`` of its gain over the run (start -> final snapshot); each arm's time to the
    target (``stats.time_to_target``: reached and held at the next evaluation, interpolated);

@@ -4,7 +4,8 @@
 policy whenever that many seconds of RL time passed since the last snapshot, and the final one,
 each as a Hugging Face checkpoint ``RUN_DIR/snapshots/v<version>`` listed in ``snapshots.jsonl``.
 ``asyncrl bench headline`` evaluates them after the run, so that measuring accuracy against wall
-time never slows the run it measures.
+time costs the run only the save, on the trainer's executor between two steps (7 ms on average,
+17 ms at most, over the 61 snapshots of docs/results/bench_headline_reason.json).
 """
 
 from __future__ import annotations
