@@ -215,8 +215,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         case "async" | "interrupt":
             from asyncrl.bench import async_bench
 
-            overrides = [*args.overrides, *([f"model.path={args.model}"] if args.model else [])]
-            load_config(None, overrides)  # fail fast on a bad override
+            overrides = _bench_overrides(args)
             common = dict(overrides=overrides, steps=args.steps)
             if args.out:
                 common["out_dir"] = args.out
@@ -244,6 +243,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_overrides(args: argparse.Namespace) -> list[str]:
+    """The config overrides of every run of a bench (``--set``, then ``--model``), checked now."""
+    overrides = [*args.overrides, *([f"model.path={args.model}"] if args.model else [])]
+    load_config(None, overrides)  # fail fast on a bad override
+    return overrides
+
+
 def _bench_headline(args: argparse.Namespace) -> None:
     """``asyncrl bench headline``: time to a target accuracy, asynchronous arms against the best
     synchronous arm (``bench/headline.py``)."""
@@ -252,8 +258,7 @@ def _bench_headline(args: argparse.Namespace) -> None:
     if args.reanalyse:
         headline.reanalyse(args.reanalyse)
         return
-    overrides = [*args.overrides, *([f"model.path={args.model}"] if args.model else [])]
-    load_config(None, overrides)  # fail fast on a bad override
+    overrides = _bench_overrides(args)
     workload = args.workload or "reason"
     if async_bench.WORKLOAD_ALIASES.get(workload, workload) not in async_bench.WORKLOADS:
         raise ConfigError(f"unknown workload {workload!r} (available: {', '.join(async_bench.WORKLOADS)})")
@@ -274,8 +279,7 @@ def _bench_ablation(args: argparse.Namespace) -> None:
     """``asyncrl bench ablation``: objectives x lags x lrs x seeds under controlled staleness."""
     from asyncrl.bench import ablation
 
-    overrides = [*args.overrides, *([f"model.path={args.model}"] if args.model else [])]
-    load_config(None, overrides)  # fail fast on a bad override
+    overrides = _bench_overrides(args)
     objectives = tuple(args.objectives.split(",")) if args.objectives else ablation.DEFAULT_OBJECTIVES
     unknown = [o for o in objectives if o not in ablation.OBJECTIVES]
     if unknown:
@@ -395,15 +399,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="engine | decode | train | async | interrupt | ablation | headline")
     p.add_argument("--json", help="write the result rows and ratios here")
     p.add_argument(
-        "--model", help="engine|decode|async|interrupt|ablation: model directory (default: the tiny model; async: each "
-        "workload's own warm start)",
+        "--model", help="engine|decode|async|interrupt|ablation|headline: model directory (default: the tiny "
+        "model; async|headline: each workload's own warm start)",
     )  # fmt: skip
     p.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="async|interrupt|ablation: config override applied to every run (repeatable)",
+        help="async|interrupt|ablation|headline: config override applied to every run (repeatable)",
     )  # fmt: skip
-    p.add_argument("--steps", type=int, help="async|interrupt|ablation: training steps per run (default: config)")
-    p.add_argument("--etas", help="async: comma-separated max_staleness values (default 0,1,2,4,8)")
+    p.add_argument("--steps", type=int, help="async|interrupt|ablation|headline: training steps per run")
+    p.add_argument("--etas", help="async|headline: comma-separated max_staleness values (default 0,1,2,4,8 | 0,2,4,8)")
     p.add_argument("--lags", help="ablation: comma-separated controller.fixed_lag values (default 0,1,2,4,8,16)")
     p.add_argument(
         "--objectives", help="ablation: comma-separated objectives (default decoupled,loglinear,naive,uncorrected,"
@@ -418,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--workload", help="async: comma-separated workloads (task, long, reason); headline: one (default reason)"
     )
     p.add_argument(
-        "--seeds", help="async|ablation: comma-separated run.seed values, each a full sweep (default 0 | 0,1,2)"
+        "--seeds", help="async|ablation|headline: comma-separated run.seed values (default 0 | 0,1,2 | 0,1,2)"
     )
     p.add_argument(
         "--warmup-s", type=float, default=60.0,
@@ -440,7 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--calibrate", type=float, default=30.0, help="async: seconds of the engine-alone calibration (0: none)"
     )
-    p.add_argument("--out", help="async|interrupt|ablation: directory of the run directories (default runs/bench-*)")
+    p.add_argument("--out", help="async|interrupt|ablation|headline: where run directories go (default runs/bench-*)")
     p.add_argument("--contexts", help="decode: comma-separated prompt lengths (default 50,600,1200)")
     p.add_argument("--running", help="decode: comma-separated numbers of sequences running (default 1,4,16,64,128)")
     p.set_defaults(func=cmd_bench)

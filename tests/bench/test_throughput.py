@@ -49,7 +49,8 @@ def test_a_run_shorter_than_the_warm_up_is_refused() -> None:
 
 
 def test_mean_ci95_and_t_quantiles() -> None:
-    assert t95(1) == pytest.approx(12.706) and t95(2) == pytest.approx(4.303) and t95(100) == pytest.approx(1.96)
+    assert t95(1) == pytest.approx(12.706) and t95(2) == pytest.approx(4.303)
+    assert t95(100) == pytest.approx(1.984, abs=1e-3)
     stat = mean_ci95([1.0, 2.0, 3.0])
     assert stat["mean"] == pytest.approx(2.0)
     assert stat["low"] == pytest.approx(2.0 - 4.303 / math.sqrt(3))

@@ -41,6 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.bench.stats import t95 as t_quantile_975  # the one t table (bench/stats.py)
+
 __all__ = ["OBJECTIVES", "STEP_STATS", "collapse_reason", "run_ablation", "summarize", "t_interval"]
 
 OBJECTIVES: dict[str, list[str]] = {
@@ -66,22 +68,6 @@ STEP_STATS = (
     "approx_kl_prox", "approx_kl_behav", "grad_norm",
 )  # fmt: skip
 """Per-step trainer metrics averaged over a run (``*_max``: the largest); absent ones are skipped."""
-
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
-         2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
-         2.052, 2.048, 2.045, 2.042)  # fmt: skip
-
-
-def t_quantile_975(df: int) -> float:
-    """The 0.975 quantile of Student's t with ``df`` degrees of freedom (a table to 30, then the
-    Cornish-Fisher expansion, within 1e-3)."""
-    if df < 1:
-        raise ValueError(f"df must be >= 1, got {df}")
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = 1.959964
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-
 
 def t_interval(values: list[float]) -> tuple[float, float]:
     """(mean, half-width of the 95% t-interval) of ``values``; the half-width is NaN for one value."""

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.bench.stats import mean_ci95
-from asyncrl.bench.throughput import measure_throughput
+from asyncrl.bench.throughput import FINISHED, measure_throughput
 
 __all__ = ["WORKLOADS", "run_async_bench", "run_interrupt_bench"]
 
@@ -175,7 +175,7 @@ def _run(overrides: list[str], run_dir: Path, warmup_s: float = 0.0) -> dict[str
     except ValueError as exc:  # a run shorter than the warm-up: keep the row, say why it has no window
         print(f"bench: {run_dir}: no steady-state throughput ({exc})", flush=True)
         throughput = {"steady_state_tokens_per_s": None, "steady_state_error": str(exc)}
-    finished = [r for r in ledger if r["status"] in ("trained", "filtered", "stale", "skipped")]
+    finished = [r for r in ledger if r["status"] in FINISHED]
     generated = sum(r["response_len"] for r in finished)
     trained = sum(m["trained_tokens"] for m in metrics)
     busy = sum(m["train_step_s"] + m["weight_sync_s"] for m in metrics)

@@ -57,7 +57,7 @@ def evaluate_snapshots(overrides: list[str], snapshots: list[dict[str, Any]]) ->
     import torch
 
     from asyncrl.config import load_config
-    from asyncrl.controller.evaluate import evaluate
+    from asyncrl.controller.evaluate import eval_kwargs, evaluate
     from asyncrl.controller.scoring import make_score_fn
     from asyncrl.data.prompts import build_task, drop_long_prompts
     from asyncrl.models import load_policy, stop_token_ids
@@ -76,13 +76,8 @@ def evaluate_snapshots(overrides: list[str], snapshots: list[dict[str, Any]]) ->
             max_seq_len=cfg.rollout.max_prompt_len + cfg.eval.max_new_tokens,
         )  # fmt: skip
         try:
-            result = asyncio.run(
-                evaluate(
-                    engine, held_out, make_score_fn(cfg.task.verifier, tok), greedy=cfg.eval.greedy,
-                    temperature=cfg.rollout.temperature, max_new_tokens=cfg.eval.max_new_tokens,
-                    stop_token_ids=stop_token_ids(tok, model), samples_per_prompt=cfg.eval.samples_per_prompt,
-                )
-            )  # fmt: skip
+            score = make_score_fn(cfg.task.verifier, tok)
+            result = asyncio.run(evaluate(engine, held_out, score, **eval_kwargs(cfg, stop_token_ids(tok, model))))
         finally:
             engine.close()
         out.append(result["accuracy"])

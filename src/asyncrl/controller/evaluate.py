@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from asyncrl.config import Config
 from asyncrl.rollout.interruptible import generate_group
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.workflow import ScoreFn
@@ -48,3 +49,14 @@ async def evaluate(
         "response_len": sum(n_tok for _, n_tok in results) / total,
     }
 
+
+def eval_kwargs(cfg: Config, stop_token_ids: tuple[int, ...]) -> dict[str, Any]:
+    """The keyword arguments of ``evaluate`` that a run's ``eval.*`` settings give (one place for
+    the launcher's accuracy before/after and ``asyncrl bench headline``'s snapshot evaluation)."""
+    return {
+        "greedy": cfg.eval.greedy,
+        "temperature": cfg.rollout.temperature,
+        "max_new_tokens": cfg.eval.max_new_tokens,
+        "stop_token_ids": stop_token_ids,
+        "samples_per_prompt": cfg.eval.samples_per_prompt,
+    }

@@ -12,10 +12,11 @@
 - ``summary.json``: written at the end;
 - ``tb/``: TensorBoard events of the per-step metrics (when tensorboard is installed).
 Lines are flushed as they are written so a killed run keeps everything up to the kill. On
-resume the three jsonl files are cut back to the byte offsets saved with the checkpoint
-(``offsets``); the cut tails are kept under ``resume/`` for forensics, never read again.
+resume the jsonl files (``JSONL_FILES``: metrics, ledger, timeline, policy snapshots) are cut back
+to the byte offsets saved with the checkpoint (``offsets``); the cut tails are kept under
+``resume/`` for forensics, never read again.
 
-A run directory is one run. Every line of the three jsonl files, and ``summary.json``, carries
+A run directory is one run. Every line of the jsonl files, and ``summary.json``, carries
 the run's ``run_id`` (made when the run starts, kept by its resumes). ``claim_run_dir`` refuses
 to start a new run in a directory that already holds one (unless asked to move the old run aside
 to ``<dir>.old-<time>``: nothing is ever deleted), and ``check_one_run`` refuses a directory whose

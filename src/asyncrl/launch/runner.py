@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config
-from asyncrl.controller.evaluate import evaluate
+from asyncrl.controller.evaluate import eval_kwargs, evaluate
 from asyncrl.controller.loop import Controller
 from asyncrl.controller.resume import check_snapshot, latest_checkpoint
 from asyncrl.controller.rundir import RunDir, claim_run_dir, default_run_dir, read_jsonl
@@ -112,13 +112,7 @@ async def run_stages(
         held_out = drop_long_prompts(held_out, cfg.rollout.max_prompt_len, "held-out prompts")
         truncate = snapshot["offsets"] if snapshot is not None else ({} if resume else None)
         rundir = RunDir(run_dir, cfg, truncate=truncate, purge_step=snapshot["step"] if snapshot else None)
-        eval_kw = dict(
-            greedy=cfg.eval.greedy,
-            temperature=cfg.rollout.temperature,
-            max_new_tokens=cfg.eval.max_new_tokens,
-            stop_token_ids=stages.stop_token_ids,
-            samples_per_prompt=cfg.eval.samples_per_prompt,
-        )
+        eval_kw = eval_kwargs(cfg, stages.stop_token_ids)
 
         async def measure() -> dict[str, float]:
             """Held-out accuracy as configured, plus greedy accuracy when ``eval.report_greedy``."""

@@ -63,6 +63,8 @@ def drop_mask(
     """The loss tokens of micro-batch ``micro`` (a packed or padded micro-batch of ``rows``) that the
     version-gap mask (trainer at ``version``) and the M2PO rows ``keep_m2`` drop, or None when both
     are off; and each mechanism's share of the micro-batch's loss tokens."""
+    if max_version_gap is None and keep_m2 is None:  # the default: no work on the micro-batch loop
+        return None, {}
     live = mask != 0
     n = float(live.sum().clamp(min=1))
     drop = torch.zeros_like(live)

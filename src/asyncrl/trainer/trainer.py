@@ -119,15 +119,14 @@ class Trainer(TrainerStateMixin):
             dist_mod.send_command(self.ctx, "init", payload)
         self._caller_model = model
         model.to(self.device)
+        cuda = self.device.type == "cuda"
+        self.bf16 = train_cfg.precision == "bf16" or (train_cfg.precision == "auto" and cuda)
         self.ref_model: Any = None
         if algo_cfg.kl_coef > 0:  # the reference policy: the initial weights, frozen (a full copy per rank)
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-            half = train_cfg.precision == "bf16" or (train_cfg.precision == "auto" and self.device.type == "cuda")
-            use_packed_attention(self.ref_model, self.device, torch.bfloat16 if half else dtype)
+            use_packed_attention(self.ref_model, self.device, torch.bfloat16 if self.bf16 else dtype)
         if train_cfg.lora_rank > 0:
             model = apply_lora(model, train_cfg)
-        cuda = self.device.type == "cuda"
-        self.bf16 = train_cfg.precision == "bf16" or (train_cfg.precision == "auto" and cuda)
         # the dtype attention computes in (flash attention needs half precision)
         self.attention = use_packed_attention(base_model(model), self.device, torch.bfloat16 if self.bf16 else dtype)
         checkpointing = train_cfg.activation_checkpointing
