@@ -279,6 +279,9 @@ def _bench_ablation(args: argparse.Namespace) -> None:
     """``asyncrl bench ablation``: objectives x lags x lrs x seeds under controlled staleness."""
     from asyncrl.bench import ablation
 
+    if args.reanalyse:
+        ablation.reanalyse(args.reanalyse)
+        return
     overrides = _bench_overrides(args)
     objectives = tuple(args.objectives.split(",")) if args.objectives else ablation.DEFAULT_OBJECTIVES
     unknown = [o for o in objectives if o not in ablation.OBJECTIVES]
@@ -437,7 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--sync-setting", help="headline: the synchronous setting to use without probing (SYNC_CANDIDATES)")
     p.add_argument("--probe-steps", type=int, default=0, help="headline: steps of each synchronous probe (0: --steps)")
-    p.add_argument("--reanalyse", metavar="FILE", help="headline: recompute a finished result file from its runs")
+    p.add_argument(
+        "--reanalyse", metavar="FILE", help="ablation|headline: recompute a finished result file from its runs"
+    )
     p.add_argument(
         "--high-water", help="async: controller.high_water_batches values for max_staleness > 0 (default: config)"
     )

@@ -3,6 +3,7 @@ one tiny real grid (2 steps, tiny sizes): rows, summary and the controlled lag i
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 
@@ -10,8 +11,11 @@ import pytest
 
 from asyncrl.bench.ablation import (
     OBJECTIVES,
+    _curves,
     arm_overrides,
     collapse_reason,
+    paired_differences,
+    reanalyse,
     run_ablation,
     summarize,
     t_interval,
@@ -79,10 +83,50 @@ def test_tiny_grid_runs_with_the_controlled_lag(tiny_policy_dir, tmp_path) -> No
         str(tmp_path / "ablation.json"), overrides=user, objectives=("decoupled", "uncorrected"), lags=(1,),
         lrs=(1e-3,), seeds=(0,), steps=2, out_dir=str(tmp_path / "runs"),
     )  # fmt: skip
-    assert (tmp_path / "ablation.json").is_file()
+    assert (tmp_path / "ablation.json").is_file() and (tmp_path / "ablation.png").is_file()
     assert [(r["objective"], r["lag"], r["steps"]) for r in out["rows"]] == [("decoupled", 1, 2), ("uncorrected", 1, 2)]
     for r in out["rows"]:
         assert isinstance(r["collapsed"], bool) and "behav_weight_sq_mean" in r and "clip_frac" in r
+        assert len(r["curves"]["reward"]) == 2 and len(r["curves"]["approx_kl_behav"]) == 2
         trained = [x for x in read_jsonl(f"{r['run_dir']}/trajectories.jsonl") if x["status"] == "trained"]
         assert {(x["trained_step"], x["min_version"], x["max_version"]) for x in trained} == {(0, 0, 0), (1, 0, 0)}
     assert len(out["summary"]) == 2 and out["summary"][0]["n"] == 1
+
+
+def test_paired_differences_are_seed_by_seed_against_decoupled() -> None:
+    def row(obj, seed, acc):
+        return {"objective": obj, "lag": 8, "lr": 2e-4, "seed": seed, "accuracy_after": acc}
+
+    rows = [row("decoupled", 0, 0.5), row("decoupled", 1, 0.7), row("decoupled", 2, 0.6),
+            row("naive", 0, 0.6), row("naive", 1, 0.75), row("naive", 2, None),  # seed 2 has no accuracy
+            row("uncorrected", 5, 0.1)]  # fmt: skip # no decoupled run at seed 5: no pair
+    (naive,) = paired_differences(rows)
+    assert naive["objective"] == "naive" and naive["reference"] == "decoupled" and naive["n"] == 2
+    assert naive["minus_reference_per_seed"] == pytest.approx([0.1, 0.05])
+    half = 12.706 * statistics.stdev([0.1, 0.05]) / math.sqrt(2)
+    assert naive["minus_reference_ci95"] == pytest.approx([0.075 - half, 0.075 + half])
+
+
+def test_curves_keep_every_step_and_skip_absent_keys() -> None:
+    curves = _curves([{"reward": 0.25, "clip_frac": 0.1}, {"reward": 0.5}])
+    assert curves == {"reward": [0.25, 0.5], "clip_frac": [0.1, None]}
+
+
+def test_reanalyse_recomputes_from_the_run_directories(tmp_path) -> None:
+    rows = []
+    for seed, acc in ((0, 0.4), (1, 0.6)):
+        run_dir = tmp_path / f"run{seed}"
+        run_dir.mkdir()
+        lines = [{"step": i, "reward": 0.1 * i, "approx_kl_behav": 0.01 * (seed + 1)} for i in range(3)]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+        rows.append({"objective": "naive", "lag": 2, "lr": 1e-4, "seed": seed, "accuracy_before": 0.3,
+                     "accuracy_after": acc, "collapsed": False, "run_dir": str(run_dir)})  # fmt: skip
+    rows.append({**rows[0], "run_dir": str(tmp_path / "gone"), "seed": 2, "approx_kl_behav": 0.5})  # kept as written
+    path = tmp_path / "ablation.json"
+    path.write_text(json.dumps({"bench": "ablation", "lrs": [1e-4], "rows": rows}))
+    out = reanalyse(str(path))
+    assert json.loads(path.read_text())["reanalysed"] and (tmp_path / "ablation.png").is_file()
+    assert out["rows"][1]["curves"]["reward"] == [0.0, 0.1, 0.2] and out["rows"][1]["approx_kl_behav"] == 0.02
+    assert "curves" not in out["rows"][2] and out["rows"][2]["approx_kl_behav"] == 0.5
+    (cell,) = out["summary"]
+    assert cell["n"] == 3 and cell["approx_kl_behav"] == pytest.approx((0.01 + 0.02 + 0.5) / 3)

@@ -43,7 +43,10 @@ from typing import Any
 
 from asyncrl.bench.stats import t95 as t_quantile_975  # the one t table (bench/stats.py)
 
-__all__ = ["OBJECTIVES", "STEP_STATS", "collapse_reason", "run_ablation", "summarize", "t_interval"]
+__all__ = [
+    "CURVE_KEYS", "OBJECTIVES", "STEP_STATS", "collapse_reason", "paired_differences", "plot_ablation", "reanalyse",
+    "run_ablation", "summarize", "t_interval",
+]  # fmt: skip
 
 OBJECTIVES: dict[str, list[str]] = {
     "decoupled": ["algo.prox_mode=recompute"],
@@ -68,6 +71,12 @@ STEP_STATS = (
     "approx_kl_prox", "approx_kl_behav", "grad_norm",
 )  # fmt: skip
 """Per-step trainer metrics averaged over a run (``*_max``: the largest); absent ones are skipped."""
+
+CURVE_KEYS = ("reward", "response_len", "approx_kl_behav", "behav_weight_sq_mean", "clip_frac", "dropped_frac")
+"""Per-step metrics kept whole in each row (``curves``), to show *when* an arm drifts or collapses."""
+
+REFERENCE_OBJECTIVE = "decoupled"
+"""The objective every other one is compared with, seed by seed (``paired_differences``)."""
 
 def t_interval(values: list[float]) -> tuple[float, float]:
     """(mean, half-width of the 95% t-interval) of ``values``; the half-width is NaN for one value."""
@@ -101,6 +110,16 @@ def _step_means(metrics: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def _curves(metrics: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+    """``CURVE_KEYS`` step by step (None where a step lacks one), rounded to keep the JSON small."""
+    out: dict[str, list[float | None]] = {}
+    for key in CURVE_KEYS:
+        values = [m.get(key) for m in metrics]
+        if any(isinstance(v, int | float) for v in values):
+            out[key] = [round(float(v), 5) if isinstance(v, int | float) else None for v in values]
+    return out
+
+
 def _run(overrides: list[str], run_dir: Path, collapse_fraction: float) -> dict[str, Any]:
     """One training run: its accuracy, collapse flag and averaged step statistics."""
     from asyncrl.config import load_config
@@ -121,7 +140,7 @@ def _run(overrides: list[str], run_dir: Path, collapse_fraction: float) -> dict[
         "steps": summary["steps"], "skipped_steps": summary["skipped_steps"],
         "staleness_mean": statistics.fmean([m["staleness_mean"] for m in metrics]) if metrics else 0.0,
         "max_staleness_seen": summary["max_staleness_seen"],
-        **_step_means(metrics),
+        **_step_means(metrics), "curves": _curves(metrics),
         "rl_wall_s": summary["rl_wall_s"], "wall_s": time.perf_counter() - t0, "run_dir": str(run_dir),
     }  # fmt: skip
 
@@ -163,6 +182,69 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 item[stat] = statistics.fmean(values)
         out.append(item)
     return out
+
+
+def paired_differences(rows: list[dict[str, Any]], reference: str = REFERENCE_OBJECTIVE) -> list[dict[str, Any]]:
+    """Per (objective, lag, lr), objective != ``reference``: final accuracy minus the reference's at
+    the same seed (same prompts in the same order), its mean and 95% t-interval over the seeds both
+    ran. An interval that excludes 0 is a difference larger than the seed spread."""
+    by_key = {(r["objective"], r["lag"], r["lr"], r["seed"]): r["accuracy_after"] for r in rows}
+    out = []
+    for objective, lag, lr in dict.fromkeys((r["objective"], r["lag"], r["lr"]) for r in rows):
+        if objective == reference:
+            continue
+        seeds = [s for (o, k, x, s) in by_key if (o, k, x) == (objective, lag, lr)]
+        diffs = [
+            by_key[(objective, lag, lr, s)] - by_key[(reference, lag, lr, s)]
+            for s in seeds
+            if by_key.get((reference, lag, lr, s)) is not None and by_key[(objective, lag, lr, s)] is not None
+        ]
+        if not diffs:
+            continue
+        mean, half = t_interval(diffs)
+        ok = math.isfinite(half)
+        out.append({
+            "objective": objective, "reference": reference, "lag": lag, "lr": lr, "n": len(diffs),
+            "minus_reference_mean": mean, "minus_reference_ci95": [mean - half, mean + half] if ok else None,
+            "minus_reference_per_seed": diffs,
+        })  # fmt: skip
+    return out
+
+
+def plot_ablation(payload: dict[str, Any], path: Path) -> None:
+    """One column per learning rate. Top: final held-out accuracy against lag per objective (mean
+    and 95% t-interval over seeds; grey: accuracy before RL). Bottom: the run's mean KL(π_behav ‖
+    π_θ) estimate (``approx_kl_behav``), how far the trained policy drifted from the one that sampled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary, lrs = payload["summary"], payload["lrs"]
+    fig, axes = plt.subplots(2, len(lrs), figsize=(5.5 * len(lrs), 7.5), squeeze=False, sharex=True)
+    objectives = list(dict.fromkeys(s["objective"] for s in summary))
+    for col, lr in enumerate(lrs):
+        top, bottom = axes[0][col], axes[1][col]
+        for i, objective in enumerate(objectives):
+            cells = [s for s in summary if s["objective"] == objective and s["lr"] == lr]
+            cells.sort(key=lambda s: s["lag"])
+            lags = [s["lag"] + 0.08 * (i - len(objectives) / 2) for s in cells]  # side by side
+            means = [s["accuracy_after_mean"] for s in cells]
+            errs = [s["accuracy_after_ci95_half"] or 0.0 for s in cells]
+            top.errorbar(lags, means, yerr=errs, marker="o", capsize=3, label=objective)
+            bottom.plot(lags, [s.get("approx_kl_behav", math.nan) for s in cells], marker="o", label=objective)
+        before = [s["accuracy_before_mean"] for s in summary if s["lr"] == lr]
+        if before:
+            top.axhline(statistics.fmean(before), color="grey", lw=0.8, ls="--")
+        top.set_title(f"lr {lr:g}")
+        top.set_ylabel("final held-out accuracy (95% CI)")
+        bottom.set_ylabel("mean approx KL(behav ‖ trained)")
+        bottom.set_yscale("log")
+        bottom.set_xlabel("lag k (versions)")
+        top.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _print_table(title: str, rows: list[dict[str, Any]], keys: list[str]) -> None:
@@ -211,20 +293,47 @@ def run_ablation(
                     row = {"objective": objective, "lag": lag, "lr": lr, "seed": seed}
                     row.update(_run(arm, run_dir, collapse_fraction))
                     rows.append(row)
-    summary = summarize(rows)
     keys = ["objective", "lag", "lr", "seed", "accuracy_before", "accuracy_after", "collapsed",
             "behav_weight_mean", "behav_weight_sq_mean", "clip_frac", "dropped_frac", "rl_wall_s"]  # fmt: skip
     _print_table("bench ablation: runs", rows, keys)
-    keys = ["objective", "lag", "lr", "n", "accuracy_after_mean", "accuracy_after_ci95_half", "collapse_rate",
-            "behav_weight_sq_mean", "behav_capped_frac", "clip_frac"]  # fmt: skip
-    _print_table("bench ablation: over seeds (95% t-interval)", summary, keys)
     payload = {
         "bench": "ablation", "overrides": user, "objectives": {o: OBJECTIVES[o] for o in objectives},
         "lags": list(lags), "lrs": list(lrs), "seeds": list(seeds), "steps": steps,
-        "collapse_fraction": collapse_fraction, "rows": rows, "summary": summary, "out_dir": str(out),
+        "collapse_fraction": collapse_fraction, "rows": rows, "out_dir": str(out),
     }  # fmt: skip
+    return _finish(payload, json_path)
+
+
+def _finish(payload: dict[str, Any], json_path: str | None) -> dict[str, Any]:
+    """Summary and paired differences from the rows; print them; write the JSON and its plot."""
+    payload["summary"] = summarize(payload["rows"])
+    payload["paired_differences"] = paired_differences(payload["rows"])
+    keys = ["objective", "lag", "lr", "n", "accuracy_after_mean", "accuracy_after_ci95_half", "collapse_rate",
+            "behav_weight_sq_mean", "behav_capped_frac", "clip_frac", "approx_kl_behav"]  # fmt: skip
+    _print_table("bench ablation: over seeds (95% t-interval)", payload["summary"], keys)
+    keys = ["objective", "lag", "lr", "n", "minus_reference_mean", "minus_reference_ci95"]
+    _print_table(f"bench ablation: minus {REFERENCE_OBJECTIVE}, seed by seed", payload["paired_differences"], keys)
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(payload, indent=2))
-        print(f"\nwrote {json_path}")
+        path = Path(json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2))
+        plot_ablation(payload, path.with_suffix(".png"))
+        print(f"\nwrote {path} and {path.with_suffix('.png')}")
     return payload
+
+
+def reanalyse(json_path: str) -> dict[str, Any]:
+    """Recompute a finished ablation JSON in place: each row's step statistics and curves from its
+    run directory where it still exists (the rows as written otherwise), then the summary, the paired
+    differences and the plot, without training anything again; records that it did."""
+    from asyncrl.controller.rundir import read_jsonl
+
+    payload = json.loads(Path(json_path).read_text())
+    for row in payload["rows"]:
+        metrics_file = Path(row["run_dir"]) / "metrics.jsonl"
+        if metrics_file.is_file():
+            metrics = read_jsonl(metrics_file)
+            row.update(_step_means(metrics))
+            row["curves"] = _curves(metrics)
+    payload.setdefault("reanalysed", []).append(time.strftime("%Y-%m-%d %H:%M:%S"))
+    return _finish(payload, json_path)
