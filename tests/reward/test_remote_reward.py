@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from asyncrl.reward import InfrastructureError
-from asyncrl.reward.remote import RemoteRewardClient, RewardServer, serve_reward
+from asyncrl.reward.client import RemoteRewardClient
+from asyncrl.reward.remote import RewardServer, serve_reward
 from asyncrl.reward.service import RewardService
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from asyncrl.auth import API_KEY_ENV, OPEN_ROUTES, InsecureBindError
 from asyncrl.cli import main as cli_main
-from asyncrl.reward.remote import ROUTES, RemoteRewardClient, RewardServer
+from asyncrl.reward.client import RemoteRewardClient
+from asyncrl.reward.remote import ROUTES, RewardServer
 from asyncrl.reward.service import RewardService
 
 KEY = "reward-key-0123456789"

@@ -1,4 +1,4 @@
-"""Rewards computed on another host: the ``asyncrl serve reward`` server and its client.
+"""Rewards computed on another host: the ``asyncrl serve reward`` server.
 
 Server (:class:`RewardServer`, :func:`serve_reward`): standard-library ``http.server`` in front of
 a :class:`~asyncrl.reward.service.RewardService`. Loopback only unless told otherwise; beyond
@@ -15,9 +15,7 @@ every request but ``GET /health`` needs ``Authorization: Bearer <key>``; others 
   ``custom:`` ones unless the server was started with ``allow_custom=True`` (it would import and
   run any importable function the client names). A handler error is a 500, never a dead server.
 
-Client (:class:`RemoteRewardClient`): async (asyncio streams) and sync (urllib) calls. Network
-errors and 5xx raise :class:`~asyncrl.reward.InfrastructureError` (retried by the service);
-4xx raise ValueError. It sends the API key it is given, or else ``$ASYNCRL_API_KEY``.
+Its client is :class:`~asyncrl.reward.client.RemoteRewardClient` (``client.py``).
 """
 
 from __future__ import annotations
@@ -25,19 +23,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import signal
-import ssl
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-from asyncrl.auth import ApiKeyAuth, auth_headers, check_bind, peer_name, resolve_api_key
-from asyncrl.reward import InfrastructureError
+from asyncrl.auth import ApiKeyAuth, check_bind, peer_name
 from asyncrl.reward.service import RemoteTarget, RewardService, resolve_verifier
 
 logger = logging.getLogger(__name__)
@@ -322,144 +315,3 @@ def serve_reward(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         server.close()
-
-
-class RemoteRewardClient:
-    """Client of a reward server: ``RemoteRewardClient("http://host:port#code")``.
-
-    The ``#verifier`` fragment (optional) names the verifier the server should run; without it
-    the server uses its default.
-    """
-
-    def __init__(self, url: str, *, timeout_s: float = 30.0, api_key: str | None = None) -> None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"remote reward URL must be http(s)://host:port, got {url!r}")
-        self.scheme = parts.scheme
-        self.host = parts.hostname
-        self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        self.base_path = parts.path.rstrip("/")
-        self.verifier = parts.fragment or None
-        self.timeout_s = timeout_s
-        self._headers = auth_headers(api_key or resolve_api_key())
-
-    def _payload(
-        self, response: str, reference: str, prompt: str, row: dict | None, verifier: str | None
-    ) -> bytes:
-        body = {
-            "verifier": verifier or self.verifier,
-            "response": response,
-            "reference": reference,
-            "prompt": prompt,
-            "row": row,
-        }
-        return json.dumps(body, default=str).encode()
-
-    @staticmethod
-    def _result(status: int, data: bytes, where: str) -> tuple[float, str | None]:
-        try:
-            body = json.loads(data.decode("utf-8")) if data else {}
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            body = {"error": data[:200].decode("utf-8", "replace")}
-        if status >= 500:
-            raise InfrastructureError(f"reward server {where} answered {status}: {body.get('error')}")
-        if status == 401:
-            raise ValueError(f"reward server {where} answered 401: missing or wrong API key (set ASYNCRL_API_KEY)")
-        if status != 200:
-            raise ValueError(f"reward server {where} refused the request ({status}): {body.get('error')}")
-        reward, failure = body.get("reward"), body.get("failure")
-        if not isinstance(reward, (int, float)) or isinstance(reward, bool) or not math.isfinite(reward):
-            raise InfrastructureError(f"reward server {where} sent a malformed reward {reward!r}")
-        if failure is not None and not isinstance(failure, str):
-            raise InfrastructureError(f"reward server {where} sent a malformed failure {failure!r}")
-        return float(reward), failure
-
-    async def score(
-        self,
-        response: str,
-        reference: str,
-        *,
-        prompt: str = "",
-        row: dict | None = None,
-        verifier: str | None = None,
-    ) -> tuple[float, str | None]:
-        """POST /score; returns (reward, failure)."""
-        status, data = await self._request(
-            "POST", "/score", self._payload(response, reference, prompt, row, verifier)
-        )
-        return self._result(status, data, f"{self.host}:{self.port}")
-
-    async def health(self) -> dict[str, Any]:
-        status, data = await self._request("GET", "/health", None)
-        if status != 200:
-            raise InfrastructureError(f"reward server health check answered {status}")
-        return json.loads(data.decode())
-
-    async def _request(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
-        ssl_ctx = ssl.create_default_context() if self.scheme == "https" else None
-        try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, ssl=ssl_ctx), self.timeout_s
-            )
-        except (OSError, asyncio.TimeoutError) as e:
-            raise InfrastructureError(f"cannot reach reward server {self.host}:{self.port}: {e!r}") from e
-        try:
-            head = (
-                f"{method} {self.base_path}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body or b'')}\r\n"
-                + "".join(f"{k}: {v}\r\n" for k, v in self._headers.items())
-                + "Connection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + (body or b""))
-            await writer.drain()
-            status_line = await reader.readline()
-            fields = status_line.decode("latin-1").split()
-            if len(fields) < 2 or not fields[1].isdigit():
-                raise InfrastructureError(f"reward server sent a malformed status line {status_line[:100]!r}")
-            length = None
-            while True:
-                line = await reader.readline()
-                if line in (b"\r\n", b"\n", b""):
-                    break
-                name, _, value = line.decode("latin-1").partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value.strip())
-            data = await (reader.readexactly(length) if length is not None else reader.read())
-            return int(fields[1]), data
-        except (OSError, asyncio.IncompleteReadError, ValueError) as e:
-            raise InfrastructureError(
-                f"reward server {self.host}:{self.port} connection failed: {e!r}"
-            ) from e
-        finally:
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except OSError:
-                pass
-
-    def score_sync(
-        self,
-        response: str,
-        reference: str,
-        *,
-        prompt: str = "",
-        row: dict | None = None,
-        verifier: str | None = None,
-    ) -> tuple[float, str | None]:
-        """Blocking variant of :meth:`score` (urllib)."""
-        request = urllib.request.Request(
-            f"{self.scheme}://{self.host}:{self.port}{self.base_path}/score",
-            data=self._payload(response, reference, prompt, row, verifier),
-            headers={"Content-Type": "application/json", **self._headers},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
-                return self._result(resp.status, resp.read(), f"{self.host}:{self.port}")
-        except urllib.error.HTTPError as e:
-            return self._result(e.code, e.read(), f"{self.host}:{self.port}")
-        except (urllib.error.URLError, OSError) as e:
-            raise InfrastructureError(f"cannot reach reward server {self.host}:{self.port}: {e!r}") from e
-
-    async def close(self) -> None:
-        """Nothing persistent to release (one connection per request); kept for symmetry."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from asyncrl.reward import InfrastructureError
+from asyncrl.reward.client import RemoteRewardClient
 from asyncrl.reward.verifiers import RemoteTarget, Request, WorkerFn, _score_code, resolve_verifier  # noqa: F401
 from asyncrl.reward.worker import _LeaderGone, _recv, _Worker  # noqa: F401
 
@@ -300,8 +301,6 @@ class RewardService:
             return RewardResult(0.0, failure, 0.0, False)
 
     async def _run_remote(self, target: RemoteTarget, req: Request) -> tuple[Any, ...]:
-        from asyncrl.reward.remote import RemoteRewardClient
-
         client = self._clients.get(target.url)
         if client is None:
             client = self._clients[target.url] = RemoteRewardClient(
