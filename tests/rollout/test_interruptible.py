@@ -15,6 +15,8 @@ from asyncrl.types import Completion, WeightUpdate
 class ChunkyEngine:
     """Fake engine: emits tokens 100, 101, ... and aborts every `chunk` tokens (version bumps on abort)."""
 
+    reports_each_sample = False
+
     def __init__(self, chunk: int, stop_at: int | None = None):
         self.chunk, self.stop_at, self.version, self.calls = chunk, stop_at, 0, []
 
@@ -91,7 +93,7 @@ def test_real_engine_abort_updates_resume_to_full_budget(load_tiny, arun):
 
 
 def test_on_sample_done_once_per_sample_with_a_group_at_once_engine(arun):
-    eng = ChunkyEngine(chunk=4)  # no reports_each_sample: generate_group reports for it
+    eng = ChunkyEngine(chunk=4)  # reports_each_sample is False: generate_group reports for it
     reported: list[int] = []
     outs = arun(generate_group(eng, [1, 2, 3], SamplingParams(max_new_tokens=10, seed=1), 3, reported.append))
     assert sorted(reported) == [0, 1, 2] and all(c.finish_reason == "length" for c in outs)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from asyncrl.config import Config
+from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.interruptible import generate_group
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.workflow import ScoreFn
@@ -14,7 +15,7 @@ from asyncrl.types import Prompt
 
 
 async def evaluate(
-    engine: Any,
+    engine: RolloutEngine,
     prompts: Sequence[Prompt],
     score: ScoreFn,
     *,

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
 
+from asyncrl.rollout.api import RolloutEngine
 from asyncrl.types import WeightUpdate
 
 __all__ = ["LaggedWeights"]
@@ -70,13 +70,13 @@ class LaggedWeights:
             raise RuntimeError(f"fixed lag {self.lag}: version {target} is not in the ring (call start first)")
         return chosen
 
-    async def publish(self, engine: Any, update: WeightUpdate) -> None:
+    async def publish(self, engine: RolloutEngine, update: WeightUpdate) -> None:
         """Load the lagged weights for ``update`` into ``engine`` (nothing while the lag has not passed)."""
         target = self.select(update)
         if target is not None:
             await engine.update_weights(target)
 
-    async def finish(self, engine: Any) -> None:
+    async def finish(self, engine: RolloutEngine) -> None:
         """Leave ``engine`` on the newest weights (the run's final evaluation measures the trained policy)."""
         latest = self.latest
         if latest is not None and latest.version != self.engine_version:

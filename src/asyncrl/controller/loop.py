@@ -59,9 +59,11 @@ from asyncrl.controller.snapshots import PolicySnapshots
 from asyncrl.controller.staleness import EpisodeSamples, StalenessGate
 from asyncrl.controller.state import ControllerState
 from asyncrl.data.prompts import PromptSource
+from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.workflow import ScoreFn, run_episode
-from asyncrl.types import Group, Prompt, TrainBatch, TrainSample
+from asyncrl.trainer.api import PolicyTrainer, TrainStepResult
+from asyncrl.types import Completion, Group, Prompt, TrainBatch, TrainSample
 
 
 class Controller:
@@ -70,8 +72,8 @@ class Controller:
     def __init__(
         self,
         cfg: Config,
-        engine: Any,
-        trainer: Any,
+        engine: RolloutEngine,
+        trainer: PolicyTrainer,
         source: PromptSource,
         score: ScoreFn,
         rundir: RunDir,
@@ -233,7 +235,7 @@ class Controller:
             self._errors.append(task.exception())
             self._wake_train.set()
 
-    async def _timed_score(self, prompt: Prompt, completion: Any) -> tuple[float, str | None]:
+    async def _timed_score(self, prompt: Prompt, completion: Completion) -> tuple[float, str | None]:
         t0 = time.perf_counter()
         self._scoring += 1
         try:
@@ -334,23 +336,21 @@ class Controller:
                 raise RuntimeError("an episode failed") from self._errors[0]
             if self._stop_reason is not None:
                 return None
-            fresh, stale = self.buffer.take_fresh(step, c.max_staleness, c.batch_size)
+            batch, stale = self.buffer.take_fresh(step, c.max_staleness, c.batch_size)
             for group in stale:
                 self.gate.on_drop_accepted()
                 self.state.stale_groups += 1
                 self._open.pop(group.prompt.prompt_id, None)
                 self.rundir.log_group(group, trained_step=None, dropped="stale", status="stale", step=step)
-            if len(fresh) == c.batch_size:
+            if batch:
                 self._wake_admit.set()  # room under the high-water mark: generate during the step
-                return fresh
-            for group in reversed(fresh):  # not enough yet: put them back, oldest first
-                self.buffer._groups.appendleft(group)
+                return batch
             if stale:
                 self._wake_admit.set()
             self._wake_train.clear()
             await self._wake_train.wait()
 
-    def _train_blocking(self, groups: list[Group], step: int) -> tuple[list[TrainSample], Any]:
+    def _train_blocking(self, groups: list[Group], step: int) -> tuple[list[TrainSample], TrainStepResult]:
         """Batching and the training step, on the executor thread (the step may run in the trainer process)."""
         samples = groups_to_samples(groups, self.cfg.algo, self.cfg.rollout.max_new_tokens)
         return samples, self.trainer.train_step(TrainBatch(tuple(samples), step))

@@ -7,13 +7,14 @@ from collections import Counter
 from typing import Any
 
 from asyncrl.controller.state import ControllerState
+from asyncrl.trainer.api import TrainStepResult
 from asyncrl.types import Group
 
 
 def step_metrics(
     step: int,
     groups: list[Group],
-    result: Any,
+    result: TrainStepResult,
     staleness: list[int],
     trained_tokens: int,
     engine_now: dict[str, float],

@@ -16,6 +16,8 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
+from asyncrl.trainer.api import PolicyTrainer
+
 
 class PolicySnapshots:
     """Decides when a snapshot is due and saves it through the trainer (on the trainer's executor)."""
@@ -36,7 +38,7 @@ class PolicySnapshots:
     async def maybe_save(
         self,
         executor: Executor,
-        trainer: Any,
+        trainer: PolicyTrainer,
         tokenizer: Any,
         version: int,
         step: int,

@@ -1,4 +1,4 @@
-"""The trainer in its own process, behind the interface the controller uses (``TrainerProcess``).
+"""The trainer in its own process, as a ``trainer.api.PolicyTrainer`` (``TrainerProcess``).
 
 Why: the engine's decode loop and the trainer's step both run Python between their torch ops; as
 two threads of one process they take turns on the GIL. Measured on the 2-core CPU box with the
@@ -22,9 +22,12 @@ import multiprocessing as mp
 import signal
 import threading
 import traceback
+from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config
+from asyncrl.trainer.api import TrainStepResult
+from asyncrl.types import TrainBatch, WeightUpdate
 
 __all__ = ["TrainerProcess", "TrainerProcessError"]
 
@@ -133,24 +136,26 @@ class TrainerProcess:
             self._conn.send((name, args))
             return self._reply(name)
 
-    def train_step(self, batch: Any) -> Any:
+    def train_step(self, batch: TrainBatch) -> TrainStepResult:
         result = self._call("train_step", batch)
         self._version = result.version
         self.skipped_steps += 0 if result.applied else 1
         return result
 
-    def export_weights(self, transport: str | None = None) -> Any:
+    def export_weights(self, transport: str | None = None) -> WeightUpdate:
         return self._call("export_weights", transport)
 
-    def save_checkpoint(self, directory: Any, extra: dict[str, Any] | None = None, tokenizer: Any = None) -> None:
+    def save_checkpoint(
+        self, directory: str | Path, extra: dict[str, Any] | None = None, tokenizer: Any = None
+    ) -> None:
         """The child saves its own tokenizer (``tokenizer`` is accepted for interface parity)."""
         self._call("save_checkpoint", str(directory), extra)
 
-    def load_checkpoint(self, directory: Any) -> dict[str, Any] | None:
+    def load_checkpoint(self, directory: str | Path) -> dict[str, Any] | None:
         extra, self._version = self._call("load_checkpoint", str(directory))
         return extra
 
-    def save_pretrained(self, directory: Any, tokenizer: Any = None) -> None:
+    def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> None:
         self._call("save_pretrained", str(directory))
 
     def close(self) -> None:

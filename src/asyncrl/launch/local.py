@@ -16,7 +16,7 @@ import asyncio
 import copy
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import Config
 from asyncrl.controller.scoring import make_score_fn
@@ -24,11 +24,16 @@ from asyncrl.controller.trainer_process import TrainerProcess
 from asyncrl.controller.warm_start import ensure_policy
 from asyncrl.launch.runner import Stages, configure_torch, prepare_run_dir, run_stages, seed_everything
 from asyncrl.models import load_policy, stop_token_ids
+from asyncrl.rollout.api import RolloutEngine
+from asyncrl.trainer.api import PolicyTrainer
+
+if TYPE_CHECKING:
+    from asyncrl.rollout.pool import EnginePool
 
 __all__ = ["configure_torch", "remote_engine_pool", "seed_everything", "train"]
 
 
-def remote_engine_pool(urls: str) -> Any:
+def remote_engine_pool(urls: str) -> EnginePool:
     """An ``EnginePool`` of ``RemoteEngine`` clients of the comma-separated server ``urls``."""
     from asyncrl.rollout.pool import EnginePool
     from asyncrl.rollout.remote import RemoteEngine
@@ -48,7 +53,7 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
     stops = stop_token_ids(tokenizer, model)
     if cfg.launch.engine_urls:  # servers that load weights from a path
         cfg.trainer.weight_transport = "safetensors"
-        engine: Any = remote_engine_pool(cfg.launch.engine_urls)
+        engine: RolloutEngine = remote_engine_pool(cfg.launch.engine_urls)
     else:
         # the trainer process builds its own copy; a trainer thread needs the engine's to be separate
         engine_model = model if cfg.controller.trainer_process else copy.deepcopy(model)
@@ -62,7 +67,7 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
             device=cfg.model.device,
         )
     if cfg.controller.trainer_process:  # its own process: no GIL shared with the engine's decode loop
-        trainer: Any = TrainerProcess(str(model_dir), cfg)
+        trainer: PolicyTrainer = TrainerProcess(str(model_dir), cfg)
     else:
         trainer = Trainer(
             model, cfg.trainer, cfg.algo, temperature=cfg.rollout.temperature, device=cfg.model.device,

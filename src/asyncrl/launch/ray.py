@@ -41,7 +41,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.auth import new_api_key
 from asyncrl.config import Config
@@ -51,6 +51,11 @@ from asyncrl.controller.warm_start import ensure_policy
 from asyncrl.launch import RunStopped
 from asyncrl.launch.runner import Stages, configure_torch, prepare_run_dir, run_stages, seed_everything
 from asyncrl.models import load_policy, stop_token_ids
+from asyncrl.rollout.api import RolloutEngine
+
+if TYPE_CHECKING:
+    from asyncrl.launch.ray_clients import RayRewardPool, RayTrainerGroup
+    from asyncrl.rollout.pool import EnginePool
 
 __all__ = ["RayPlacement", "train_ray"]
 
@@ -127,7 +132,9 @@ class ServeAuth:
         return cls(new_api_key(), tempfile.mkdtemp(prefix="asyncrl-weights-"), True)
 
 
-async def _build_engines(cfg: Config, model_dir: str, placement: RayPlacement, auth: ServeAuth | None) -> Any:
+async def _build_engines(
+    cfg: Config, model_dir: str, placement: RayPlacement, auth: ServeAuth | None
+) -> EnginePool:
     """The engine pool: actors (direct or as servers behind ``auth``) or, with
     ``launch.engine_urls``, servers that already run."""
     ray = _ray()
@@ -141,7 +148,7 @@ async def _build_engines(cfg: Config, model_dir: str, placement: RayPlacement, a
     launch = cfg.launch
     remote_cls = ray.remote(EngineWorker)
 
-    async def start(index: int) -> Any:
+    async def start(index: int) -> RolloutEngine:
         opts = placement.options(index, launch.cpus_per_engine, launch.gpus_per_engine)
         actor = remote_cls.options(**opts, max_concurrency=10_000).remote(model_dir, cfg)
         if auth is not None:
@@ -155,7 +162,7 @@ async def _build_engines(cfg: Config, model_dir: str, placement: RayPlacement, a
     return EnginePool(engines, restart=start, max_restarts=launch.max_engine_restarts)
 
 
-def _build_trainer(cfg: Config, model_dir: str, placement: RayPlacement) -> Any:
+def _build_trainer(cfg: Config, model_dir: str, placement: RayPlacement) -> RayTrainerGroup:
     ray = _ray()
     from asyncrl.launch.ray_actors import TrainerRank
     from asyncrl.launch.ray_clients import RayTrainerGroup
@@ -173,7 +180,7 @@ def _build_trainer(cfg: Config, model_dir: str, placement: RayPlacement) -> Any:
     return RayTrainerGroup(ranks, transport, int(versions[0]))
 
 
-def _build_rewards(cfg: Config, placement: RayPlacement) -> Any:
+def _build_rewards(cfg: Config, placement: RayPlacement) -> RayRewardPool:
     ray = _ray()
     from asyncrl.launch.ray_actors import RewardWorker
     from asyncrl.launch.ray_clients import RayRewardPool
@@ -224,9 +231,11 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool) -> dict[str, An
         _remove_temporary(auth)
 
     async def summary_extra() -> dict[str, Any]:
-        if hasattr(engines, "wait_restarts"):  # an engine restart in progress: count it once it is back
-            await engines.wait_restarts(cfg.launch.startup_timeout_s)
-        per_engine = [e.refresh_stats() if hasattr(e, "refresh_stats") else e.stats() for e in engines.engines]
+        from asyncrl.launch.ray_clients import RayEngineClient
+
+        await engines.wait_restarts(cfg.launch.startup_timeout_s)  # a restart in progress: counted once back
+        # an actor's client caches its counters (refreshed in the background): fetch them now
+        per_engine = [e.refresh_stats() if isinstance(e, RayEngineClient) else e.stats() for e in engines.engines]
         stats = engines.stats()
         return {
             "ray": {
@@ -242,7 +251,7 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool) -> dict[str, An
                 "engine_generated_tokens": [float(s.get("generated_tokens", 0.0)) for s in per_engine],
                 "engine_deaths": int(stats.get("engine_deaths", 0)),
                 "engine_restarts": int(stats.get("engine_restarts", 0)),
-                "engine_restart_errors": list(getattr(engines, "restart_errors", [])),
+                "engine_restart_errors": list(engines.restart_errors),
                 "redispatched_requests": int(stats.get("redispatched_requests", 0)),
                 "reward_workers_replaced": rewards.replaced,
             }

@@ -1,6 +1,7 @@
-"""Driver-side clients of the Ray actors, with the interfaces the controller already uses.
+"""Driver-side clients of the Ray actors, behind the protocols the controller uses.
 
-- ``RayEngineClient``: one ``EngineWorker`` actor behind ``LocalEngine``'s interface. A call that
+- ``RayEngineClient``: one ``EngineWorker`` actor as a ``rollout.api.RolloutEngine`` (it answers a
+  group at once: ``reports_each_sample`` is False). A call that
   fails because the actor's process is gone raises ``rollout.pool.EngineDied``, which tells the
   ``EnginePool`` to restart the engine and send the request again. ``stats()`` must not block the
   event loop: it returns the newest counters received and asks for fresh ones in the background
@@ -8,7 +9,7 @@
 - ``ServedEngineClient``: a ``RemoteEngine`` of an engine actor's HTTP server
   (``launch.engine_mode=server``), sending the run's API key; a failed request whose actor is dead
   raises ``EngineDied``.
-- ``RayTrainerGroup``: the M ``TrainerRank`` actors behind the ``Trainer`` interface: every call
+- ``RayTrainerGroup``: the M ``TrainerRank`` actors as a ``trainer.api.PolicyTrainer``: every call
   goes to every rank (SPMD) and rank 0's answer is returned. When a rank dies, the others would
   wait in a collective until the process-group timeout; the group instead notices the death at
   once, kills every rank and raises ``TrainerRankDied`` (the run stops; it resumes from its newest
@@ -22,16 +23,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
 from asyncrl.reward.service import RewardResult
+from asyncrl.rollout.api import SampleDone, refuse_on_sample_done
 from asyncrl.rollout.pool import EngineDied
 from asyncrl.rollout.remote import RemoteEngine
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.types import Completion
+from asyncrl.trainer.api import TrainStepResult
+from asyncrl.types import Completion, TrainBatch, WeightUpdate
 
 _DEAD = (RayActorError, ActorDiedError, ActorUnavailableError)
 
@@ -41,7 +45,10 @@ class TrainerRankDied(RuntimeError):
 
 
 class RayEngineClient:
-    """One engine actor behind ``LocalEngine``'s interface (see the module docstring)."""
+    """One engine actor as a ``RolloutEngine`` (see the module docstring)."""
+
+    reports_each_sample = False
+    """The actor answers a group at once (``generate`` takes no ``on_sample_done``)."""
 
     def __init__(self, actor: Any, index: int) -> None:
         self.actor = actor
@@ -63,10 +70,17 @@ class RayEngineClient:
         except _DEAD as exc:
             raise EngineDied(f"engine actor {self.index} died during {method}: {type(exc).__name__}") from exc
 
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, n: int = 1) -> list[Completion]:
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling: SamplingParams,
+        n: int = 1,
+        on_sample_done: SampleDone | None = None,
+    ) -> list[Completion]:
+        refuse_on_sample_done(self, on_sample_done)
         return await self._call("generate", [int(t) for t in input_ids], sampling, n)
 
-    async def update_weights(self, update: Any) -> None:
+    async def update_weights(self, update: WeightUpdate) -> None:
         version = await self._call("update_weights", update)
         if int(version) != int(update.version):
             raise RuntimeError(f"engine {self.index} is at version {version} after an update to {update.version}")
@@ -126,15 +140,21 @@ class ServedEngineClient(RemoteEngine):
         except (*_DEAD, asyncio.TimeoutError):
             return False
 
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, n: int = 1) -> list[Completion]:
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling: SamplingParams,
+        n: int = 1,
+        on_sample_done: SampleDone | None = None,
+    ) -> list[Completion]:
         try:
-            return await super().generate(input_ids, sampling, n)
+            return await super().generate(input_ids, sampling, n, on_sample_done)
         except (RuntimeError, OSError) as exc:
             if not await self._alive():
                 raise EngineDied(f"engine server {self.index} ({self.base_url}) died") from exc
             raise
 
-    async def update_weights(self, update: Any) -> None:
+    async def update_weights(self, update: WeightUpdate) -> None:
         try:
             await super().update_weights(update)
         except (RuntimeError, OSError) as exc:
@@ -148,7 +168,7 @@ class ServedEngineClient(RemoteEngine):
 
 
 class RayTrainerGroup:
-    """The trainer ranks behind the ``Trainer`` interface (see the module docstring)."""
+    """The trainer ranks as a ``PolicyTrainer`` (see the module docstring)."""
 
     def __init__(self, ranks: list[Any], transport: str, version: int) -> None:
         self.ranks = ranks
@@ -177,26 +197,28 @@ class RayTrainerGroup:
                 raise
         return results[refs[0]]
 
-    def train_step(self, batch: Any) -> Any:
+    def train_step(self, batch: TrainBatch) -> TrainStepResult:
         result = self._all("train_step", ray.put(batch))
         self.version = result.version
         self.skipped_steps += 0 if result.applied else 1
         return result
 
-    def export_weights(self, transport: str | None = None) -> Any:
+    def export_weights(self, transport: str | None = None) -> WeightUpdate:
         update = self._all("export", transport or self.transport)
         self.sync_bytes = int(getattr(update, "nbytes", 0))
         return update
 
-    def save_checkpoint(self, directory: Any, extra: dict[str, Any] | None = None, tokenizer: Any = None) -> None:
+    def save_checkpoint(
+        self, directory: str | Path, extra: dict[str, Any] | None = None, tokenizer: Any = None
+    ) -> None:
         """Rank 0 writes (with its own tokenizer); every rank takes part in the gathers."""
         self._all("save_checkpoint", str(directory), extra)
 
-    def load_checkpoint(self, directory: Any) -> dict[str, Any] | None:
+    def load_checkpoint(self, directory: str | Path) -> dict[str, Any] | None:
         extra, self.version = self._all("load_checkpoint", str(directory))
         return extra
 
-    def save_pretrained(self, directory: Any, tokenizer: Any = None) -> None:
+    def save_pretrained(self, directory: str | Path, tokenizer: Any = None) -> None:
         self._all("save_pretrained", str(directory))
 
     def close(self) -> None:

@@ -25,17 +25,19 @@ from asyncrl.controller.loop import Controller
 from asyncrl.controller.resume import check_snapshot, latest_checkpoint
 from asyncrl.controller.rundir import RunDir, claim_run_dir, default_run_dir, read_jsonl
 from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
+from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.workflow import ScoreFn
+from asyncrl.trainer.api import PolicyTrainer
 
 
 @dataclass
 class Stages:
     """What a launcher hands to ``run_stages``."""
 
-    engine: Any
-    """``generate`` / ``update_weights`` / ``stats`` / ``close`` (LocalEngine, RemoteEngine, EnginePool)."""
-    trainer: Any
-    """``version`` / ``train_step`` / ``export_weights`` / checkpoints / ``save_pretrained``."""
+    engine: RolloutEngine
+    """``LocalEngine``, ``RemoteEngine`` or an ``EnginePool`` (of those or of Ray engine clients)."""
+    trainer: PolicyTrainer
+    """``Trainer``, ``TrainerProcess`` or ``RayTrainerGroup``."""
     score: ScoreFn
     tokenizer: Any
     stop_token_ids: tuple[int, ...]

@@ -6,17 +6,17 @@ resubmitted as prompt + partial output with the remaining token budget, so its K
 recomputed under the new weights; the chunks are merged (output ids, behaviour log-probs, per-token
 versions as stamped by the engine, interruption counts). Sample i keeps its own seed
 (``sampling.seed + i``) across resubmissions, so with unchanged weights the merged output equals an
-uninterrupted generation token for token (greedy or seeded). Works with any engine that has
-``generate(input_ids, sampling, n) -> list[Completion]`` (``LocalEngine``, ``RemoteEngine``).
+uninterrupted generation token for token (greedy or seeded). Works with any
+``rollout.api.RolloutEngine`` (``LocalEngine``, ``RemoteEngine``, ``EnginePool``, the Ray clients).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
+from asyncrl.rollout.api import RolloutEngine, SampleDone
 from asyncrl.rollout.sampling import SEED_MOD, SamplingParams
 from asyncrl.types import Completion
 
@@ -24,7 +24,7 @@ __all__ = ["generate_group", "resume_sample"]
 
 
 async def resume_sample(
-    engine: Any, prompt_ids: Sequence[int], sampling: SamplingParams, first: Completion, sample_idx: int = 0
+    engine: RolloutEngine, prompt_ids: Sequence[int], sampling: SamplingParams, first: Completion, sample_idx: int = 0
 ) -> Completion:
     """Continue one sample until it is no longer aborted; ``first`` is its first chunk."""
     prompt = tuple(int(t) for t in prompt_ids)
@@ -55,11 +55,11 @@ async def resume_sample(
 
 
 async def generate_group(
-    engine: Any,
+    engine: RolloutEngine,
     prompt_ids: Sequence[int],
     sampling: SamplingParams,
     n: int,
-    on_sample_done: Callable[[int], None] | None = None,
+    on_sample_done: SampleDone | None = None,
 ) -> list[Completion]:
     """n samples of one prompt, each run to ``stop``/``length`` across any number of aborts.
 
@@ -73,8 +73,7 @@ async def generate_group(
         import random
 
         sampling = replace(sampling, seed=random.getrandbits(31))
-    each = on_sample_done is not None and getattr(engine, "reports_each_sample", False)
-    if each:
+    if on_sample_done is not None and engine.reports_each_sample:
         first = await engine.generate(prompt, sampling, n, on_sample_done=on_sample_done)
     else:
         first = await engine.generate(prompt, sampling, n)

@@ -1,8 +1,9 @@
 """``EnginePool``: several engines behind one engine interface, requests spread by load.
 
-Owns routing and engine replacement. The controller talks to a pool exactly as to one engine
-(``generate``, ``update_weights``, ``pause``/``resume``, ``abort_all``, ``version``, ``stats``,
-``close``); the members can be ``LocalEngine``, ``RemoteEngine`` or a Ray engine actor's client.
+Owns routing and engine replacement. A pool is a ``rollout.api.RolloutEngine`` over members that
+are ``RolloutEngine``s too (``LocalEngine``, ``RemoteEngine`` or a Ray engine actor's client): the
+controller talks to it exactly as to one engine. It answers a group at once
+(``reports_each_sample`` is False), whatever its members do.
 
 - Routing: a ``generate`` call goes to the live member with the fewest tokens in flight, where a
   request counts ``n x (prompt length + max_new_tokens)`` until it returns (the G samples of one
@@ -25,10 +26,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from asyncrl.rollout.api import RolloutEngine, SampleDone, refuse_on_sample_done
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.types import Completion
+from asyncrl.types import Completion, WeightUpdate
 
 __all__ = ["EngineDied", "EnginePool"]
 
@@ -38,7 +39,7 @@ _CUMULATIVE = frozenset(
 )  # fmt: skip
 """Counters that only grow: a replaced engine's last values stay in the pool's sums."""
 
-RestartFn = Callable[[int], Awaitable[Any]]
+RestartFn = Callable[[int], Awaitable[RolloutEngine]]
 """``restart(index) -> new engine`` (awaited); the pool then loads the last weights into it."""
 
 
@@ -48,7 +49,7 @@ class EngineDied(RuntimeError):
 
 @dataclass
 class _Member:
-    engine: Any
+    engine: RolloutEngine
     inflight_tokens: int = 0
     restarts: int = 0
     generation: int = 0  # bumps at every replacement (a stale failure report is ignored)
@@ -58,19 +59,21 @@ class _Member:
 class EnginePool:
     """Engines behind one interface (see module docstring)."""
 
-    def __init__(self, engines: Sequence[Any], *, restart: RestartFn | None = None, max_restarts: int = 3) -> None:
+    def __init__(
+        self, engines: Sequence[RolloutEngine], *, restart: RestartFn | None = None, max_restarts: int = 3
+    ) -> None:
         if not engines:
             raise ValueError("EnginePool needs at least one engine")
         self._members = [_Member(e) for e in engines]
         self._restart = restart
         self.max_restarts = max_restarts
-        self._last_update: Any = None
+        self._last_update: WeightUpdate | None = None
         self._restarting: dict[int, asyncio.Task] = {}
         self._changed: asyncio.Event | None = None  # set when a member comes back or is retired
         self._counters = {"redispatched_requests": 0.0, "engine_deaths": 0.0, "engine_restarts": 0.0}
         self._retired: dict[str, float] = {}  # cumulative counters of replaced engines
         self.restart_errors: list[str] = []
-        self._version = min(int(getattr(e, "version", 0)) for e in engines)
+        self._version = min(int(e.version) for e in engines)
 
     # ------------------------------------------------------------------ engine interface
     @property
@@ -78,18 +81,27 @@ class EnginePool:
         """The version of the last update every engine has taken."""
         return self._version
 
+    reports_each_sample = False
+    """A pool answers a group at once (``generate`` takes no ``on_sample_done``)."""
+
     @property
-    def engines(self) -> list[Any]:
+    def engines(self) -> list[RolloutEngine]:
         """The current members (replacements included), in routing order."""
         return [m.engine for m in self._members]
 
     def start(self) -> None:
         for m in self._members:
-            if hasattr(m.engine, "start"):
-                m.engine.start()
+            m.engine.start()
 
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, n: int = 1) -> list[Completion]:
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling: SamplingParams,
+        n: int = 1,
+        on_sample_done: SampleDone | None = None,
+    ) -> list[Completion]:
         """``n`` samples of one prompt from the least-loaded engine (re-sent if that engine dies)."""
+        refuse_on_sample_done(self, on_sample_done)
         cost = n * (len(input_ids) + sampling.max_new_tokens)
         while True:
             index = await self._pick()
@@ -104,7 +116,7 @@ class EnginePool:
             finally:
                 member.inflight_tokens -= cost
 
-    async def update_weights(self, update: Any) -> None:
+    async def update_weights(self, update: WeightUpdate) -> None:
         """Load ``update`` into every live engine (concurrently); one that turns out dead is
         restarted in the background and gets the newest weights then."""
         self._last_update = update

@@ -1,11 +1,11 @@
 """``RemoteEngine``: the HTTP client of an engine server, with ``LocalEngine``'s interface.
 
 Owns the client side of the SGLang-native protocol (see ``rollout.server``): the controller uses
-it exactly as it uses ``LocalEngine`` (``generate``, ``update_weights``, ``pause``/``resume``,
-``version``, ``stats``, ``close``). It speaks to ``asyncrl serve engine`` or to an SGLang server;
-the request/response shapes follow SGLang's native API as of v0.4.6 - v0.5.x (``/generate`` with
-``input_ids``, ``sampling_params`` incl. ``n``, ``sampling_seed``, ``ignore_eos``,
-``stop_token_ids``; ``return_logprob`` -> ``meta_info.output_token_logprobs``;
+it exactly as it uses ``LocalEngine`` (both are ``rollout.api.RolloutEngine``s; this one answers a
+group at once: ``reports_each_sample`` is False). It speaks to ``asyncrl serve engine`` or to an
+SGLang server; the request/response shapes follow SGLang's native API as of v0.4.6 - v0.5.x
+(``/generate`` with ``input_ids``, ``sampling_params`` incl. ``n``, ``sampling_seed``,
+``ignore_eos``, ``stop_token_ids``; ``return_logprob`` -> ``meta_info.output_token_logprobs``;
 ``/pause_generation`` with ``mode`` (v0.5.x; older servers ignore the body);
 ``/update_weights_from_disk`` with ``weight_version``).
 
@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from asyncrl.auth import API_KEY_ENV, auth_headers, resolve_api_key
+from asyncrl.rollout.api import SampleDone, refuse_on_sample_done
 from asyncrl.rollout.http import encode_request, read_response
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Completion, WeightUpdate
@@ -127,10 +128,20 @@ class RemoteEngine:
         """Latest weight version this client has seen (from updates or responses)."""
         return self._version
 
+    reports_each_sample = False
+    """The server answers a group at once (``generate`` takes no ``on_sample_done``)."""
+
     def start(self) -> None:
         """Nothing to start (the server runs elsewhere); kept for interface parity."""
 
-    async def generate(self, input_ids: Sequence[int], sampling: SamplingParams, n: int = 1) -> list[Completion]:
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling: SamplingParams,
+        n: int = 1,
+        on_sample_done: SampleDone | None = None,
+    ) -> list[Completion]:
+        refuse_on_sample_done(self, on_sample_done)
         prompt = [int(t) for t in input_ids]
         params: dict[str, Any] = {
             "max_new_tokens": sampling.max_new_tokens,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
 
+from asyncrl.rollout.api import RolloutEngine, SampleDone
 from asyncrl.rollout.interruptible import generate_group
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Completion, Group, Prompt
@@ -20,13 +20,13 @@ ScoreFn = Callable[[Prompt, Completion], Awaitable[tuple[float, str | None]]]
 
 
 async def run_episode(
-    engine: Any,
+    engine: RolloutEngine,
     prompt: Prompt,
     sampling: SamplingParams,
     group_size: int,
     score: ScoreFn,
     start_version: int,
-    on_sample_done: Callable[[int], None] | None = None,
+    on_sample_done: SampleDone | None = None,
 ) -> Group:
     """Generate ``group_size`` completions of ``prompt`` and score each one (``on_sample_done``: see
     ``generate_group``)."""
