@@ -27,7 +27,19 @@ def test_take_fresh_drops_stale_and_keeps_order() -> None:
     fresh, stale = buf.take_fresh(step=5, max_staleness=2, count=2)
     assert [g.prompt.prompt_id for g in stale] == ["old"]
     assert [g.prompt.prompt_id for g in fresh] == ["a", "b"]
-    assert len(buf) == 1 and buf.count_fresh(5, 2) == 1
+    assert len(buf) == 1
+
+
+def test_take_fresh_takes_a_whole_batch_or_nothing() -> None:
+    buf = GroupBuffer()
+    for pid, v in (("a", 3), ("old", 0), ("b", 4)):
+        buf.put(_group(pid, [0, 1], [v, v]))
+    batch, stale = buf.take_fresh(step=5, max_staleness=2, count=3)
+    assert batch == [] and [g.prompt.prompt_id for g in stale] == ["old"]
+    assert len(buf) == 2  # the fresh ones stay, in order, for the next call
+    buf.put(_group("c", [0, 1], [5, 5]))
+    batch, stale = buf.take_fresh(step=5, max_staleness=2, count=3)
+    assert [g.prompt.prompt_id for g in batch] == ["a", "b", "c"] and stale == [] and len(buf) == 0
 
 
 def test_groups_to_samples_grpo_by_hand() -> None:

@@ -1,18 +1,18 @@
-"""The buffer of finished prompt groups and the batcher that turns them into train batches.
+"""The buffer of finished prompt groups and the batcher that turns them into train samples.
 
-- ``GroupBuffer``: FIFO of accepted groups, in the order they finished.
-- ``make_batch``: at training step i, takes the oldest ``batch_size`` groups whose samples obey
-  the staleness bound (``i - min_version <= max_staleness``), drops (and returns, for the
-  ledger) older ones, and turns groups into ``TrainSample``s with per-token advantages from the
-  group estimator of ``algo`` (rewards scaled and biased first, then DAPO's overlong penalty
-  added when ``algo.overlong_buffer > 0``).
+- ``GroupBuffer``: FIFO of accepted groups, in the order they finished. ``take_fresh`` at
+  training step i takes the oldest ``batch_size`` groups whose samples obey the staleness bound
+  (``i - min_version <= max_staleness``), or none while fewer are buffered, and removes (and
+  returns, for the ledger) the older ones.
+- ``groups_to_samples``: groups into ``TrainSample``s with per-token advantages from the group
+  estimator of ``algo`` (rewards scaled and biased first, then DAPO's overlong penalty added when
+  ``algo.overlong_buffer > 0``).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -40,32 +40,14 @@ class GroupBuffer:
         return out
 
     def take_fresh(self, step: int, max_staleness: int, count: int) -> tuple[list[Group], list[Group]]:
-        """Up to ``count`` groups (oldest first) fresh enough for ``step``, and the stale groups met
-        on the way (removed: the caller records them as dropped)."""
-        fresh: list[Group] = []
-        stale: list[Group] = []
-        kept: deque[Group] = deque()
-        while self._groups:
-            group = self._groups.popleft()
-            if step - group.min_version > max_staleness:
-                stale.append(group)
-            elif len(fresh) < count:
-                fresh.append(group)
-            else:
-                kept.append(group)
-        self._groups = kept
-        return fresh, stale
-
-    def count_fresh(self, step: int, max_staleness: int) -> int:
-        return sum(1 for g in self._groups if step - g.min_version <= max_staleness)
-
-
-@dataclass(frozen=True)
-class BatchStats:
-    reward_mean: float
-    accuracy: float
-    num_groups: int
-    num_samples: int
+        """``(batch, stale)``: the ``count`` oldest groups fresh enough for training step ``step``,
+        removed, or ``[]`` while fewer are buffered (they stay, in order); and every stale group
+        (``step - min_version > max_staleness``), removed: the caller records them as dropped."""
+        stale = [g for g in self._groups if step - g.min_version > max_staleness]
+        fresh = deque(g for g in self._groups if step - g.min_version <= max_staleness)
+        batch = [fresh.popleft() for _ in range(count)] if len(fresh) >= count else []
+        self._groups = fresh
+        return batch, stale
 
 
 def groups_to_samples(
