@@ -49,10 +49,6 @@ class DistContext:
     object_group: Any = None
     """A gloo group for Python-object collectives (None: the default group is gloo already)."""
 
-    @property
-    def is_rank0(self) -> bool:
-        return self.rank == 0
-
     def all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
         """Element-wise sum (or max) of a list of floats over ranks."""
         t = torch.tensor(values, dtype=torch.float64, device=self.device)

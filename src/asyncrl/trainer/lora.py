@@ -64,23 +64,6 @@ def _lora_modules(model: Any) -> dict[str, Any]:
     return {name: module for name, module in model.named_modules() if isinstance(module, LoraLayer)}
 
 
-def adapter_state_dict(model: Any) -> dict[str, torch.Tensor]:
-    """The trainable adapter tensors (``peft`` naming, without the adapter name)."""
-    from peft import get_peft_model_state_dict
-
-    return {k: v.detach().cpu().clone() for k, v in get_peft_model_state_dict(model).items()}
-
-
-def load_adapter_state_dict(model: Any, state: dict[str, torch.Tensor]) -> None:
-    """Load adapter tensors saved by ``adapter_state_dict``; every adapter tensor must be present."""
-    from peft import set_peft_model_state_dict
-
-    result = set_peft_model_state_dict(model, state)
-    missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
-    if missing:
-        raise KeyError(f"adapter checkpoint lacks {missing[:5]}")
-
-
 def merge_lora_state_dict(state: dict[str, torch.Tensor], model: Any) -> dict[str, torch.Tensor]:
     """Plain Hugging Face state dict with every adapter folded into its base weight.
 

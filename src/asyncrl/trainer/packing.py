@@ -248,15 +248,6 @@ class PackedMicroBatch:
         """``[N]`` stream values -> one tensor per packed sequence (views, in packing order)."""
         return list(torch.split(values, self.seq_lens))
 
-    def gather_token_values(self, per_position: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
-        """``[N]`` next-token values -> ``[B, T]`` rows (row b, column t = the prediction of token t
-        of sequence b; column 0 and padding hold ``fill``)."""
-        tokens = self.shift_to_tokens(per_position, fill)
-        out = tokens.new_full((len(self.seq_lens), self.max_seqlen), fill)
-        for row, piece in enumerate(self.split_rows(tokens)):
-            out[row, : piece.shape[0]] = piece
-        return out
-
     def dense_causal_mask(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The ``[1, 1, N, N]`` additive block-diagonal causal mask equivalent to the varlen
         attention (a reference for tests; O(N²), never used for training)."""
