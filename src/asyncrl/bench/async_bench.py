@@ -59,6 +59,7 @@ from typing import Any
 
 from asyncrl.bench.stats import mean_ci95
 from asyncrl.bench.throughput import FINISHED, measure_throughput
+from asyncrl.bench.time_budget import time_budget
 
 __all__ = ["WORKLOADS", "run_async_bench", "run_interrupt_bench"]
 
@@ -169,9 +170,11 @@ def _run(overrides: list[str], run_dir: Path, warmup_s: float = 0.0) -> dict[str
     check_one_run(run_dir)  # every number below comes from this run's lines alone
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     ledger = read_jsonl(run_dir / "trajectories.jsonl")
+    timeline = read_jsonl(run_dir / "timeline.jsonl")
     try:
-        speed = measure_throughput(metrics, ledger, read_jsonl(run_dir / "timeline.jsonl"), warmup_s=warmup_s)
+        speed = measure_throughput(metrics, ledger, timeline, warmup_s=warmup_s)
         throughput: dict[str, Any] = speed.as_row()
+        throughput["time_budget"] = time_budget(metrics, timeline)
     except ValueError as exc:  # a run shorter than the warm-up: keep the row, say why it has no window
         print(f"bench: {run_dir}: no steady-state throughput ({exc})", flush=True)
         throughput = {"steady_state_tokens_per_s": None, "steady_state_error": str(exc)}

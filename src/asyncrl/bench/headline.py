@@ -34,6 +34,7 @@ from typing import Any
 from asyncrl.bench.async_bench import WORKLOAD_ALIASES, _run, workload_overrides
 from asyncrl.bench.stats import mean_ci95, time_to_target
 from asyncrl.bench.throughput import measure_throughput
+from asyncrl.bench.time_budget import time_budget
 from asyncrl.controller.rundir import fresh_subdir
 
 __all__ = ["SYNC_CANDIDATES", "run_headline_bench", "analyse", "reanalyse"]
@@ -82,6 +83,10 @@ def evaluate_snapshots(overrides: list[str], snapshots: list[dict[str, Any]]) ->
             engine.close()
         out.append(result["accuracy"])
     return out
+
+
+TIME_BUDGET_SUMMARY = ("engine_decode_frac", "mean_engine_running", "trainer_busy_frac", "early_response_len")
+"""``time_budget`` figures averaged per arm in the summary (where the time went)."""
 
 
 def _arm_name(eta: int) -> str:
@@ -142,6 +147,11 @@ def analyse(rows: list[dict[str, Any]], target_fraction: float, eval_samples: in
             "whole_run_ratio": mean_ci95(over_seeds("trained_tokens_per_s_ratio")),
             "staleness_mean": mean_ci95([r["staleness_mean"] for r in rows if r["max_staleness"] == eta]),
         }
+        budgets = [r["time_budget"] for r in rows if r["max_staleness"] == eta and r.get("time_budget")]
+        for key in TIME_BUDGET_SUMMARY:
+            values = [b[key] for b in budgets if b.get(key) is not None]
+            if values:
+                summary[name][key] = mean_ci95(values)
     return {"per_seed": per_seed, "summary": summary}
 
 
@@ -262,18 +272,18 @@ def _finish(payload: dict[str, Any], json_path: str | None) -> dict[str, Any]:
 
 def reanalyse(json_path: str, *, eval_samples: int | None = None) -> dict[str, Any]:
     """Recompute a finished headline JSON in place from its run directories (throughput with the
-    current ``measure_throughput``) and its evaluated curves (the analysis with the current
+    current ``measure_throughput`` and ``time_budget``) and its evaluated curves (the analysis with the current
     ``analyse``), without running or evaluating anything again; records that it did."""
     from asyncrl.controller.rundir import read_jsonl
 
     payload = json.loads(Path(json_path).read_text())
     for row in payload["rows"]:
         run_dir = Path(row["run_dir"])
-        speed = measure_throughput(
-            read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "trajectories.jsonl"),
-            read_jsonl(run_dir / "timeline.jsonl"), warmup_s=payload["warmup_s"],
-        )  # fmt: skip
+        metrics, timeline = read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "timeline.jsonl")
+        ledger = read_jsonl(run_dir / "trajectories.jsonl")
+        speed = measure_throughput(metrics, ledger, timeline, warmup_s=payload["warmup_s"])
         row.update(speed.as_row())
+        row["time_budget"] = time_budget(metrics, timeline)
         row["curve"] = [tuple(point) for point in row["curve"]]
     if eval_samples is not None:
         payload["eval_samples"] = eval_samples
