@@ -39,13 +39,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.launcher:  # before validation: launch.kind decides which settings are valid
         args.overrides = [*args.overrides, f"launch.kind={args.launcher}"]
     if args.resume:
-        # the run's own resolved config, then --config / --set on top (e.g. more total_steps)
+        # the run's own resolved config, then --config and --set on top (e.g. more total_steps)
         saved = Path(args.resume) / "config.yaml"
         if not saved.is_file():
             raise FileNotFoundError(f"cannot resume: {saved} does not exist")
-        cfg = load_config(saved, args.overrides)
-        if args.config:
-            cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, base=saved)
         if cfg.run.torch_threads > 0:
             import torch
 
@@ -340,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="local Hugging Face model directory (default: the tiny warm-started model)")
     p.add_argument(
         "--resume", metavar="RUN_DIR",
-        help="continue RUN_DIR from its newest checkpoint (its config.yaml, then --set on top)",
+        help="continue RUN_DIR from its newest checkpoint (its config.yaml, then --config and --set on top)",
     )  # fmt: skip
     p.add_argument(
         "--launcher", choices=("local", "ray"),

@@ -461,18 +461,26 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults, then the YAML file (if any), then each ``key=value`` override; validated."""
+def _read_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        return yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *, base: str | Path | None = None
+) -> Config:
+    """Defaults, then the YAML file ``base`` (if any: the saved ``config.yaml`` of a run that is
+    resumed), then the YAML file ``path`` on top of it (if any: only the keys it holds change),
+    then each ``key=value`` override; validated once, at the end."""
     cfg = Config()
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
-        apply_mapping(cfg, data, "")
+    for layer in (base, path):
+        if layer is not None:
+            apply_mapping(cfg, _read_yaml(layer), "")
     for text in overrides:
         key, value = parse_override(text)
         apply_mapping(cfg, nest(key, value), "")
