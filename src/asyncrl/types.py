@@ -49,6 +49,11 @@ class Completion:
     """``stop`` (a stop token), ``length`` (budget used up) or ``abort`` (interrupted)."""
     num_interruptions: int = 0
     """How many weight updates interrupted this completion while it was being generated."""
+    loss_mask: tuple[int, ...] = ()
+    """Per output token: 1 where the model sampled it, 0 where the environment put it there (a
+    multi-turn trajectory flattened by ``Trajectory.to_completion``: tool results, user turns,
+    template glue; their ``behav_logprobs`` are 0.0 and ``versions`` -1). Empty (the single-turn
+    default) means every output token is a model token."""
 
     def __post_init__(self) -> None:
         n = len(self.output_ids)
@@ -57,16 +62,169 @@ class Completion:
                 f"Completion: output_ids ({n}), behav_logprobs ({len(self.behav_logprobs)}) and "
                 f"versions ({len(self.versions)}) must have the same length"
             )
+        if self.loss_mask and (len(self.loss_mask) != n or not set(self.loss_mask) <= {0, 1}):
+            raise ValueError(f"Completion: loss_mask must be empty or {n} entries of 0/1")
+
+    @property
+    def output_mask(self) -> tuple[int, ...]:
+        """``loss_mask`` with the single-turn default spelled out (all ones)."""
+        return self.loss_mask or (1,) * len(self.output_ids)
+
+    @property
+    def model_versions(self) -> tuple[int, ...]:
+        """The versions of the model tokens (environment tokens carry none)."""
+        if not self.loss_mask:
+            return self.versions
+        return tuple(v for v, m in zip(self.versions, self.loss_mask, strict=True) if m)
 
     @property
     def min_version(self) -> int:
-        """Oldest policy version behind any output token (-1 for an empty output)."""
-        return min(self.versions) if self.versions else -1
+        """Oldest policy version behind any model token (-1 when there is none)."""
+        versions = self.model_versions
+        return min(versions) if versions else -1
 
     @property
     def max_version(self) -> int:
-        """Newest policy version behind any output token (-1 for an empty output)."""
-        return max(self.versions) if self.versions else -1
+        """Newest policy version behind any model token (-1 when there is none)."""
+        versions = self.model_versions
+        return max(versions) if versions else -1
+
+
+EnvKind = Literal["tool", "user", "error"]
+"""What an environment segment carries: tool results, a user (observation) turn, or the error
+message answering a malformed tool call; each with the chat template's glue around it."""
+
+EpisodeEnd = Literal["answer", "env_done", "max_turns", "max_tokens", "length"]
+"""Why an episode ended: the model answered (a turn without a tool call), the environment said
+done, the turn budget or the token budget ran out, or a model turn used up its token budget."""
+
+
+@dataclass(frozen=True)
+class ModelSegment:
+    """One model turn's tokens exactly as the engine sampled them (across any interruptions)."""
+
+    token_ids: tuple[int, ...]
+    behav_logprobs: tuple[float, ...]
+    """One behaviour log-prob per token (see ``Completion.behav_logprobs``)."""
+    versions: tuple[int, ...]
+    """Policy version per token, stamped by the engine."""
+    finish_reason: FinishReason
+    """``stop`` (end of turn, or a tool-call close tag) or ``length`` (the turn's budget)."""
+    num_interruptions: int = 0
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.behav_logprobs) != n or len(self.versions) != n:
+            raise ValueError("ModelSegment: token_ids, behav_logprobs and versions must have the same length")
+
+
+@dataclass(frozen=True)
+class EnvSegment:
+    """Tokens the environment put into the conversation (never trained on)."""
+
+    token_ids: tuple[int, ...]
+    """The chat template's rendering of the environment's messages, glue included (the end of the
+    model's turn when the model did not sample it, the next turn's header, the generation prompt)."""
+    kind: EnvKind
+
+
+Segment = ModelSegment | EnvSegment
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """Metadata of one model turn and the environment step that answered it (ledger, metrics)."""
+
+    model_tokens: int
+    env_tokens: int
+    """Tokens of the environment segment that followed (0 when the episode ended here)."""
+    min_version: int
+    max_version: int
+    """Oldest / newest version behind the turn's tokens (-1 for an empty turn)."""
+    finish_reason: FinishReason
+    num_interruptions: int = 0
+    tool_calls: tuple[str, ...] = ()
+    """Names of the well-formed tool calls of the turn, in order."""
+    tool_errors: int = 0
+    """Well-formed calls whose tool failed (unknown tool, bad arguments, error, timeout)."""
+    malformed: int = 0
+    """Calls that could not be parsed (answered with an error message the model sees)."""
+    tool_latency_s: float = 0.0
+    """Wall time of the environment step."""
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One multi-turn episode: the prompt, then model and environment segments in order.
+
+    The trained sequence is ``token_ids``: the concatenation of the segments' ids, never a
+    re-tokenised conversation; the loss covers model tokens only."""
+
+    prompt_ids: tuple[int, ...]
+    segments: tuple[Segment, ...]
+    turns: tuple[TurnRecord, ...] = ()
+    end: EpisodeEnd = "answer"
+    env_reward: float | None = None
+    """The environment's reward (sum of its step rewards) when it scores episodes itself, else None."""
+
+    @property
+    def response_ids(self) -> tuple[int, ...]:
+        return tuple(t for seg in self.segments for t in seg.token_ids)
+
+    @property
+    def token_ids(self) -> tuple[int, ...]:
+        """The trained sequence: prompt + every segment's ids."""
+        return self.prompt_ids + self.response_ids
+
+    @property
+    def loss_mask(self) -> tuple[int, ...]:
+        """Per response token: 1 on model tokens, 0 on environment tokens."""
+        return tuple(int(isinstance(seg, ModelSegment)) for seg in self.segments for _ in seg.token_ids)
+
+    @property
+    def behav_logprobs(self) -> tuple[float, ...]:
+        """Per response token (0.0 on environment tokens)."""
+        return tuple(
+            lp for seg in self.segments
+            for lp in (seg.behav_logprobs if isinstance(seg, ModelSegment) else (0.0,) * len(seg.token_ids))
+        )  # fmt: skip
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        """Per response token (-1 on environment tokens)."""
+        return tuple(
+            v for seg in self.segments
+            for v in (seg.versions if isinstance(seg, ModelSegment) else (-1,) * len(seg.token_ids))
+        )  # fmt: skip
+
+    @property
+    def model_segments(self) -> tuple[ModelSegment, ...]:
+        return tuple(seg for seg in self.segments if isinstance(seg, ModelSegment))
+
+    @property
+    def min_version(self) -> int:
+        """Staleness: the oldest version of any model token (-1 when there is none)."""
+        versions = [v for seg in self.model_segments for v in seg.versions]
+        return min(versions) if versions else -1
+
+    @property
+    def max_version(self) -> int:
+        versions = [v for seg in self.model_segments for v in seg.versions]
+        return max(versions) if versions else -1
+
+    def to_completion(self) -> Completion:
+        """The episode as one ``Completion`` (output = every segment after the prompt, with its
+        ``loss_mask``): what groups, the buffer and the trainer consume."""
+        model = self.model_segments
+        return Completion(
+            prompt_ids=self.prompt_ids,
+            output_ids=self.response_ids,
+            behav_logprobs=self.behav_logprobs,
+            versions=self.versions,
+            finish_reason=model[-1].finish_reason if model else "stop",
+            num_interruptions=sum(seg.num_interruptions for seg in model),
+            loss_mask=self.loss_mask,
+        )
 
 
 @dataclass(frozen=True)
@@ -83,21 +241,26 @@ class Group:
     reward_failures: tuple[str | None, ...] = ()
     """Per completion: None when the verifier ran, else why it could not (timeout, error). A
     failed verification is never silently a reward of 0: such samples are filtered."""
+    trajectories: tuple[Trajectory, ...] = ()
+    """Multi-turn workflows: the episode behind each completion (turns, tool calls, segments);
+    empty for single-turn ones."""
 
     def __post_init__(self) -> None:
         if len(self.completions) != len(self.rewards):
             raise ValueError("Group: one reward per completion is required")
+        if self.trajectories and len(self.trajectories) != len(self.completions):
+            raise ValueError("Group: trajectories must be empty or one per completion")
 
     @property
     def min_version(self) -> int:
-        """Oldest version behind any token of the group."""
-        versions = [c.min_version for c in self.completions if c.versions]
+        """Oldest version behind any model token of the group."""
+        versions = [c.min_version for c in self.completions if c.model_versions]
         return min(versions) if versions else self.start_version
 
     @property
     def max_version(self) -> int:
-        """Newest version behind any token of the group."""
-        versions = [c.max_version for c in self.completions if c.versions]
+        """Newest version behind any model token of the group."""
+        versions = [c.max_version for c in self.completions if c.model_versions]
         return max(versions) if versions else self.start_version
 
 

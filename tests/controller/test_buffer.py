@@ -68,3 +68,21 @@ def test_reward_scale_and_bias_are_applied_before_the_estimator() -> None:
 def test_mixed_group_sizes_rejected() -> None:
     with pytest.raises(ValueError, match="same size"):
         groups_to_samples([_group("a", [0, 1], [0, 0]), _group("b", [0, 1, 1], [0, 0, 0])], AlgoConfig())
+
+
+def test_multi_turn_completion_trains_model_tokens_only() -> None:
+    """Environment tokens (loss_mask 0) get no advantage and no loss; model tokens keep theirs."""
+    comps = tuple(
+        Completion(prompt_ids=(1, 2), output_ids=(3, 4, 9, 9, 5), behav_logprobs=(-0.1, -0.2, 0.0, 0.0, -0.3),
+                   versions=(v, v, -1, -1, v + 1), finish_reason="stop", loss_mask=(1, 1, 0, 0, 1))
+        for v in (2, 3)
+    )  # fmt: skip
+    group = Group(Prompt("p", (1, 2), "7"), comps, (1.0, 0.0), start_version=2)
+    s0, s1 = groups_to_samples([group], AlgoConfig(advantage="grpo"))
+    assert s0.token_ids == (1, 2, 3, 4, 9, 9, 5)
+    assert s0.loss_mask == (0, 0, 1, 1, 0, 0, 1)
+    assert s0.advantages == pytest.approx((0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0), rel=1e-5)
+    assert s1.advantages == pytest.approx((0.0, 0.0, -1.0, -1.0, 0.0, 0.0, -1.0), rel=1e-5)
+    assert s0.versions == (-1, -1, 2, 2, -1, -1, 3)
+    assert (s0.min_version, s0.max_version) == (2, 3) and (s1.min_version, s1.max_version) == (3, 4)
+    assert group.min_version == 2

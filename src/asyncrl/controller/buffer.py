@@ -78,15 +78,15 @@ def groups_to_samples(
     for gi, group in enumerate(groups):
         for si, comp in enumerate(group.completions):
             a = float(adv[gi, si])
-            n_prompt, n_out = len(comp.prompt_ids), len(comp.output_ids)
+            n_prompt, mask = len(comp.prompt_ids), comp.output_mask  # multi-turn: 0 on environment tokens
             samples.append(
                 TrainSample(
                     prompt_id=group.prompt.prompt_id,
                     sample_idx=si,
                     token_ids=tuple(comp.prompt_ids) + tuple(comp.output_ids),
-                    loss_mask=(0,) * n_prompt + (1,) * n_out,
+                    loss_mask=(0,) * n_prompt + mask,
                     behav_logprobs=(0.0,) * n_prompt + tuple(comp.behav_logprobs),
-                    advantages=(0.0,) * n_prompt + (a,) * n_out,
+                    advantages=(0.0,) * n_prompt + tuple(a if m else 0.0 for m in mask),
                     versions=(-1,) * n_prompt + tuple(comp.versions),
                     min_version=comp.min_version,
                     max_version=comp.max_version,
