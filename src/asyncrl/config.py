@@ -261,7 +261,8 @@ class ControllerConfig:
     """Save a resumable checkpoint (trainer state, data position, ledger offsets, staleness
     counters) every N steps into ``RUN_DIR/checkpoints/``; 0: only at the end and on SIGINT/SIGTERM."""
     keep_checkpoints: int = 2
-    """Resumable checkpoints kept (the newest ones)."""
+    """Resumable checkpoints kept (the newest ones); at least 2, so that a resume that finds the
+    newest one damaged (``controller.resume.resume_checkpoint``) has a previous one to fall back to."""
     episode_retries: int = 2
     """Retries of an episode whose engine request failed or timed out; after them the prompt is
     dropped (ledger: ``engine_failure``) and its budget given back."""
@@ -427,11 +428,12 @@ def validate(cfg: Config) -> Config:
     c = cfg.controller
     if (
         min(c.checkpoint_every, c.episode_retries, c.episode_timeout_s) < 0
-        or min(c.keep_checkpoints, c.max_engine_failures) < 1
+        or c.max_engine_failures < 1
+        or c.keep_checkpoints < 2
     ):
         raise ConfigError(
             "controller: checkpoint_every, episode_retries, episode_timeout_s must be >= 0; "
-            "keep_checkpoints, max_engine_failures >= 1"
+            "max_engine_failures >= 1; keep_checkpoints >= 2 (a damaged newest checkpoint needs a previous one)"
         )
     if cfg.rollout.temperature <= 0:
         raise ConfigError("rollout.temperature must be > 0 (use eval.greedy for argmax decoding)")

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from asyncrl.config import AlgoConfig, TrainerConfig
 from asyncrl.models import load_policy
 from asyncrl.rollout.engine import load_update_tensors
-from asyncrl.trainer.checkpoint import read_trainer_state
+from asyncrl.trainer.checkpoint import MANIFEST, read_trainer_state, verify_manifest
 from asyncrl.trainer.trainer import Trainer
 from asyncrl.trainer.weights import broadcast_state_dict, receive_state_dict
 from asyncrl.types import TrainBatch
@@ -67,6 +67,7 @@ def test_checkpoint_is_atomic_and_complete(tiny_policy_dir, tmp_path) -> None:
     trainer.save_checkpoint(ckpt, extra={"step": 2})  # replaces the previous one in place
     assert (ckpt / "model.safetensors").read_bytes() != first
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temporary or old directories left
+    assert verify_manifest(ckpt) == [] and (ckpt / MANIFEST).is_file()  # every file listed with its hash
     state = read_trainer_state(ckpt)
     assert state["version"] == 2 and state["extra"] == {"step": 2} and len(state["rng"]) == 1
     assert set(state["optimizer"]["state"]) == {n for n, _ in trainer.model.named_parameters()}

@@ -26,19 +26,33 @@ the event-loop thread right after training step ``k - 1`` published version ``k`
 
 A checkpoint directory appears atomically (``trainer.checkpoint.atomic_dir``): a kill during a
 save leaves the previous one, which is then the resume point.
+
+Which checkpoint a resume restores (``resume_checkpoint``): the newest one that verifies
+(``verify_checkpoint``: every file matches the manifest written with it, and its trainer state and
+controller snapshot read back). A newer one that does not is named with what is wrong, and moved to
+``checkpoints/corrupt/`` (kept for inspection, never listed, pruned or deleted); the run resumes
+from the previous one. ``controller.keep_checkpoints`` is at least 2 so that there is a previous one.
 """
 
 from __future__ import annotations
 
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from asyncrl.data.prompts import PromptSource
+from asyncrl.trainer.checkpoint import TRAINER_STATE, read_trainer_state, verify_manifest
 from asyncrl.types import Prompt
 
 CHECKPOINTS = "checkpoints"
+CORRUPT = "corrupt"
 SNAPSHOT_FORMAT = 1
+
+
+class CheckpointError(RuntimeError):
+    """A run has checkpoints but none of them can be resumed from (the message names each problem)."""
 
 
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
@@ -62,9 +76,10 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
-    """Remove all but the ``keep`` newest checkpoints (and leftovers of interrupted saves)."""
+    """Remove all but the ``keep`` newest checkpoints, never fewer than 2 (a resume falls back to the
+    previous one when the newest is damaged), and leftovers of interrupted saves."""
     found = list_checkpoints(run_dir)
-    for old in found[: max(0, len(found) - max(1, keep))]:
+    for old in found[: max(0, len(found) - max(2, keep))]:
         shutil.rmtree(old, ignore_errors=True)
     root = Path(run_dir) / CHECKPOINTS
     if root.is_dir():
@@ -90,3 +105,62 @@ def check_snapshot(snapshot: dict[str, Any]) -> dict[str, Any]:
         if key not in snapshot:
             raise ValueError(f"controller snapshot lacks {key!r}")
     return snapshot
+
+
+def verify_checkpoint(path: str | Path) -> list[str]:
+    """What is wrong with a checkpoint (empty: it can be resumed from): its files against its
+    manifest (missing, truncated, changed, added, or no manifest), then its trainer state read back
+    (memory-mapped: a few ms) with a controller snapshot in it."""
+    problems = verify_manifest(path)
+    if problems:
+        return problems
+    try:
+        check_snapshot(read_trainer_state(path, mmap=True).get("extra"))
+    except Exception as exc:  # noqa: BLE001 - whatever stops it from loading is the finding
+        return [f"{TRAINER_STATE} unreadable ({type(exc).__name__}: {exc})"]
+    return []
+
+
+def _step_dirs(run_dir: str | Path) -> list[Path]:
+    """Every ``step-*`` directory of the run, oldest first (complete or not)."""
+    root = Path(run_dir) / CHECKPOINTS
+    found = [p for p in root.glob("step-*") if p.is_dir()] if root.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name.split("-", 1)[1]))
+
+
+def set_aside(path: Path) -> Path:
+    """Move a damaged checkpoint to ``checkpoints/corrupt/<name>.<time>`` (never deleted); returns where."""
+    root = path.parent / CORRUPT
+    root.mkdir(exist_ok=True)
+    target, n = root / f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}", 1
+    while target.exists():
+        target, n = root / f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}-{n}", n + 1
+    path.rename(target)
+    return target
+
+
+def resume_checkpoint(run_dir: str | Path, report: Callable[[str], None] = print) -> Path | None:
+    """The checkpoint a resume restores: the newest that verifies (``verify_checkpoint``). Each newer
+    one is reported through ``report`` (its path and what is wrong) and set aside (``set_aside``).
+    None: the run has no checkpoint (it starts over). Raises ``CheckpointError`` when it has some
+    but none verifies (then nothing is moved)."""
+    bad: list[tuple[Path, list[str]]] = []
+    for ckpt in reversed(_step_dirs(run_dir)):
+        problems = verify_checkpoint(ckpt)
+        if problems:
+            bad.append((ckpt, problems))
+            continue
+        for path, why in bad:
+            moved = set_aside(path)
+            report(
+                f"checkpoint {path} is damaged: {'; '.join(why)}. It was moved to {moved}; the run resumes "
+                f"from the previous checkpoint, {ckpt.name} (the steps after it are trained again)."
+            )
+        return ckpt
+    if bad:
+        details = "\n".join(f"  {path}: {'; '.join(why)}" for path, why in bad)
+        raise CheckpointError(
+            f"cannot resume {run_dir}: no checkpoint verifies\n{details}\nNothing was changed. Restore a "
+            "checkpoint from a backup, or start a new run (--overwrite moves this one aside)."
+        )
+    return None

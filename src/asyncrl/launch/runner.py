@@ -2,7 +2,7 @@
 
 A launcher (``launch.local``, ``launch.ray``) builds the ``Stages`` - an engine (or a pool of
 them), a trainer (in-process, a child process, or a group of Ray ranks), the ``score`` callable -
-and hands them to ``run_stages``, which does the rest identically: restore the newest checkpoint
+and hands them to ``run_stages``, which does the rest identically: restore the newest checkpoint that verifies
 on ``resume``, held-out accuracy before, the asynchronous loop (``controller.loop.Controller``),
 held-out accuracy after, the final checkpoint and ``summary.json``. SIGINT/SIGTERM stop the loop
 after the training step in progress with a checkpoint (the run can be resumed).
@@ -22,7 +22,7 @@ from typing import Any
 from asyncrl.config import Config
 from asyncrl.controller.evaluate import eval_kwargs, evaluate
 from asyncrl.controller.loop import Controller
-from asyncrl.controller.resume import check_snapshot, latest_checkpoint
+from asyncrl.controller.resume import check_snapshot, resume_checkpoint
 from asyncrl.controller.rundir import RunDir, claim_run_dir, default_run_dir, read_jsonl
 from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
 from asyncrl.rollout.api import RolloutEngine
@@ -102,7 +102,7 @@ async def run_stages(
     engine, trainer, score, tokenizer = stages.engine, stages.trainer, stages.score, stages.tokenizer
     try:
         snapshot: dict[str, Any] | None = None
-        ckpt = latest_checkpoint(run_dir) if resume else None
+        ckpt = resume_checkpoint(run_dir) if resume else None  # the newest that verifies
         if ckpt is not None:
             snapshot = check_snapshot(trainer.load_checkpoint(ckpt))
             await engine.update_weights(trainer.export_weights())
