@@ -18,19 +18,22 @@ ALIASES: dict[str, str] = {
 }
 
 # The foundation every stage may meet in (DESIGN: "they meet in types and models").
-BASE = frozenset({"types", "config", "auth", "models"})
+BASE = frozenset({"types", "config", "choices", "auth", "models"})
 # The stages of DESIGN §1; they do not import each other (the trainer may use algo).
 STAGES = frozenset({"algo", "data", "rollout", "reward", "trainer"})
 
 LAYERS: dict[str, frozenset[str]] = {
-    # foundation: import nothing of the project
+    # foundation: import nothing of the project (but the config its choices)
     PACKAGE: frozenset(),  # asyncrl/__init__.py: the version only
     "types": frozenset(),  # records that cross stage boundaries
-    "config": frozenset(),  # the config tree
+    "choices": frozenset(),  # the Literal alias of every config choice, shared by the config and the stages
+    "config": frozenset({"choices"}),  # the config tree; its choice fields are typed by the aliases
     "auth": frozenset(),  # API keys and bind checks of the servers (not named in DESIGN §2)
-    "models": frozenset({"types", "config"}),
+    "models": frozenset({"types", "config", "choices"}),
     # the stages
-    "algo": frozenset(),  # pure tensor functions (DESIGN: "algo/ advantages.py, losses.py (pure)")
+    # pure tensor functions (DESIGN: "algo/ advantages.py, losses.py (pure)"); ``choices`` is a leaf of Literal
+    # aliases (``LossType``, ...) that types both algo's parameters and the config's fields: one definition
+    "algo": frozenset({"choices"}),
     "reward": frozenset({"auth"}),  # verifiers run in worker processes: nothing else of the project
     "data": BASE,
     "rollout": BASE,
@@ -46,6 +49,7 @@ FORBIDDEN_EXTERNAL: dict[str, frozenset[str]] = {
     # DESIGN: "types/config import no torch" (transformers would import it for them).
     "types": frozenset({"torch", "transformers"}),
     "config": frozenset({"torch", "transformers"}),
+    "choices": frozenset({"torch", "transformers"}),
 }
 
 LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {}

@@ -4,7 +4,11 @@ Every field has a default, so ``Config()`` is the embedded default run (tiny mod
 arithmetic task, asynchronous RL on CPU). A YAML file overrides any subset; ``--set a.b=v``
 overrides single fields (the value is parsed as YAML: ``4``, ``0.5``, ``true``, ``null``,
 ``[1, 2]``). Unknown keys and values of the wrong type are errors that name the key and the
-valid choices (the generic parsing is ``config_parse``). No torch; no sibling but ``config_parse``.
+valid choices (the generic parsing is ``config_parse``). A choice field is typed with its ``Literal``
+alias from ``asyncrl.choices`` (the functions that take the choice use the same alias) and is
+checked against it. The tree is frozen: a changed config is a new one (``with_values(cfg,
+{"model.path": p})``, checked and validated like an override). No torch; no sibling but
+``config_parse``, ``config_checks`` and ``choices``.
 
 Batch-size semantics, stated once (a known confusion in peers): one training step consumes
 ``controller.batch_size`` prompt *groups*, each of ``rollout.group_size`` samples, so
@@ -16,16 +20,41 @@ tokens.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
+from asyncrl.choices import (
+    AdvantageEstimator,
+    Aggregation,
+    ArithmeticForm,
+    BalanceMethod,
+    BehavCapLevel,
+    BehavCapMode,
+    DType,
+    EngineMode,
+    HighWaterUnit,
+    InterruptMode,
+    KLEstimator,
+    LaunchKind,
+    LossType,
+    LRSchedule,
+    MicroBatching,
+    PlacementStrategy,
+    Precision,
+    ProxMode,
+    RayWeightSync,
+    TaskName,
+    WeightSyncMode,
+    WeightTransport,
+)
 from asyncrl.config_checks import validate_algo, validate_fixed_lag
-from asyncrl.config_parse import ConfigError, apply_mapping, nest, parse_override
+from asyncrl.config_parse import ConfigError, apply_mapping, check_choices, nest, parse_override
 
-__all__ = ["Config", "ConfigError", "dump_yaml", "load_config", "parse_override", "to_dict", "validate"]
+__all__ = ["Config", "ConfigError", "dump_yaml", "load_config", "parse_override", "to_dict", "validate", "with_values"]
 
 
 @dataclass
@@ -33,19 +62,15 @@ class ModelConfig:
     path: str | None = None
     """A local Hugging Face causal-LM directory. None: the tiny default, built and warm-started
     (``asyncrl sft``) into ``sft.cache_dir`` on first use and reused afterwards."""
-    dtype: str = "float32"
+    dtype: DType = "float32"
     """float32 | bfloat16 | float16 (CPU: keep float32)."""
     device: str = "cpu"
     """cpu | cuda | cuda:N."""
 
 
-ArithmeticForm = Literal["chain", "repeat"]
-"""The problem forms of the synthetic arithmetic task (``task.form``; ``data/synthetic.py``)."""
-
-
 @dataclass
 class TaskConfig:
-    name: str = "arithmetic"
+    name: TaskName = "arithmetic"
     """arithmetic (synthetic, embedded default) | gsm8k | humaneval (../shared/data or task.path) |
     jsonl (task.path: rows with `prompt`, `answer`, optional `id`). Set task.verifier to match
     (math for gsm8k, code for humaneval)."""
@@ -107,7 +132,7 @@ class RolloutConfig:
     The engine's KV cache holds ``max_prompt_len + max_new_tokens`` tokens per slot."""
     max_slots: int = 128
     """Engine concurrency (decode slots)."""
-    interrupt_mode: str = "abort"
+    interrupt_mode: InterruptMode = "abort"
     """abort (AReaL: stop, re-prefill under new weights) | keep (swap weights, keep KV cache)."""
     num_engines: int = 1
     """N: engine instances (launch.kind=ray; the local launcher runs one). Requests go to the engine
@@ -116,17 +141,17 @@ class RolloutConfig:
 
 @dataclass
 class AlgoConfig:
-    advantage: str = "grpo"
+    advantage: AdvantageEstimator = "grpo"
     """grpo | dr_grpo | rloo | reinforce_pp."""
     reward_scale: float = 1.0
     reward_bias: float = 0.0
     batch_normalize: bool = False
     """Normalise advantages over the whole batch after the group estimator."""
-    loss_type: str = "ppo"
+    loss_type: LossType = "ppo"
     """ppo (decoupled when prox_mode != behav) | gspo | cispo | pg (the plain policy gradient
     ``-A·logp``, no ratio and no clip; with prox_mode=behav and behav_cap=null it applies no
     off-policy correction at all: the "no correction" arm of ``asyncrl bench ablation``)."""
-    prox_mode: str = "recompute"
+    prox_mode: ProxMode = "recompute"
     """recompute (extra forward pass with pre-update weights: decoupled PPO) | loglinear
     (approximate from stored versions) | behav (naive PPO: the behaviour policy is the clip centre)."""
     eps_clip: float = 0.2
@@ -134,10 +159,10 @@ class AlgoConfig:
     dual_clip: float | None = None
     behav_cap: float | None = 5.0
     """Cap C on the behaviour weight w = π_prox/π_behav (null: uncapped)."""
-    behav_cap_mode: str = "mask"
+    behav_cap_mode: BehavCapMode = "mask"
     """mask (drop what is over the cap: masked importance sampling) | clamp (min(w, C): truncated
     importance sampling)."""
-    behav_cap_level: str = "token"
+    behav_cap_level: BehavCapLevel = "token"
     """token (each token's w) | sequence (the geometric mean of w over a sequence's loss tokens:
     sequence-level masked / truncated importance sampling)."""
     max_version_gap: int | None = None
@@ -152,7 +177,7 @@ class AlgoConfig:
     """Weight of a KL penalty to the reference policy (the initial weights, frozen), added to the
     loss with the same aggregation; 0: off (it costs one more forward pass per micro-batch and a
     copy of the weights)."""
-    kl_estimator: str = "k3"
+    kl_estimator: KLEstimator = "k3"
     """k1 | k2 | k3: Schulman's estimators of KL(π_θ ‖ π_ref) per token (``algo.logprobs.kl_penalty``)."""
     overlong_buffer: int = 0
     """DAPO's soft overlong penalty: responses longer than ``rollout.max_new_tokens - overlong_buffer``
@@ -160,7 +185,7 @@ class AlgoConfig:
     reward before the advantages; the ledger keeps the verifier's reward); 0: off."""
     overlong_penalty: float = 1.0
     """The penalty at ``rollout.max_new_tokens`` (see ``overlong_buffer``)."""
-    aggregation: str = "token_mean"
+    aggregation: Aggregation = "token_mean"
     """token_mean | seq_mean_token_mean | seq_mean_token_sum."""
     filter_equal_rewards: bool = True
     """Dynamic sampling: drop groups whose rewards are all equal (no learning signal)."""
@@ -178,7 +203,7 @@ class TrainerConfig:
     ppo_minibatches: int = 1
     max_tokens_per_micro_batch: int = 1024
     seed: int = 0
-    micro_batching: str = "packed"
+    micro_batching: MicroBatching = "packed"
     """packed (padding-free streams under the token budget, varlen attention) | padded (fixed-size
     micro-batches of ``padded_micro_batch_size`` right-padded sequences in batch order: the
     baseline) | padded_grouped (the same, over the batch sorted by length, so that sequences of
@@ -186,20 +211,20 @@ class TrainerConfig:
     gives)."""
     padded_micro_batch_size: int = 8
     """Sequences per micro-batch when ``micro_batching`` is padded or padded_grouped."""
-    balance: str = "ffd"
+    balance: BalanceMethod = "ffd"
     """How sequences are binned into micro-batches and spread over data-parallel ranks:
     ffd (first-fit-decreasing into the least-loaded fitting bin) | kk (Karmarkar-Karp)."""
-    lr_schedule: str = "constant"
+    lr_schedule: LRSchedule = "constant"
     """LR after the linear warm-up: constant | linear | cosine (decay to ``min_lr_ratio * lr``)."""
     decay_steps: int = 0
     """Training steps over which the LR decays (warm-up included); 0: the run's total steps."""
     min_lr_ratio: float = 0.0
     """Final LR of a decaying schedule, as a fraction of ``lr``."""
-    precision: str = "auto"
+    precision: Precision = "auto"
     """auto (bf16 mixed precision on CUDA, fp32 on CPU) | fp32 | bf16."""
     activation_checkpointing: bool | None = None
     """Recompute layer activations in backward; None: on for CUDA, off for CPU."""
-    weight_transport: str = "tensors"
+    weight_transport: WeightTransport = "tensors"
     """How ``export_weights`` hands weights to engines: tensors (in-process) | safetensors (a directory)."""
     weight_export_dir: str | None = None
     """Where safetensors exports are written (one sub-directory per version); None: a temp directory."""
@@ -239,7 +264,7 @@ class ControllerConfig:
     fill the whole staleness budget ((max_staleness + 1) * batch_size groups ahead). Keeps the
     engine from running ahead of a trainer-bound loop (CPU taken from the trainer, staler samples,
     batches generated and never trained)."""
-    high_water_unit: str = "groups"
+    high_water_unit: HighWaterUnit = "groups"
     """groups | samples: what a running group weighs under the high-water mark. ``groups``: all of it
     until its last sample ends. ``samples``: only its samples still generating (the mark is
     high_water_batches * batch_size * group_size samples), so groups that wait for one long sample
@@ -270,7 +295,7 @@ class ControllerConfig:
     """Wall-clock limit of one episode attempt (generation + scoring); 0: none."""
     max_engine_failures: int = 8
     """Consecutive episodes dropped after all retries that stop the run with an error."""
-    weight_sync: str = "inflight"
+    weight_sync: WeightSyncMode = "inflight"
     """inflight (new weights reach the engine between two decode steps, in
     ``rollout.interrupt_mode``) | drain (stop admitting and wait until every running episode
     finished, then update: the no-interruption baseline of ``asyncrl bench interrupt``)."""
@@ -283,7 +308,7 @@ class ControllerConfig:
 class LaunchConfig:
     """Where the stages run (``docs/ray.md``). The controller is the same for every launcher."""
 
-    kind: str = "local"
+    kind: LaunchKind = "local"
     """local (one machine: engine thread + trainer process) | ray (engines, trainer ranks and reward
     workers as Ray actors; ``pip install asyncrl[ray]``). ``asyncrl train --launcher ray`` sets it."""
     ray_address: str | None = None
@@ -301,12 +326,12 @@ class LaunchConfig:
     cpus_per_reward_worker: float = 1.0
     """Resource requests of each actor (Ray's logical units; fractions allowed). Engines count
     ``rollout.num_engines``, reward workers ``reward.num_workers``."""
-    placement_strategy: str = "PACK"
+    placement_strategy: PlacementStrategy = "PACK"
     """Ray placement group strategy of all actors: PACK | SPREAD | STRICT_PACK | STRICT_SPREAD."""
-    weight_sync: str = "object_store"
+    weight_sync: RayWeightSync = "object_store"
     """Trainer -> engines: object_store (rank 0 puts byte buckets in Ray's object store, every engine
     reads them) | disk (a safetensors directory under trainer.weight_export_dir: a shared filesystem)."""
-    engine_mode: str = "actor"
+    engine_mode: EngineMode = "actor"
     """actor (engines are Ray actors called directly) | server (each engine actor serves the
     SGLang-native HTTP protocol and the controller reaches it with RemoteEngine; weight_sync=disk)."""
     engine_urls: str = ""
@@ -357,31 +382,6 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
 
 
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "model.dtype": ("float32", "bfloat16", "float16"),
-    "task.name": ("arithmetic", "gsm8k", "humaneval", "jsonl"),
-    "rollout.interrupt_mode": ("abort", "keep"),
-    "controller.high_water_unit": ("groups", "samples"),
-    "algo.advantage": ("grpo", "dr_grpo", "rloo", "reinforce_pp"),
-    "algo.loss_type": ("ppo", "gspo", "cispo", "pg"),
-    "algo.kl_estimator": ("k1", "k2", "k3"),
-    "algo.prox_mode": ("recompute", "loglinear", "behav"),
-    "algo.behav_cap_mode": ("mask", "clamp"),
-    "algo.behav_cap_level": ("token", "sequence"),
-    "algo.aggregation": ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum"),
-    "trainer.micro_batching": ("packed", "padded", "padded_grouped"),
-    "trainer.balance": ("ffd", "kk"),
-    "trainer.lr_schedule": ("constant", "linear", "cosine"),
-    "trainer.precision": ("auto", "fp32", "bf16"),
-    "trainer.weight_transport": ("tensors", "safetensors"),
-    "controller.weight_sync": ("inflight", "drain"),
-    "launch.kind": ("local", "ray"),
-    "launch.placement_strategy": ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
-    "launch.weight_sync": ("object_store", "disk"),
-    "launch.engine_mode": ("actor", "server"),
-}
-
-
 def to_dict(cfg: Any) -> dict[str, Any]:
     """The config as plain nested dicts (for YAML/JSON dumps)."""
     return dataclasses.asdict(cfg)
@@ -394,11 +394,7 @@ def dump_yaml(cfg: Config, path: str | Path) -> None:
 
 def validate(cfg: Config) -> Config:
     """Check choices and ranges; raise ConfigError with the key and what is allowed."""
-    for dotted, choices in _CHOICES.items():
-        section, name = dotted.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if value not in choices:
-            raise ConfigError(f"{dotted}: '{value}' is not one of {', '.join(choices)}")
+    check_choices(cfg, "")
     positive = {
         "rollout.group_size": cfg.rollout.group_size,
         "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
@@ -482,8 +478,16 @@ def load_config(
     cfg = Config()
     for layer in (base, path):
         if layer is not None:
-            apply_mapping(cfg, _read_yaml(layer), "")
+            cfg = apply_mapping(cfg, _read_yaml(layer), "")
     for text in overrides:
         key, value = parse_override(text)
-        apply_mapping(cfg, nest(key, value), "")
+        cfg = apply_mapping(cfg, nest(key, value), "")
+    return validate(cfg)
+
+
+def with_values(cfg: Config, values: Mapping[str, Any]) -> Config:
+    """A copy of ``cfg`` with the dotted keys of ``values`` set (``{"model.path": "ckpt"}``), each value
+    checked like a ``--set`` override and the result validated; ``cfg`` itself is frozen and unchanged."""
+    for key, value in values.items():
+        cfg = apply_mapping(cfg, nest(key, value), "")
     return validate(cfg)

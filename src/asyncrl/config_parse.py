@@ -1,11 +1,12 @@
 """Typed dataclasses from YAML mappings and ``key=value`` overrides: the generic half of the config.
 
-``apply_mapping(node, data, prefix)`` sets the fields of a dataclass tree from a nested mapping,
-checking each value against its field's annotation (bool, int, float, str, optional, fixed
-tuples) and rejecting unknown keys with the valid ones listed; ``parse_override("a.b=v")`` reads
-the value as YAML and ``nest`` turns the dotted key into a mapping. Every error is a
-``ConfigError`` that names the key. ``asyncrl.config`` owns the tree itself, its choices and
-validation. No torch, no other asyncrl module.
+``apply_mapping(node, data, prefix)`` returns a copy of a (frozen) dataclass tree with the fields of a
+nested mapping set, checking each value against its field's annotation (bool, int, float, str,
+``Literal`` choices, optional, fixed tuples) and rejecting unknown keys with the valid ones listed;
+``check_choices`` checks every ``Literal``-typed field of a tree built in code; ``parse_override("a.b=v")``
+reads the value as YAML and ``nest`` turns the dotted key into a mapping. Every error is a
+``ConfigError`` that names the key. ``asyncrl.config`` owns the tree itself and its validation,
+``asyncrl.choices`` the ``Literal`` aliases. No torch, no other asyncrl module.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from typing import Any
 
 import yaml
 
-__all__ = ["ConfigError", "apply_mapping", "nest", "parse_override"]
+__all__ = ["ConfigError", "apply_mapping", "check_choices", "nest", "parse_override"]
+
+T = typing.TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -72,20 +75,51 @@ def _coerce(value: Any, annotation: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported field type {annotation!r}")
 
 
-def apply_mapping(node: Any, data: dict[str, Any], prefix: str) -> None:
+def apply_mapping(node: T, data: dict[str, Any], prefix: str) -> T:
+    """A copy of the dataclass tree ``node`` with the fields that the nested mapping ``data`` names set
+    (each value checked against its field's annotation); ``node`` itself is not changed."""
     if not isinstance(data, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(type(node))
     names = [f.name for f in dataclasses.fields(node)]
+    changes: dict[str, Any] = {}
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if key not in names:
             raise ConfigError(f"unknown config key '{dotted}'. Valid keys here: {', '.join(prefix + n for n in names)}")
         current = getattr(node, key)
         if dataclasses.is_dataclass(current):
-            apply_mapping(current, value, f"{dotted}.")
+            changes[key] = apply_mapping(current, value, f"{dotted}.")
         else:
-            setattr(node, key, _coerce(value, hints[key], dotted))
+            changes[key] = _coerce(value, hints[key], dotted)
+    return dataclasses.replace(node, **changes)
+
+
+def _choices(annotation: Any) -> tuple[Any, ...] | None:
+    """The values a ``Literal`` (or optional ``Literal``) annotation allows; None for other types."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        literals = [_choices(arg) for arg in typing.get_args(annotation) if arg is not type(None)]
+        if len(literals) == 1 and literals[0] is not None:
+            return (*literals[0], None)
+    return None
+
+
+def check_choices(node: Any, prefix: str) -> None:
+    """Check every field of the dataclass tree ``node`` typed with a ``Literal`` alias against the
+    alias itself (``typing.get_args``); the error names the dotted key and the valid values. Covers
+    configs built in code, which ``apply_mapping`` never saw."""
+    hints = typing.get_type_hints(type(node))
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            check_choices(value, f"{prefix}{f.name}.")
+            continue
+        valid = _choices(hints[f.name])
+        if valid is not None and value not in valid:
+            shown = ", ".join("null" if v is None else str(v) for v in valid)
+            raise ConfigError(f"{prefix}{f.name}: {value!r} is not one of {shown}")
 
 
 def parse_override(text: str) -> tuple[str, Any]:

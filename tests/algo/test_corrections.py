@@ -112,17 +112,17 @@ def test_pg_is_the_uncorrected_gradient() -> None:
     behav = torch.tensor([[-1.0, -2.0, -0.5]], dtype=F64)
     logp = (behav + torch.tensor([[2.0, -2.0, 0.0]], dtype=F64)).requires_grad_()
     adv = torch.tensor([[1.0, -1.0, 2.0]], dtype=F64)
-    loss, m = policy_loss(logp, behav, behav, adv, torch.ones(1, 3), loss_type="pg")
+    loss, m = policy_loss(logp, behav, behav, adv, torch.ones(1, 3), loss_type="pg", behav_cap=None)
     loss.backward()
     assert logp.grad[0].tolist() == pytest.approx([-1 / 3, 1 / 3, -2 / 3])
     assert m["clip_frac"] == 0.0
     with pytest.raises(ValueError, match="dual_clip"):
-        policy_loss(logp, behav, behav, adv, torch.ones(1, 3), loss_type="pg", dual_clip=3.0)
+        policy_loss(logp, behav, behav, adv, torch.ones(1, 3), loss_type="pg", dual_clip=3.0, behav_cap=None)
 
 
 def test_importance_ratio_moments() -> None:
     batch = make_batch(5)
-    _, m = policy_loss(batch["logp"], batch["prox"], batch["behav"], batch["adv"], batch["mask"])
+    _, m = policy_loss(batch["logp"], batch["prox"], batch["behav"], batch["adv"], batch["mask"], behav_cap=None)
     _, prox, behav, _, mask = as_lists(batch)
     logs = [prox[i][t] - behav[i][t] for i in range(len(mask)) for t in range(len(mask[i])) if mask[i][t]]
     assert m["behav_weight_sq_mean"] == pytest.approx(sum(math.exp(2 * x) for x in logs) / len(logs), rel=1e-12)

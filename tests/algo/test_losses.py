@@ -18,7 +18,7 @@ F64 = torch.float64
 AGGS = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
 LOSS_TYPES = ["ppo", "gspo", "cispo"]
 CAPS = [
-    {},
+    {"behav_cap": None},
     {"behav_cap": 2.0, "behav_cap_mode": "mask", "behav_cap_level": "token"},
     {"behav_cap": 2.0, "behav_cap_mode": "clamp", "behav_cap_level": "token"},
     {"behav_cap": 2.0, "behav_cap_mode": "mask", "behav_cap_level": "sequence"},
@@ -66,7 +66,7 @@ def as_lists(batch):
 
 def run(batch, logp=None, **kw):
     lp = batch["logp"] if logp is None else logp
-    return policy_loss(lp, batch["prox"], batch["behav"], batch["adv"], batch["mask"], **kw)
+    return policy_loss(lp, batch["prox"], batch["behav"], batch["adv"], batch["mask"], **{"behav_cap": None, **kw})
 
 
 # ---------------------------------------------------------------- values against the reference
@@ -104,7 +104,7 @@ def test_hand_computed_ppo_example():
     logp = prox + torch.log(torch.tensor([[1.5, 0.5, 1.0]], dtype=F64))
     adv = torch.tensor([[1.0, -1.0, 2.0]], dtype=F64)
     mask = torch.ones(1, 3, dtype=F64)
-    loss, m = policy_loss(logp, prox, prox, adv, mask)
+    loss, m = policy_loss(logp, prox, prox, adv, mask, behav_cap=None)
     assert loss.item() == pytest.approx(-0.8, abs=1e-12)
     assert m["clip_frac"] == pytest.approx(2 / 3)
     assert m["behav_weight_mean"] == pytest.approx(1.0) and m["behav_weight_max"] == pytest.approx(1.0)
@@ -114,7 +114,7 @@ def test_hand_computed_ppo_example():
     assert m["approx_kl_prox"] == pytest.approx(k3, rel=1e-12)
     assert m["approx_kl_behav"] == pytest.approx(k3, rel=1e-12)  # behav == prox
     # clip-higher 0.6: t0 no longer clipped -> (-1.5 + 0.8 - 2) / 3 = -0.9
-    loss_high, _ = policy_loss(logp, prox, prox, adv, mask, eps_clip_high=0.6)
+    loss_high, _ = policy_loss(logp, prox, prox, adv, mask, eps_clip_high=0.6, behav_cap=None)
     assert loss_high.item() == pytest.approx(-0.9, abs=1e-12)
 
 
@@ -127,11 +127,11 @@ def test_hand_computed_decoupled_and_dual_clip():
     behav = prox - torch.log(torch.tensor([[2.0, 0.5]], dtype=F64))
     adv = torch.tensor([[-1.0, 1.0]], dtype=F64)
     mask = torch.ones(1, 2)
-    loss, m = policy_loss(logp, prox, behav, adv, mask, dual_clip=3.0)
+    loss, m = policy_loss(logp, prox, behav, adv, mask, dual_clip=3.0, behav_cap=None)
     assert loss.item() == pytest.approx(2.75, abs=1e-12)
     assert m["dual_clip_frac"] == pytest.approx(0.5)
     assert m["behav_weight_mean"] == pytest.approx(1.25) and m["behav_weight_max"] == pytest.approx(2.0)
-    loss_nodual, _ = policy_loss(logp, prox, behav, adv, mask)
+    loss_nodual, _ = policy_loss(logp, prox, behav, adv, mask, behav_cap=None)
     assert loss_nodual.item() == pytest.approx(4.75, abs=1e-12)
     # cap 1.5: mask drops t0 but keeps it in the denominator -> -0.5 / 2; clamp -> (3*1.5 - 0.5)/2
     masked, mm = policy_loss(logp, prox, behav, adv, mask, dual_clip=3.0, behav_cap=1.5)
@@ -183,7 +183,7 @@ def test_hand_computed_aggregations():
         "seq_mean_token_sum": -6.0 / (2 * 3),
     }
     for agg, value in expect.items():
-        loss, _ = policy_loss(logp, logp, logp, adv, mask, aggregation=agg)
+        loss, _ = policy_loss(logp, logp, logp, adv, mask, aggregation=agg, behav_cap=None)
         assert loss.item() == pytest.approx(value, abs=1e-12), agg
         assert aggregate_loss(-adv, mask, agg).item() == pytest.approx(value, abs=1e-12), agg
 
@@ -195,7 +195,7 @@ def test_extreme_ratios():
     logp = (prox + ratios.log()).requires_grad_()
     adv = torch.tensor([[1.0], [-1.0], [1.0], [-1.0]], dtype=F64)
     mask = torch.ones(4, 1)
-    loss, m = policy_loss(logp, prox, prox, adv, mask)
+    loss, m = policy_loss(logp, prox, prox, adv, mask, behav_cap=None)
     # terms: -1.2 (clipped), +1e3 (unclipped), -1e-3 (unclipped), +0.8 (clipped)
     assert loss.item() == pytest.approx((-1.2 + 1e3 - 1e-3 + 0.8) / 4, rel=1e-12)
     (grad,) = torch.autograd.grad(loss, logp)
@@ -203,7 +203,7 @@ def test_extreme_ratios():
     expected = torch.tensor([[0.0], [1e3 / 4], [-1e-3 / 4], [0.0]], dtype=F64)
     torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-15)
     assert m["clip_frac"] == pytest.approx(0.5)
-    loss_dual, _ = policy_loss(logp, prox, prox, adv, mask, dual_clip=3.0)
+    loss_dual, _ = policy_loss(logp, prox, prox, adv, mask, dual_clip=3.0, behav_cap=None)
     assert loss_dual.item() == pytest.approx((-1.2 + 3.0 - 1e-3 + 0.8) / 4, rel=1e-12)
 
 
@@ -327,8 +327,10 @@ def test_metrics_against_reference():
 def test_advantages_broadcast_per_sequence():
     batch = make_batch(8)
     seq_adv = torch.randn(6, 1, dtype=F64, generator=torch.Generator().manual_seed(0))
-    a, _ = policy_loss(batch["logp"], batch["prox"], batch["behav"], seq_adv, batch["mask"])
-    b, _ = policy_loss(batch["logp"], batch["prox"], batch["behav"], seq_adv.expand(6, 7), batch["mask"])
+    a, _ = policy_loss(batch["logp"], batch["prox"], batch["behav"], seq_adv, batch["mask"], behav_cap=None)
+    b, _ = policy_loss(
+        batch["logp"], batch["prox"], batch["behav"], seq_adv.expand(6, 7), batch["mask"], behav_cap=None
+    )
     assert a.item() == pytest.approx(b.item(), rel=1e-14)
 
 
@@ -357,7 +359,7 @@ def test_gspo_gradient_is_shared_across_the_sequence():
     logp = torch.tensor([[-1.0, -2.0, -0.5, -3.0]], dtype=F64, requires_grad=True)
     prox = logp.detach() - torch.tensor([[0.3, -0.2, 0.1, -0.1]], dtype=F64)  # mean log-ratio 0.025
     adv = torch.full((1, 4), 2.0, dtype=F64)
-    loss, m = policy_loss(logp, prox, prox, adv, torch.ones(1, 4), loss_type="gspo")
+    loss, m = policy_loss(logp, prox, prox, adv, torch.ones(1, 4), loss_type="gspo", behav_cap=None)
     s = math.exp(0.025)
     assert loss.item() == pytest.approx(-2.0 * s, rel=1e-12)
     assert m["ratio_mean"] == pytest.approx(s, rel=1e-12)
@@ -365,7 +367,7 @@ def test_gspo_gradient_is_shared_across_the_sequence():
     torch.testing.assert_close(grad, torch.full((1, 4), -2.0 * s / 4, dtype=F64), rtol=1e-12, atol=0)
     # a sequence ratio outside the clip range cuts the whole sequence (A > 0, s > 1.2)
     far = logp.detach() - 0.5
-    loss_far, m_far = policy_loss(logp, far, far, adv, torch.ones(1, 4), loss_type="gspo")
+    loss_far, m_far = policy_loss(logp, far, far, adv, torch.ones(1, 4), loss_type="gspo", behav_cap=None)
     (grad_far,) = torch.autograd.grad(loss_far, logp)
     assert loss_far.item() == pytest.approx(-2.0 * 1.2, rel=1e-12)
     assert torch.count_nonzero(grad_far) == 0 and m_far["clip_frac"] == 1.0
@@ -388,12 +390,14 @@ def test_cispo_keeps_gradient_where_ppo_clips():
     prox = torch.tensor([[-2.0]], dtype=F64)
     logp = (prox + math.log(1e3)).requires_grad_()
     adv = torch.ones(1, 1, dtype=F64)
-    loss, _ = policy_loss(logp, prox, prox, adv, torch.ones(1, 1), loss_type="cispo")
+    loss, _ = policy_loss(logp, prox, prox, adv, torch.ones(1, 1), loss_type="cispo", behav_cap=None)
     (grad,) = torch.autograd.grad(loss, logp)
     assert grad.item() == pytest.approx(-1.2, rel=1e-12)
     # no lower bound with eps_clip >= 1: r = 1e-3 keeps its weight 1e-3
     logp_low = (prox + math.log(1e-3)).requires_grad_()
-    loss_low, _ = policy_loss(logp_low, prox, prox, adv, torch.ones(1, 1), loss_type="cispo", eps_clip=1.0)
+    loss_low, _ = policy_loss(
+        logp_low, prox, prox, adv, torch.ones(1, 1), loss_type="cispo", eps_clip=1.0, behav_cap=None
+    )
     (grad_low,) = torch.autograd.grad(loss_low, logp_low)
     assert grad_low.item() == pytest.approx(-1e-3, rel=1e-9)
 
@@ -523,9 +527,9 @@ def test_invalid_arguments(kw, match):
 def test_invalid_shapes_and_packing():
     b = make_batch(0)
     with pytest.raises(ValueError, match="prox_logp shape"):
-        policy_loss(b["logp"], b["prox"][:, :3], b["behav"], b["adv"], b["mask"])
+        policy_loss(b["logp"], b["prox"][:, :3], b["behav"], b["adv"], b["mask"], behav_cap=None)
     with pytest.raises(ValueError, match="does not broadcast"):
-        policy_loss(b["logp"], b["prox"], b["behav"], b["adv"][:, :2], b["mask"])
+        policy_loss(b["logp"], b["prox"], b["behav"], b["adv"][:, :2], b["mask"], behav_cap=None)
     flat = {k: v.reshape(-1) for k, v in b.items()}
     with pytest.raises(ValueError, match="cu_seqlens must start at 0"):
         run(flat, cu_seqlens=torch.tensor([0, 5, 40]))

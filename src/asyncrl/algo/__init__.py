@@ -1,6 +1,7 @@
 """The algorithm library (DESIGN §5): advantages and losses as pure tensor functions.
 
-Owns nothing stateful: every function maps tensors to tensors (torch only, no sibling imports).
+Owns nothing stateful: every function maps tensors to tensors (torch only, no sibling imports but
+the ``Literal`` aliases of ``asyncrl.choices`` that type the choices, e.g. ``LossType``).
 - :mod:`asyncrl.algo.advantages`: GRPO / Dr.GRPO / RLOO / REINFORCE++ group estimators, batch
   normalisation, GAE, dynamic-sampling and overlong-penalty helpers.
 - :mod:`asyncrl.algo.losses`: the decoupled PPO policy loss (with GSPO, CISPO and uncorrected
@@ -11,7 +12,6 @@ Owns nothing stateful: every function maps tensors to tensors (torch only, no si
 """
 
 from asyncrl.algo.advantages import (
-    ESTIMATORS,
     compute_advantages,
     dr_grpo_advantages,
     gae_advantages,
@@ -22,18 +22,12 @@ from asyncrl.algo.advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
 )
-from asyncrl.algo.aggregation import AGGREGATIONS, Segments, aggregate_loss
+from asyncrl.algo.aggregation import Segments, aggregate_loss
 from asyncrl.algo.corrections import m2_keep, version_gap_keep
-from asyncrl.algo.logprobs import KL_KINDS, entropy_from_logits, kl_penalty, loglinear_prox_logp
-from asyncrl.algo.losses import BEHAV_CAP_LEVELS, BEHAV_CAP_MODES, LOSS_TYPES, policy_loss, value_loss
+from asyncrl.algo.logprobs import entropy_from_logits, kl_penalty, loglinear_prox_logp
+from asyncrl.algo.losses import policy_loss, value_loss
 
 __all__ = [
-    "AGGREGATIONS",
-    "BEHAV_CAP_LEVELS",
-    "BEHAV_CAP_MODES",
-    "ESTIMATORS",
-    "KL_KINDS",
-    "LOSS_TYPES",
     "Segments",
     "aggregate_loss",
     "compute_advantages",

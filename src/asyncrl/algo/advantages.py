@@ -19,9 +19,9 @@ import torch
 from torch import Tensor
 
 from asyncrl.algo.losses import value_loss
+from asyncrl.choices import AdvantageEstimator, choice_error
 
 __all__ = [
-    "ESTIMATORS",
     "grpo_advantages",
     "dr_grpo_advantages",
     "rloo_advantages",
@@ -33,9 +33,6 @@ __all__ = [
     "informative_groups",
     "overlong_penalty",
 ]
-
-ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
-"""The valid ``estimator`` values of :func:`compute_advantages`."""
 
 
 def _groups(rewards: Tensor) -> Tensor:
@@ -97,8 +94,8 @@ def reinforce_pp_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
     return torch.where(c == 0, 0.0, c / (std + eps))
 
 
-def compute_advantages(rewards: Tensor, estimator: str, **kw: float) -> Tensor:
-    """Dispatch to one group estimator: ``"grpo" | "dr_grpo" | "rloo" | "reinforce_pp"``; ``kw``
+def compute_advantages(rewards: Tensor, estimator: AdvantageEstimator, **kw: float) -> Tensor:
+    """Dispatch to one group estimator (``AdvantageEstimator``, the type of ``algo.advantage``); ``kw``
     goes to it (e.g. ``eps``). GAE has its own signature (:func:`gae_advantages`)."""
     match estimator:
         case "grpo":
@@ -110,9 +107,7 @@ def compute_advantages(rewards: Tensor, estimator: str, **kw: float) -> Tensor:
         case "reinforce_pp":
             return reinforce_pp_advantages(rewards, **kw)
         case _:
-            raise ValueError(
-                f"unknown advantage estimator {estimator!r}; valid choices: {', '.join(ESTIMATORS)}"
-            )
+            raise choice_error(estimator, AdvantageEstimator, "advantage estimator")
 
 
 def normalize_batch(adv: Tensor, mask: Tensor | None = None, eps: float = 1e-6) -> Tensor:

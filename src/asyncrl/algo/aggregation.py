@@ -20,8 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
-"""The valid ``aggregation`` values."""
+from asyncrl.choices import Aggregation, choice_error
 
 
 class Segments:
@@ -87,7 +86,7 @@ def check_denominator(denominator: float | Tensor | None) -> None:
 def aggregate(
     per_token: Tensor,
     mask: Tensor,
-    aggregation: str,
+    aggregation: Aggregation,
     denominator: float | Tensor | None,
     segments: Segments | None,
 ) -> Tensor:
@@ -117,14 +116,14 @@ def aggregate(
                     )
                 den = max(segs.num_seqs * segs.row_len, 1)
         case _:
-            raise ValueError(f"unknown aggregation {aggregation!r}; valid choices: {', '.join(AGGREGATIONS)}")
+            raise choice_error(aggregation, Aggregation, "aggregation")
     return num / den
 
 
 def aggregate_loss(
     per_token: Tensor,
     loss_mask: Tensor,
-    aggregation: str = "token_mean",
+    aggregation: Aggregation = "token_mean",
     denominator: float | Tensor | None = None,
     *,
     cu_seqlens: Tensor | None = None,

@@ -16,12 +16,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-KL_KINDS: tuple[str, ...] = ("k1", "k2", "k3")
+from asyncrl.choices import KLEstimator, choice_error
 
 _ENTROPY_CHUNK_ELEMENTS = 1 << 24  # ~64 MB of float32 per temporary
 
 
-def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str) -> Tensor:
+def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: KLEstimator) -> Tensor:
     """Per-token estimate of KL(π_θ ‖ π_ref) from sampled-token log-probs (Schulman's k1/k2/k3).
 
     With ``d = logp - ref_logp``:
@@ -44,7 +44,7 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str) -> Tensor:
         case "k3":
             return torch.expm1(-d) + d
         case _:
-            raise ValueError(f"unknown KL estimator {kind!r}; valid choices: {', '.join(KL_KINDS)}")
+            raise choice_error(kind, KLEstimator, "KL estimator")
 
 
 @torch.no_grad()

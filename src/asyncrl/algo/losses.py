@@ -21,13 +21,11 @@ import math
 import torch
 from torch import Tensor
 
-from asyncrl.algo.aggregation import AGGREGATIONS, Segments, aggregate, aggregate_loss, check_denominator
+from asyncrl.algo.aggregation import Segments, aggregate, aggregate_loss, check_denominator
 from asyncrl.algo.logprobs import entropy_from_logits, kl_penalty, loglinear_prox_logp
+from asyncrl.choices import Aggregation, BehavCapLevel, BehavCapMode, LossType, check_choice, choice_error
 
 __all__ = [
-    "LOSS_TYPES",
-    "BEHAV_CAP_MODES",
-    "BEHAV_CAP_LEVELS",
     "policy_loss",
     "value_loss",
     "aggregate_loss",
@@ -35,10 +33,6 @@ __all__ = [
     "entropy_from_logits",
     "loglinear_prox_logp",
 ]
-
-LOSS_TYPES: tuple[str, ...] = ("ppo", "gspo", "cispo", "pg")
-BEHAV_CAP_MODES: tuple[str, ...] = ("mask", "clamp")
-BEHAV_CAP_LEVELS: tuple[str, ...] = ("token", "sequence")
 
 
 def _float_dtype(t: Tensor) -> torch.dtype:
@@ -65,7 +59,7 @@ def _clipped_surrogate(
 
 
 def _behaviour_weight(
-    log_w: Tensor, mask: Tensor, cap: float | None, mode: str, level: str, segments: Segments | None
+    log_w: Tensor, mask: Tensor, cap: float | None, mode: BehavCapMode, level: BehavCapLevel, segments: Segments | None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Behaviour weight per token from ``log_w = prox - behav`` (zero off the mask, detached).
 
@@ -99,11 +93,11 @@ def policy_loss(
     eps_clip: float = 0.2,
     eps_clip_high: float | None = None,
     dual_clip: float | None = None,
-    behav_cap: float | None = None,
-    behav_cap_mode: str = "mask",
-    behav_cap_level: str = "token",
-    aggregation: str = "token_mean",
-    loss_type: str = "ppo",
+    behav_cap: float | None,
+    behav_cap_mode: BehavCapMode = "mask",
+    behav_cap_level: BehavCapLevel = "token",
+    aggregation: Aggregation = "token_mean",
+    loss_type: LossType = "ppo",
     denominator: float | Tensor | None = None,
     cu_seqlens: Tensor | None = None,
     drop: Tensor | None = None,
@@ -143,7 +137,8 @@ def policy_loss(
     ``dual_clip=c`` (c > 1, ppo/gspo): for A < 0 the term is ``min(max(-r·A, -clip(r)·A), -c·A)``.
 
     Behaviour weight ``w`` (never silently dropped: with ``behav_cap=None`` it is applied
-    uncapped). ``behav_cap=C`` with ``behav_cap_mode`` / ``behav_cap_level``:
+    uncapped; ``behav_cap`` has no default, so every caller says which: a run passes
+    ``algo.behav_cap``). ``behav_cap=C`` with ``behav_cap_mode`` / ``behav_cap_level``:
 
     - ``mask``/``token``: tokens with ``w > C`` contribute 0.
     - ``mask``/``sequence``: sequences whose geometric-mean weight
@@ -183,16 +178,9 @@ def policy_loss(
         adv_ok = False
     if not adv_ok:
         raise ValueError(f"advantages shape {tuple(advantages.shape)} does not broadcast to {tuple(shape)}")
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation {aggregation!r}; valid choices: {', '.join(AGGREGATIONS)}")
-    if behav_cap_mode not in BEHAV_CAP_MODES:
-        raise ValueError(
-            f"unknown behav_cap_mode {behav_cap_mode!r}; valid choices: {', '.join(BEHAV_CAP_MODES)}"
-        )
-    if behav_cap_level not in BEHAV_CAP_LEVELS:
-        raise ValueError(
-            f"unknown behav_cap_level {behav_cap_level!r}; valid choices: {', '.join(BEHAV_CAP_LEVELS)}"
-        )
+    check_choice(aggregation, Aggregation, "aggregation")
+    check_choice(behav_cap_mode, BehavCapMode, "behav_cap_mode")
+    check_choice(behav_cap_level, BehavCapLevel, "behav_cap_level")
     eps_high = eps_clip if eps_clip_high is None else eps_clip_high
     if not (eps_clip >= 0 and eps_high >= 0):
         raise ValueError(f"eps_clip ({eps_clip}) and eps_clip_high ({eps_clip_high}) must be >= 0")
@@ -246,7 +234,7 @@ def policy_loss(
             term = -adv * lp
             clip_active = torch.zeros_like(mask)
         case _:
-            raise ValueError(f"unknown loss_type {loss_type!r}; valid choices: {', '.join(LOSS_TYPES)}")
+            raise choice_error(loss_type, LossType, "loss_type")
 
     log_w = prox - behav
     weight, dropped, capped = _behaviour_weight(

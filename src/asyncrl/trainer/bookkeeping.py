@@ -16,13 +16,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from asyncrl.choices import Aggregation, LRSchedule, choice_error
 from asyncrl.config import TrainerConfig
 from asyncrl.types import TrainSample
 
 __all__ = ["denominator", "lr_factor"]
 
 
-def denominator(samples: Sequence[TrainSample], aggregation: str) -> float:
+def denominator(samples: Sequence[TrainSample], aggregation: Aggregation) -> float:
     """The global loss denominator of a mini-batch for ``aggregation`` (see ``algo.aggregation``)."""
     match aggregation:
         case "token_mean":
@@ -32,7 +33,7 @@ def denominator(samples: Sequence[TrainSample], aggregation: str) -> float:
         case "seq_mean_token_sum":
             return float(max(1, len(samples) * max(len(s.token_ids) for s in samples)))
         case _:
-            raise ValueError(f"unknown aggregation {aggregation!r}")
+            raise choice_error(aggregation, Aggregation, "aggregation")
 
 
 def lr_factor(step: int, cfg: TrainerConfig, total_steps: int | None) -> float:
@@ -52,7 +53,7 @@ def lr_factor(step: int, cfg: TrainerConfig, total_steps: int | None) -> float:
         case "cosine":
             return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
         case other:
-            raise ValueError(f"unknown lr_schedule {other!r}")
+            raise choice_error(other, LRSchedule, "lr_schedule")
 
 
 @dataclass

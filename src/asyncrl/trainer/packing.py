@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-BALANCE_METHODS = ("ffd", "kk")
+from asyncrl.choices import BalanceMethod, check_choice, choice_error
+
 RowValues = Sequence[float] | torch.Tensor
 
 
@@ -73,7 +74,7 @@ def _greedy_partition(lengths: Sequence[int], k: int) -> list[list[int]]:
     return [sorted(g) for g in groups]
 
 
-def partition_balanced(lengths: Sequence[int], k: int, method: str = "kk") -> list[list[int]]:
+def partition_balanced(lengths: Sequence[int], k: int, method: BalanceMethod) -> list[list[int]]:
     """Indices of ``lengths`` split into exactly ``k`` groups with balanced token sums.
 
     ``method``: ``kk`` (Karmarkar–Karp) or ``ffd`` (greedy longest-first). With at least ``k``
@@ -86,7 +87,7 @@ def partition_balanced(lengths: Sequence[int], k: int, method: str = "kk") -> li
         case "ffd":
             groups = _greedy_partition(lengths, k)
         case _:
-            raise ValueError(f"unknown balance method {method!r}; valid choices: {', '.join(BALANCE_METHODS)}")
+            raise choice_error(method, BalanceMethod, "balance method")
     if len(lengths) >= k and any(not g for g in groups):  # cannot happen for kk/greedy, kept as a guard
         raise AssertionError("balanced partition produced an empty group")
     return groups
@@ -98,7 +99,7 @@ def split_micro_batches(
     *,
     min_bins: int = 1,
     multiple_of: int = 1,
-    method: str = "ffd",
+    method: BalanceMethod = "ffd",
 ) -> list[list[int]]:
     """Indices of ``lengths`` grouped into balanced micro-batches of at most ``max_tokens`` tokens.
 
@@ -111,8 +112,7 @@ def split_micro_batches(
     grows until every bin fits the budget."""
     if max_tokens <= 0:
         raise ValueError("max_tokens must be > 0")
-    if method not in BALANCE_METHODS:
-        raise ValueError(f"unknown balance method {method!r}; valid choices: {', '.join(BALANCE_METHODS)}")
+    check_choice(method, BalanceMethod, "balance method")
     if not lengths:
         return []
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
@@ -147,7 +147,7 @@ def split_micro_batches(
 
 
 def plan_micro_batches(
-    lengths: Sequence[int], max_tokens: int, *, world_size: int = 1, method: str = "ffd"
+    lengths: Sequence[int], max_tokens: int, *, world_size: int = 1, method: BalanceMethod = "ffd"
 ) -> list[list[list[int]]]:
     """Per data-parallel rank, its micro-batches (lists of indices into ``lengths``).
 

@@ -41,6 +41,7 @@ import torch
 
 from asyncrl.algo.aggregation import aggregate_loss
 from asyncrl.algo.losses import kl_penalty, loglinear_prox_logp, policy_loss
+from asyncrl.choices import ProxMode, choice_error
 from asyncrl.config import AlgoConfig, TrainerConfig
 from asyncrl.trainer import distributed as dist_mod
 from asyncrl.trainer.attention import use_packed_attention
@@ -443,7 +444,7 @@ class Trainer(TrainerStateMixin):
                 # the proximal policy is version i = self.version; the weights being optimised are v_θ = i + 1
                 prox_logp = loglinear_prox_logp(behav, logp.detach(), versions, self.version + 1, loss_mask=mask)
             case other:
-                raise ValueError(f"unknown prox_mode {other!r}")
+                raise choice_error(other, ProxMode, "prox_mode")
         loss, metrics = policy_loss(
             logp,
             prox_logp,

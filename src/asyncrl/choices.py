@@ -1,0 +1,106 @@
+"""Every set of choices of the config, each defined once as a ``Literal`` alias (DESIGN §2).
+
+The alias is the type of its config field (``asyncrl.config``) and of the parameters of the functions
+that take the choice (``algo.policy_loss(loss_type=...)``, ``LocalEngine(interrupt_mode=...)``, ...);
+both validate against it with ``typing.get_args``, so adding a value is a one-line change here (and a
+``case`` where it is dispatched). A leaf module: it imports nothing of the project, so the config and
+the pure stages (``algo``) can both import it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+__all__ = [
+    "AdvantageEstimator",
+    "Aggregation",
+    "ArithmeticForm",
+    "BalanceMethod",
+    "BehavCapLevel",
+    "BehavCapMode",
+    "DType",
+    "EngineMode",
+    "HighWaterUnit",
+    "InterruptMode",
+    "KLEstimator",
+    "LaunchKind",
+    "LRSchedule",
+    "LossType",
+    "MicroBatching",
+    "PlacementStrategy",
+    "Precision",
+    "ProxMode",
+    "RayWeightSync",
+    "TaskName",
+    "WeightSyncMode",
+    "WeightTransport",
+    "check_choice",
+    "choice_error",
+]
+
+# model / task
+DType = Literal["float32", "bfloat16", "float16"]
+"""``model.dtype``: the dtype weights are loaded in (``models.load_policy``)."""
+TaskName = Literal["arithmetic", "gsm8k", "humaneval", "jsonl"]
+"""``task.name``: the prompt source (``data.prompts.build_task``)."""
+ArithmeticForm = Literal["chain", "repeat"]
+"""``task.form``: the problem forms of the synthetic arithmetic task (``data.synthetic``)."""
+
+# rollout / controller
+InterruptMode = Literal["abort", "keep"]
+"""``rollout.interrupt_mode``: what an in-flight weight update does to running requests (``LocalEngine``)."""
+HighWaterUnit = Literal["groups", "samples"]
+"""``controller.high_water_unit``: what a running group weighs under the high-water mark (``StalenessGate``)."""
+WeightSyncMode = Literal["inflight", "drain"]
+"""``controller.weight_sync``: whether an update waits for running episodes (``controller.loop``)."""
+
+# algo
+AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
+"""``algo.advantage``: the group advantage estimator (``algo.advantages.compute_advantages``)."""
+LossType = Literal["ppo", "gspo", "cispo", "pg"]
+"""``algo.loss_type``: the policy-loss variant (``algo.losses.policy_loss``)."""
+ProxMode = Literal["recompute", "loglinear", "behav"]
+"""``algo.prox_mode``: where the proximal log-probs come from (``trainer.Trainer``)."""
+BehavCapMode = Literal["mask", "clamp"]
+"""``algo.behav_cap_mode``: what the behaviour-weight cap does (``algo.losses.policy_loss``)."""
+BehavCapLevel = Literal["token", "sequence"]
+"""``algo.behav_cap_level``: what the behaviour-weight cap looks at (``algo.losses.policy_loss``)."""
+KLEstimator = Literal["k1", "k2", "k3"]
+"""``algo.kl_estimator``: Schulman's KL estimators (``algo.logprobs.kl_penalty``)."""
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
+"""``algo.aggregation``: how token losses become one number (``algo.aggregation.aggregate_loss``)."""
+
+# trainer
+MicroBatching = Literal["packed", "padded", "padded_grouped"]
+"""``trainer.micro_batching``: how a batch is cut into micro-batches (``trainer.Trainer``)."""
+BalanceMethod = Literal["ffd", "kk"]
+"""``trainer.balance``: how sequences are binned (``trainer.packing``)."""
+LRSchedule = Literal["constant", "linear", "cosine"]
+"""``trainer.lr_schedule``: the LR after warm-up (``trainer.bookkeeping.lr_factor``)."""
+Precision = Literal["auto", "fp32", "bf16"]
+"""``trainer.precision``: mixed precision or not (``trainer.Trainer``)."""
+WeightTransport = Literal["tensors", "safetensors"]
+"""``trainer.weight_transport``: how ``export_weights`` hands weights over (``trainer.state``)."""
+
+# launch
+LaunchKind = Literal["local", "ray"]
+"""``launch.kind``: which launcher runs the stages (``launch.local``, ``launch.ray``)."""
+PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+"""``launch.placement_strategy``: Ray's placement-group strategy (``launch.ray``)."""
+RayWeightSync = Literal["object_store", "disk"]
+"""``launch.weight_sync``: how the Ray trainer ships weights to engines (``launch.ray_actors``)."""
+EngineMode = Literal["actor", "server"]
+"""``launch.engine_mode``: Ray engines called directly or over HTTP (``launch.ray``)."""
+
+
+def choice_error(value: object, choices: object, what: str) -> ValueError:
+    """The error for ``value`` outside the ``Literal`` alias ``choices``: it names ``what`` and every
+    valid value (for the ``case _:`` of a ``match`` over a choice)."""
+    return ValueError(f"unknown {what} {value!r}; valid choices: {', '.join(map(str, get_args(choices)))}")
+
+
+def check_choice(value: object, choices: object, what: str) -> None:
+    """Raise :func:`choice_error` unless ``value`` is one of the ``Literal`` alias ``choices`` (for
+    library entry points, which may be called with any string)."""
+    if value not in get_args(choices):
+        raise choice_error(value, choices, what)
