@@ -16,6 +16,7 @@ from pathlib import Path
 from asyncrl.config import Config, ConfigError, dump_yaml, load_config
 from asyncrl.controller.rundir import RunDirError
 from asyncrl.launch import RunStopped
+from asyncrl.storage import find_disk_full
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -484,6 +485,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("asyncrl: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a full disk, however deep it was wrapped: its message, not a traceback
+        full = find_disk_full(exc)
+        if full is None:
+            raise
+        print(f"asyncrl: {full}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ from asyncrl.data.prompts import PromptSource
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.workflow import ScoreFn, run_episode
+from asyncrl.storage import DiskFull, with_run_dir
 from asyncrl.trainer.api import PolicyTrainer, TrainStepResult
 from asyncrl.types import Completion, Group, Prompt, TrainBatch, TrainSample
 
@@ -193,6 +194,8 @@ class Controller:
             await asyncio.get_running_loop().run_in_executor(
                 executor, self.trainer.save_checkpoint, checkpoint_dir(self.rundir.path, step), extra, self.tokenizer
             )
+        except DiskFull as exc:  # the trainer does not know the run: name it in the resume hint
+            raise with_run_dir(exc, self.rundir.path) from exc.__cause__
         finally:
             self._checkpointing = False
         prune_checkpoints(self.rundir.path, self.cfg.controller.keep_checkpoints)
@@ -462,6 +465,8 @@ class Controller:
             self.rundir.log_resumed(self.state.step, len(self._readmit))
         admit = asyncio.create_task(self._admit_loop())
         sampler = asyncio.create_task(self._sample_timeline())
+        for task in (admit, sampler):  # a failed write there (a full disk) stops the run like a failed episode
+            task.add_done_callback(self._in_flight_done)
         try:
             await self._snapshot_policy(executor)  # the starting policy, at RL time 0
             if self.lag is not None:

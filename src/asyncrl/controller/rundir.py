@@ -11,7 +11,12 @@
 - ``timeline.jsonl``: a few samples a second of what each component is doing (for the report);
 - ``summary.json``: written at the end;
 - ``tb/``: TensorBoard events of the per-step metrics (when tensorboard is installed).
-Lines are flushed as they are written so a killed run keeps everything up to the kill. On
+Each line goes to the file in one unbuffered write, so a killed run keeps everything up to the kill.
+A full disk stops the run at the first write that fails (``storage.DiskFull``, naming the file):
+the torn line is cut off, so every file holds complete lines only, and every later line of the run
+raises the same error (nothing is recorded after a line that was lost; the end-of-run lines of a
+run stopped this way are not needed, a resume cuts back to the checkpoint). ``config.yaml`` and
+``summary.json`` are replaced atomically: a failed write leaves the previous file. On
 resume the jsonl files (``JSONL_FILES``: metrics, ledger, timeline, policy snapshots) are cut back
 to the byte offsets saved with the checkpoint (``offsets``); the cut tails are kept under
 ``resume/`` for forensics, never read again.
@@ -26,15 +31,19 @@ lines come from more than one run (e.g. written by a version without the guard),
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import re
 import secrets
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config, dump_yaml
+from asyncrl.storage import disk_full, is_disk_full
 from asyncrl.types import Group
 
 JSONL_FILES = ("metrics.jsonl", "trajectories.jsonl", "timeline.jsonl", "snapshots.jsonl")
@@ -224,16 +233,17 @@ class RunDir:
                 )
             self.run_id = new_run_id()
         self.path.mkdir(parents=True, exist_ok=True)
+        self._failed: OSError | None = None
         if cfg is not None:
-            dump_yaml(cfg, self.path / "config.yaml")
+            self._replace("config.yaml", lambda tmp: dump_yaml(cfg, tmp))
         if truncate is not None:
             for name in JSONL_FILES:
                 self._truncate(name, int(truncate.get(name, 0)))
-        self._metrics = open(self.path / "metrics.jsonl", "a", encoding="utf-8")
-        self._ledger = open(self.path / "trajectories.jsonl", "a", encoding="utf-8")
-        self._timeline = open(self.path / "timeline.jsonl", "a", encoding="utf-8")
-        self._snapshots = open(self.path / "snapshots.jsonl", "a", encoding="utf-8")
-        self._tb = None
+        self._metrics = open(self.path / "metrics.jsonl", "ab", buffering=0)
+        self._ledger = open(self.path / "trajectories.jsonl", "ab", buffering=0)
+        self._timeline = open(self.path / "timeline.jsonl", "ab", buffering=0)
+        self._snapshots = open(self.path / "snapshots.jsonl", "ab", buffering=0)
+        self._tb: Any = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -243,18 +253,66 @@ class RunDir:
                 self._tb = None
 
     def _truncate(self, name: str, offset: int) -> None:
-        """Cut ``name`` back to ``offset`` bytes; the tail goes to ``resume/<name>.<time>``."""
+        """Cut ``name`` back to ``offset`` bytes; the tail goes to ``resume/<name>.<time>`` first (a
+        full disk fails before anything is cut)."""
         path = self.path / name
         if not path.exists() or path.stat().st_size <= offset:
             return
-        with open(path, "r+b") as fh:
+        with open(path, "rb") as fh:
             fh.seek(offset)
             tail = fh.read()
-            fh.seek(offset)
-            fh.truncate()
         archive = self.path / "resume"
         archive.mkdir(exist_ok=True)
-        (archive / f"{name}.cut-{time.strftime('%Y%m%d-%H%M%S')}-{offset}").write_bytes(tail)
+        saved = archive / f"{name}.cut-{time.strftime('%Y%m%d-%H%M%S')}-{offset}"
+        try:
+            saved.write_bytes(tail)
+        except OSError as exc:
+            saved.unlink(missing_ok=True)
+            if is_disk_full(exc):
+                raise disk_full(saved, exc, kept=f"Nothing was cut from {name} yet.", run_dir=self.path) from exc
+            raise
+        os.truncate(path, offset)
+
+    def _replace(self, name: str, write: Any) -> None:
+        """``write(tmp_path)`` then rename over ``name``: a failed write leaves the previous file."""
+        final = self.path / name
+        tmp = final.with_name(f".{name}.tmp-{os.getpid()}")
+        try:
+            write(tmp)
+            os.replace(tmp, final)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            if is_disk_full(exc):
+                kept = f"The previous {name} is unchanged." if final.exists() else f"No {name} was written."
+                raise disk_full(final, exc, kept=kept, run_dir=self.path) from exc
+            raise
+
+    def _append(self, fh: Any, text: str) -> None:
+        """One write of ``text`` at the end of ``fh``. A failed write cuts the file back to where it
+        was (no torn line) and is raised, as ``DiskFull`` for a full disk; every later write raises it
+        again, so nothing is recorded after a line that was lost."""
+        if self._failed is not None:
+            raise self._failed
+        data = memoryview(text.encode("utf-8"))
+        start = fh.tell()
+        try:
+            while data:
+                data = data[fh.write(data) :]
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # not every file can be cut (a device): it was not ours
+                os.ftruncate(fh.fileno(), start)
+                fh.seek(start)
+            failed: OSError = exc
+            if is_disk_full(exc):
+                kept = "Every line written before it is kept (the file holds complete lines only)."
+                failed = disk_full(fh.name, exc, kept=kept, run_dir=self.path)
+            self._failed = failed
+            raise failed from exc
+
+    @property
+    def failed(self) -> OSError | None:
+        """The error of the write that stopped this run directory (None: every write succeeded)."""
+        return self._failed
 
     def offsets(self) -> dict[str, int]:
         """Byte length of each jsonl file now (every line written so far is flushed)."""
@@ -270,19 +328,21 @@ class RunDir:
         return line if self.run_id is None else {"run_id": self.run_id, **line}
 
     def _write_ledger(self, line: dict[str, Any]) -> None:
-        self._ledger.write(json.dumps(self._stamp(line)) + "\n")
-        self._ledger.flush()
+        self._append(self._ledger, json.dumps(self._stamp(line)) + "\n")
 
     def log_step(self, record: dict[str, Any]) -> None:
         """Append one step's metrics (and mirror the numeric ones to TensorBoard)."""
         clean = {k: _clean(v) for k, v in record.items()}
-        self._metrics.write(json.dumps(self._stamp(clean)) + "\n")
-        self._metrics.flush()
+        self._append(self._metrics, json.dumps(self._stamp(clean)) + "\n")
         if self._tb is not None:
             step = int(record.get("step", 0))
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                    self._tb.add_scalar(key, value, step)
+            try:
+                for key, value in record.items():
+                    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                        self._tb.add_scalar(key, value, step)
+            except Exception as exc:  # a full disk or a broken writer: metrics.jsonl has everything
+                print(f"asyncrl: TensorBoard events off for the rest of the run ({exc})", file=sys.stderr)
+                self._tb = None
 
     def log_group(
         self,
@@ -296,7 +356,11 @@ class RunDir:
     ) -> None:
         """One ledger line per sample of ``group``. ``status``: trained | filtered | stale |
         skipped | unused; ``dropped`` is the reason when it was not trained; ``step`` the training
-        step at which a stale or skipped group met its fate."""
+        step at which a stale or skipped group met its fate. ``unused`` lines (the end of a run) are
+        not written once a write has failed: a resume cuts back to the checkpoint anyway."""
+        if self._failed is not None and status == "unused":
+            return
+        lines = []
         for idx, comp in enumerate(group.completions):
             line = {
                 "prompt_id": group.prompt.prompt_id,
@@ -317,8 +381,8 @@ class RunDir:
                 line["step"] = step
             if tokenizer is not None and idx == 0:
                 line["response"] = tokenizer.decode(list(comp.output_ids), skip_special_tokens=True)
-            self._ledger.write(json.dumps(self._stamp(line)) + "\n")
-        self._ledger.flush()
+            lines.append(json.dumps(self._stamp(line)) + "\n")
+        self._append(self._ledger, "".join(lines))  # one write: a group is recorded whole or not at all
 
     def log_admitted(self, prompt_id: str, stream_index: int, start_version: int, readmitted: bool) -> None:
         """A prompt was admitted (``stream_index``: its position in the prompt stream)."""
@@ -354,23 +418,24 @@ class RunDir:
         )
 
     def log_in_flight(self, prompt_id: str, start_version: int) -> None:
-        """A prompt admitted but not finished when the run ended."""
-        self.log_prompt_dropped(prompt_id, start_version, "in_flight", "in_flight_at_end")
+        """A prompt admitted but not finished when the run ended (not written once a write has failed,
+        like ``unused`` lines)."""
+        if self._failed is None:
+            self.log_prompt_dropped(prompt_id, start_version, "in_flight", "in_flight_at_end")
 
     def log_timeline(self, sample: dict[str, Any]) -> None:
         """One activity sample (engine running requests, trainer busy, reward in flight, queues)."""
-        self._timeline.write(json.dumps(self._stamp(sample)) + "\n")
-        self._timeline.flush()
+        self._append(self._timeline, json.dumps(self._stamp(sample)) + "\n")
 
     def log_snapshot(self, record: dict[str, Any]) -> None:
         """One saved policy snapshot (version, RL time, path) in ``snapshots.jsonl`` (cut back with the
         other files on resume, so a curve never mixes a lost branch in)."""
-        self._snapshots.write(json.dumps(self._stamp(record)) + "\n")
-        self._snapshots.flush()
+        self._append(self._snapshots, json.dumps(self._stamp(record)) + "\n")
 
     def write_summary(self, summary: dict[str, Any]) -> None:
+        """``summary.json``, replaced atomically."""
         clean = self._stamp({k: _clean(v) for k, v in summary.items()})
-        (self.path / "summary.json").write_text(json.dumps(clean, indent=2))
+        self._replace("summary.json", lambda tmp: tmp.write_text(json.dumps(clean, indent=2)))
 
     def close(self) -> None:
         self._metrics.close()

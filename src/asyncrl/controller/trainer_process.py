@@ -10,7 +10,9 @@ its own process 1.2 s and 9.5k tokens/s. So the local launcher runs the trainer 
 The child builds the ``Trainer`` itself from the model directory (the same initial weights the
 engine loads in the parent) and serves one call at a time over a pipe: ``train_step``,
 ``export_weights``, ``save_checkpoint``, ``load_checkpoint``, ``save_pretrained``. A call that
-raises in the child raises ``TrainerProcessError`` (with the child's traceback) in the parent.
+raises in the child raises ``TrainerProcessError`` (with the child's traceback) in the parent, but a
+full disk (``storage.DiskFull``, e.g. while saving a checkpoint) is raised as itself: its message is
+the one the user must see.
 The child ignores SIGINT/SIGTERM (the parent decides when to stop, and a terminal's Ctrl-C
 reaches the whole process group) and exits when the parent goes away (its pipe closes), which
 covers a SIGKILL of the parent.
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config
+from asyncrl.storage import DiskFull
 from asyncrl.trainer.api import TrainStepResult
 from asyncrl.types import TrainBatch, WeightUpdate
 
@@ -91,6 +94,8 @@ def _serve(conn: Any, model_dir: str, cfg: Config) -> None:
                 case other:
                     raise ValueError(f"unknown trainer call {other!r}")
             reply: tuple[str, Any] = ("ok", value)
+        except DiskFull as exc:
+            reply = ("disk_full", (exc.errno, str(exc), exc.filename))
         except Exception:
             reply = ("error", traceback.format_exc())
         try:
@@ -126,6 +131,8 @@ class TrainerProcess:
             status, value = self._conn.recv()
         except (EOFError, OSError) as exc:
             raise TrainerProcessError(f"trainer process died while {what} (exit code {self._proc.exitcode})") from exc
+        if status == "disk_full":
+            raise DiskFull(*value)
         if status == "error":
             raise TrainerProcessError(f"trainer process failed while {what}:\n{value}")
         return value

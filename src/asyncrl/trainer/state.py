@@ -14,7 +14,8 @@ weights (``trainer.trainer`` owns the step):
 - ``save_checkpoint(dir, extra)`` / ``load_checkpoint(dir) -> extra``: HF weights plus the full
   training state (optimizer, version, skipped steps, RNG states of every rank, the caller's
   ``extra``) for an exact resume; the format is in ``trainer.checkpoint``. The LR schedule is
-  a function of the version, so restoring the version restores it.
+  a function of the version, so restoring the version restores it. A write that fails for want of
+  space raises ``storage.DiskFull`` (the half-written checkpoint is discarded by ``atomic_dir``).
 
 Every method here is a collective under FSDP; under ``run_distributed`` the leader mirrors it.
 """
@@ -31,6 +32,7 @@ from typing import Any
 
 import torch
 
+from asyncrl.storage import raise_disk_full
 from asyncrl.trainer import distributed as dist_mod
 from asyncrl.trainer.checkpoint import (
     atomic_dir,
@@ -234,15 +236,18 @@ class TrainerStateMixin:
         merged = merge_lora_state_dict(raw, self.model) if (raw and lora) else raw
         if weights_only:
             if self.rank == 0:
-                self._write_hf(Path(directory), merged, tokenizer)
+                kept = f"{directory} is incomplete: do not load it (the run's checkpoints/ are intact)."
+                with raise_disk_full(directory, kept=kept):
+                    self._write_hf(Path(directory), merged, tokenizer)
             if self.ctx is not None:
                 self.ctx.barrier()
             return
         optim = dist_mod.full_optimizer_state_dict(self.model, self.optimizer)
         rngs = self.ctx.all_gather_object(capture_rng()) if self.ctx is not None else [capture_rng()]
         fingerprint = self._base_fingerprint() if lora else None
-        if self.rank == 0:
-            with atomic_dir(directory) as tmp:
+        kept = f"The half-written checkpoint {directory} was discarded; the checkpoints before it are intact."
+        if self.rank == 0:  # raise_disk_full inside atomic_dir: it sees the filesystem before the cleanup
+            with atomic_dir(directory) as tmp, raise_disk_full(directory, kept=kept):
                 self._write_hf(tmp, merged, tokenizer)
                 if lora:
                     self._write_adapter(tmp / ADAPTER_DIR, raw)
