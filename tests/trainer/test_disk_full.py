@@ -1,8 +1,9 @@
 """``Trainer.save_checkpoint`` on a full disk (issue 14 item 4): ENOSPC injected at the first write of a
-checkpoint (the safetensors weights) and at the training state (``torch.save``, whose error on a full
-disk says only "unexpected pos"). Either way: ``storage.DiskFull`` naming the checkpoint, no partial
-checkpoint directory left, the previous checkpoint byte-identical and loadable; once space is back
-the same save succeeds. Also the trainer process passes the error through as itself."""
+checkpoint (the safetensors weights), at the training state (``torch.save``, whose error on a full disk
+says only "unexpected pos") and at the manifest ``atomic_dir`` writes last. Each time:
+``storage.DiskFull`` naming the checkpoint, no partial checkpoint directory left, the previous
+checkpoint byte-identical and loadable; once space is back the same save succeeds. Also the trainer
+process passes the error through as itself."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 from asyncrl import storage
 from asyncrl.controller.trainer_process import TrainerProcess
 from asyncrl.storage import DiskFull, disk_full
+from asyncrl.trainer import checkpoint
 from asyncrl.trainer.checkpoint import read_trainer_state
 from asyncrl.types import TrainBatch
 from tests.trainer.synthetic import make_samples
@@ -38,7 +40,11 @@ def _torch_full(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
     raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")  # its text
 
 
-@pytest.mark.parametrize("where", ["weights", "trainer_state"])
+def _manifest_full(directory: Any) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device", str(Path(directory) / "manifest.json"))
+
+
+@pytest.mark.parametrize("where", ["weights", "trainer_state", "manifest"])
 def test_a_checkpoint_on_a_full_disk(tiny_policy_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                      where: str) -> None:  # fmt: skip
     trainer = _trained(tiny_policy_dir)
@@ -49,13 +55,17 @@ def test_a_checkpoint_on_a_full_disk(tiny_policy_dir: Path, tmp_path: Path, monk
     with monkeypatch.context() as m:
         if where == "weights":
             m.setattr(safetensors.torch, "save_file", _safetensors_full)
+        elif where == "manifest":  # written by atomic_dir after every other file
+            m.setattr(checkpoint, "write_manifest", _manifest_full)
         else:
             m.setattr(torch, "save", _torch_full)
             m.setattr(storage, "free_bytes", lambda path: 0)  # what the full filesystem reports
         with pytest.raises(DiskFull) as info:
             trainer.save_checkpoint(root / "step-00000002", extra={"step": 2})
     text = str(info.value)
-    assert text.startswith(f"disk full: writing {root / 'step-00000002'} failed (No space left on device;")
+    written = root / ("step-00000002" if where != "manifest" else ".step-00000002.tmp-*/manifest.json")
+    assert text.startswith(f"disk full: writing {root}/") and "failed (No space left on device;" in text
+    assert Path(text.split()[3]).match(str(written))
     assert f"The half-written checkpoint {root / 'step-00000002'} was discarded" in text
     assert "then resume the run: asyncrl train --resume" in text
     assert sorted(p.name for p in root.iterdir()) == ["step-00000001"]  # nothing partial, no temporary

@@ -246,8 +246,12 @@ class TrainerStateMixin:
         rngs = self.ctx.all_gather_object(capture_rng()) if self.ctx is not None else [capture_rng()]
         fingerprint = self._base_fingerprint() if lora else None
         kept = f"The half-written checkpoint {directory} was discarded; the checkpoints before it are intact."
-        if self.rank == 0:  # raise_disk_full inside atomic_dir: it sees the filesystem before the cleanup
-            with atomic_dir(directory) as tmp, raise_disk_full(directory, kept=kept):
+        if self.rank == 0:  # inside atomic_dir it sees the filesystem before the cleanup; outside, the manifest
+            with (
+                raise_disk_full(directory, kept=kept),
+                atomic_dir(directory) as tmp,
+                raise_disk_full(directory, kept=kept),
+            ):
                 self._write_hf(tmp, merged, tokenizer)
                 if lora:
                     self._write_adapter(tmp / ADAPTER_DIR, raw)
