@@ -85,7 +85,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_sft(args: argparse.Namespace) -> int:
     cfg = _load(args)
-    from asyncrl.controller.warm_start import ensure_policy, run_warm_start
+    from asyncrl.launch.warm_start import ensure_policy, run_warm_start
 
     if args.output:
         stats = run_warm_start(cfg, args.output)
@@ -105,8 +105,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from asyncrl.controller.evaluate import evaluate
     from asyncrl.controller.scoring import make_score_fn
-    from asyncrl.controller.warm_start import ensure_policy
     from asyncrl.data.prompts import build_task, drop_long_prompts
+    from asyncrl.launch.warm_start import ensure_policy
     from asyncrl.models import load_policy, stop_token_ids
     from asyncrl.rollout.engine import LocalEngine
 

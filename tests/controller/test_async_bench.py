@@ -67,7 +67,7 @@ def test_workloads_are_valid_configs_and_long_is_long() -> None:
 
 
 def test_long_workload_has_its_own_warm_start_on_its_own_problems() -> None:
-    from asyncrl.controller.warm_start import warm_start_key
+    from asyncrl.launch.warm_start import warm_start_key
     from asyncrl.models import TinyModelSpec
 
     assert set(WARM_STARTS) == set(WORKLOADS) and WARM_STARTS["task"] == []

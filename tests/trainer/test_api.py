@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.controller.trainer_process import TrainerProcess
+from asyncrl.launch.trainer_process import TrainerProcess
 from asyncrl.trainer.api import PolicyTrainer, TrainStepResult
 from asyncrl.trainer.trainer import StepResult, Trainer
 from tests.protocol_check import protocol_members, protocol_problems

@@ -17,7 +17,7 @@ import safetensors.torch
 import torch
 
 from asyncrl import storage
-from asyncrl.controller.trainer_process import TrainerProcess
+from asyncrl.launch.trainer_process import TrainerProcess
 from asyncrl.storage import DiskFull, disk_full
 from asyncrl.trainer import checkpoint
 from asyncrl.trainer.checkpoint import read_trainer_state

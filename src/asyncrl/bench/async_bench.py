@@ -112,7 +112,7 @@ WORKLOAD_ALIASES = {"a": "task", "b": "long"}
 def _policy_dir(overrides: list[str], workload: str) -> str:
     """The warm-started policy of ``workload`` (built once and cached, see ``WARM_STARTS``)."""
     from asyncrl.config import load_config
-    from asyncrl.controller.warm_start import ensure_policy
+    from asyncrl.launch.warm_start import ensure_policy
 
     return str(ensure_policy(load_config(None, [*WARM_STARTS[workload], *overrides])))
 
@@ -223,9 +223,9 @@ async def _engine_alone(overrides: list[str], seconds: float, max_fill_s: float 
     ``long`` the two agreed within the spread: 2669 vs 2725 generated tok/s)."""
     from asyncrl.config import load_config
     from asyncrl.controller.scoring import make_score_fn
-    from asyncrl.controller.warm_start import ensure_policy
     from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
     from asyncrl.launch.runner import configure_torch
+    from asyncrl.launch.warm_start import ensure_policy
     from asyncrl.models import load_policy, stop_token_ids
     from asyncrl.rollout.engine import LocalEngine
     from asyncrl.rollout.sampling import SamplingParams

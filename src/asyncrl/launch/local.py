@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import Config
 from asyncrl.controller.scoring import make_score_fn
-from asyncrl.controller.trainer_process import TrainerProcess
-from asyncrl.controller.warm_start import ensure_policy
 from asyncrl.launch.runner import Stages, configure_torch, prepare_run_dir, run_stages, seed_everything
+from asyncrl.launch.trainer_process import TrainerProcess
+from asyncrl.launch.warm_start import ensure_policy
 from asyncrl.models import load_policy, stop_token_ids
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.trainer.api import PolicyTrainer

@@ -47,9 +47,9 @@ from asyncrl.auth import new_api_key
 from asyncrl.config import Config
 from asyncrl.controller.resume import latest_checkpoint
 from asyncrl.controller.scoring import make_score_fn
-from asyncrl.controller.warm_start import ensure_policy
 from asyncrl.launch import RunStopped
 from asyncrl.launch.runner import Stages, configure_torch, prepare_run_dir, run_stages, seed_everything
+from asyncrl.launch.warm_start import ensure_policy
 from asyncrl.models import load_policy, stop_token_ids
 from asyncrl.rollout.api import RolloutEngine
 

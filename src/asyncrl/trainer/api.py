@@ -2,7 +2,7 @@
 
 Owns the seam between the controller and training. The implementations satisfy it structurally
 (no base class): ``trainer.trainer.Trainer`` (in this process),
-``controller.trainer_process.TrainerProcess`` (the same, in a child process behind a pipe) and
+``launch.trainer_process.TrainerProcess`` (the same, in a child process behind a pipe) and
 ``launch.ray_clients.RayTrainerGroup`` (FSDP2 ranks as Ray actors). ``tests/trainer/test_api.py``
 checks each one against it.
 

@@ -4,8 +4,8 @@ demonstrations) does not depend on it; every other task field changes it."""
 from __future__ import annotations
 
 from asyncrl.config import load_config
-from asyncrl.controller.warm_start import warm_start_key
 from asyncrl.data.synthetic import make_splits
+from asyncrl.launch.warm_start import warm_start_key
 from asyncrl.models import TinyModelSpec
 
 
