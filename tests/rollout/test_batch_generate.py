@@ -27,7 +27,7 @@ def test_rows_in_order_with_budgets_and_fields(tiny_dir, tmp_path):
             {"id": 7, "prompt": "Q:2*3=?\nA:", "max_new_tokens": 1},
         ],
     )
-    summary = generate_batch(str(tiny_dir), str(inp), str(out), max_new_tokens=6, greedy=True)
+    summary = generate_batch(str(tiny_dir), str(inp), str(out), max_new_tokens=6, greedy=True, max_slots=8)
     rows = read_jsonl(out)
     assert [r["id"] for r in rows] == ["a", 2, 7] and summary["rows"] == 3
     for r, budget in zip(rows, [3, 6, 1], strict=True):
@@ -38,14 +38,14 @@ def test_rows_in_order_with_budgets_and_fields(tiny_dir, tmp_path):
         if r["finish_reason"] == "length":
             assert len(r["output_ids"]) == budget
     # Greedy is deterministic: a second run writes the same outputs.
-    generate_batch(str(tiny_dir), str(inp), str(tmp_path / "again.jsonl"), max_new_tokens=6, greedy=True)
+    generate_batch(str(tiny_dir), str(inp), str(tmp_path / "again.jsonl"), max_new_tokens=6, greedy=True, max_slots=8)
     assert [r["output_ids"] for r in read_jsonl(tmp_path / "again.jsonl")] == [r["output_ids"] for r in rows]
 
 
 def test_n_samples_per_row(tiny_dir, tmp_path):
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_jsonl(inp, [{"prompt": "Q:9-3=?\nA:"}, {"prompt": "Q:4=?\nA:"}])
-    summary = generate_batch(str(tiny_dir), str(inp), str(out), max_new_tokens=8, n=3, seed=0)
+    summary = generate_batch(str(tiny_dir), str(inp), str(out), max_new_tokens=8, n=3, seed=0, max_slots=8)
     rows = read_jsonl(out)
     assert summary["samples"] == 6 and [(r["id"], r["sample_idx"]) for r in rows] == [
         (1, 0),
@@ -72,4 +72,4 @@ def test_malformed_rows_raise_with_line_number(tiny_dir, tmp_path, bad):
     inp = tmp_path / "in.jsonl"
     write_jsonl(inp, [{"prompt": "Q:1=?\nA:"}, bad])
     with pytest.raises(ValueError, match=r"in\.jsonl:2"):
-        generate_batch(str(tiny_dir), str(inp), str(tmp_path / "out.jsonl"))
+        generate_batch(str(tiny_dir), str(inp), str(tmp_path / "out.jsonl"), max_new_tokens=8, max_slots=8)

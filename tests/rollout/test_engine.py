@@ -172,19 +172,19 @@ def test_group_larger_than_free_slots_is_admitted_in_parts(load_tiny, arun):
 def test_invalid_requests_raise(engine, arun):
     p = prompt_of(engine)
     with pytest.raises(ValueError):
-        arun(engine.generate([], SamplingParams()))
+        arun(engine.generate([], SamplingParams(max_new_tokens=8)))
     with pytest.raises(ValueError):
-        arun(engine.generate([10_000], SamplingParams()))
+        arun(engine.generate([10_000], SamplingParams(max_new_tokens=8)))
     with pytest.raises(ValueError):
-        arun(engine.generate([1] * 256, SamplingParams()))
+        arun(engine.generate([1] * 256, SamplingParams(max_new_tokens=8)))
     with pytest.raises(ValueError):
-        arun(engine.generate(p, SamplingParams(), n=9))
+        arun(engine.generate(p, SamplingParams(max_new_tokens=8), n=9))
     with pytest.raises(ValueError):
         SamplingParams(max_new_tokens=0)
     with pytest.raises(ValueError):
-        SamplingParams(top_p=0.0)
+        SamplingParams(max_new_tokens=8, top_p=0.0)
     with pytest.raises(ValueError):
-        LocalEngine(engine.model, engine.tokenizer, interrupt_mode="drop")
+        LocalEngine(engine.model, engine.tokenizer, max_slots=2, max_seq_len=64, interrupt_mode="drop")
 
 
 def test_pause_blocks_decoding_until_resume(engine, arun):

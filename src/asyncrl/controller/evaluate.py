@@ -19,15 +19,17 @@ async def evaluate(
     prompts: Sequence[Prompt],
     score: ScoreFn,
     *,
-    greedy: bool = True,
+    greedy: bool,
     temperature: float = 1.0,
-    max_new_tokens: int = 256,
+    max_new_tokens: int,
     stop_token_ids: tuple[int, ...] = (),
     seed: int = 0,
-    samples_per_prompt: int = 1,
+    samples_per_prompt: int,
 ) -> dict[str, float]:
     """Accuracy (fraction of reward 1.0), mean reward and mean response length on ``prompts``,
-    averaged over ``samples_per_prompt`` samples each (1 when greedy: argmax is deterministic)."""
+    averaged over ``samples_per_prompt`` samples each (1 when greedy: argmax is deterministic).
+    ``greedy``, ``max_new_tokens`` and ``samples_per_prompt`` have no default: a run's are
+    ``eval.*``, passed by :func:`eval_kwargs`."""
     n = 1 if greedy else max(1, samples_per_prompt)
     sampling = SamplingParams(
         max_new_tokens=max_new_tokens,

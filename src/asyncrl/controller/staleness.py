@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-HIGH_WATER_UNITS = ("groups", "samples")
+from asyncrl.choices import HighWaterUnit, check_choice
 
 
 @dataclass
@@ -44,7 +44,7 @@ class StalenessGate:
     max_concurrent: int
     high_water: int = 0
     """Most groups buffered + running (0: no high-water mark)."""
-    high_water_unit: str = "groups"
+    high_water_unit: HighWaterUnit = "groups"
     """groups | samples: what a running group weighs under the mark (module docstring)."""
     group_size: int = 1
     """Samples per group (the ``samples`` unit)."""
@@ -58,8 +58,9 @@ class StalenessGate:
             raise ValueError(
                 "StalenessGate: batch_size, max_concurrent > 0 and max_staleness, high_water >= 0 required"
             )
-        if self.high_water_unit not in HIGH_WATER_UNITS or self.group_size <= 0:
-            raise ValueError(f"StalenessGate: high_water_unit in {HIGH_WATER_UNITS} and group_size > 0 required")
+        check_choice(self.high_water_unit, HighWaterUnit, "high_water_unit")
+        if self.group_size <= 0:
+            raise ValueError(f"StalenessGate: group_size must be > 0, got {self.group_size}")
 
     def capacity(self, version: int, buffered: int = 0) -> int:
         """Groups that may be admitted now, with the trainer at ``version`` and ``buffered``

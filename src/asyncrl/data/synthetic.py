@@ -31,9 +31,8 @@ from __future__ import annotations
 import hashlib
 import random
 from dataclasses import dataclass
-from typing import get_args
 
-from asyncrl.config import ArithmeticForm
+from asyncrl.choices import ArithmeticForm, choice_error
 
 
 @dataclass(frozen=True)
@@ -46,8 +45,6 @@ class ArithmeticProblem:
     answer: str
     num_terms: int
 
-
-ARITHMETIC_FORMS: tuple[str, ...] = get_args(ArithmeticForm)
 
 HELD_OUT_EVERY = 8
 """One question in this many belongs to the held-out side (by hash, see ``is_held_out``)."""
@@ -107,7 +104,7 @@ def _make_problem(
         case "repeat":
             return _make_repeat(rng, problem_id, max_terms, tail)
         case other:
-            raise ValueError(f"task.form={other!r}: expected one of {ARITHMETIC_FORMS}")
+            raise choice_error(other, ArithmeticForm, "task.form")
 
 
 def _before_last_step(problem: ArithmeticProblem) -> str:

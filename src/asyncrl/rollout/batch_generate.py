@@ -58,14 +58,14 @@ def generate_batch(
     input_path: str,
     output_path: str,
     *,
-    max_new_tokens: int = 256,
+    max_new_tokens: int,
     temperature: float = 1.0,
     greedy: bool = False,
     n: int = 1,
     top_p: float = 1.0,
     top_k: int = 0,
     seed: int | None = None,
-    max_slots: int = 64,
+    max_slots: int,
     device: str = "cpu",
 ) -> dict[str, Any]:
     """Generate for every row of ``input_path`` into ``output_path``; returns a summary dict."""

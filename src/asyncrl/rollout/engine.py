@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from asyncrl.choices import InterruptMode, check_choice
 from asyncrl.rollout.kv_forward import SlotKVForward
 from asyncrl.rollout.requests import Request as _Request
 from asyncrl.rollout.requests import Sample as _Sample
@@ -41,7 +42,6 @@ from asyncrl.types import Completion, WeightUpdate
 __all__ = ["LocalEngine", "SamplingParams", "load_update_tensors"]
 
 log = logging.getLogger(__name__)
-INTERRUPT_MODES = ("abort", "keep")
 
 
 class LocalEngine:
@@ -52,15 +52,16 @@ class LocalEngine:
         model: Any,
         tokenizer: Any,
         *,
-        max_slots: int = 64,
-        max_seq_len: int = 1024,
-        interrupt_mode: str = "abort",
+        max_slots: int,
+        max_seq_len: int,
+        interrupt_mode: InterruptMode = "abort",
         device: str = "cpu",
         version: int = 0,
         prefill_token_budget: int = 8192,
     ) -> None:
-        if interrupt_mode not in INTERRUPT_MODES:
-            raise ValueError(f"interrupt_mode must be one of {INTERRUPT_MODES}, got {interrupt_mode!r}")
+        """``max_slots`` and ``max_seq_len`` (the KV cache's size) have no default: a run sizes the engine from
+        ``rollout.max_slots`` and ``rollout.max_prompt_len + rollout.max_new_tokens``."""
+        check_choice(interrupt_mode, InterruptMode, "interrupt_mode")
         if max_slots < 1 or max_seq_len < 2:
             raise ValueError("max_slots must be >= 1 and max_seq_len >= 2")
         self.model = model.to(device).eval()

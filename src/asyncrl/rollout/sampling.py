@@ -26,8 +26,9 @@ SEED_MOD = 1 << 31
 class SamplingParams:
     """How to sample one request (all samples of a group share it)."""
 
-    max_new_tokens: int = 256
-    """Budget of generated tokens (the stop token counts)."""
+    max_new_tokens: int
+    """Budget of generated tokens (the stop token counts). No default: a run's is ``rollout.max_new_tokens``
+    (``eval.max_new_tokens`` when evaluating), a server's the request's."""
     temperature: float = 1.0
     """Logits are divided by this; ``<= 0`` means greedy."""
     top_p: float = 1.0
@@ -59,7 +60,7 @@ class SamplingParams:
         return self.temperature if self.temperature > 0.0 else 1.0
 
 
-_IDLE = SamplingParams(greedy=True)
+_IDLE = SamplingParams(max_new_tokens=1, greedy=True)
 
 
 def uniform_from(seed: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.auth import ApiKeyAuth, PathOutsideRoot, check_bind, confine_path, peer_name
+from asyncrl.choices import InterruptMode
 from asyncrl.rollout.engine import LocalEngine
 from asyncrl.rollout.http import HTTPError, Request, encode_response, read_request
 from asyncrl.rollout.protocol import GenerateRequest, bad_request, parse_generate
@@ -344,9 +345,9 @@ def serve_engine(
     host: str = "127.0.0.1",
     port: int = 30000,
     *,
-    max_slots: int = 64,
-    max_seq_len: int = 1024,
-    interrupt_mode: str = "abort",
+    max_slots: int,
+    max_seq_len: int,
+    interrupt_mode: InterruptMode = "abort",
     device: str = "cpu",
     version: int = 0,
     api_key: str | None = None,
