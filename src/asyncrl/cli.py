@@ -485,6 +485,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("asyncrl: interrupted", file=sys.stderr)
         return 130
+    except MemoryError as exc:  # an engine whose KV cache cannot fit: the message says what it needs and has
+        from asyncrl.rollout.memory import KVCacheTooLarge
+
+        if not isinstance(exc, KVCacheTooLarge):
+            raise
+        print(f"asyncrl: {exc}", file=sys.stderr)
+        return 2
     except Exception as exc:  # a full disk, however deep it was wrapped: its message, not a traceback
         full = find_disk_full(exc)
         if full is None:

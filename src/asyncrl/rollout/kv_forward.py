@@ -14,7 +14,8 @@ own rotary module, with a preallocated cache ``[layers, slots, kv_heads, max_seq
 Numerics follow Hugging Face's eager path in fp32 (same op order for rotary and attention), so the
 log-probs agree with ``model(input_ids).logits`` to ~1e-6 on CPU. Weights are read from the model's
 parameters; ``refresh()`` rebuilds the fused q/k/v and gate/up copies after a weight update.
-Architectures outside the family raise ``UnsupportedModelError`` with the reason.
+Architectures outside the family raise ``UnsupportedModelError`` with the reason; a cache larger than
+the device's memory allows raises ``rollout.memory.KVCacheTooLarge`` before it is allocated.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from asyncrl.rollout.memory import check_kv_fits
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # Fusing q/k/v and gate/up into one matmul halves the per-layer op count (Python overhead dominates
@@ -101,6 +104,8 @@ class SlotKVForward:
         # One extra slot (index max_slots) is a write sink for the idle rows of a step.
         self.scratch = max_slots
         shape = (self.num_layers, max_slots + 1, self.num_kv_heads, max_seq_len, self.head_dim)
+        check_kv_fits(layers=self.num_layers, slots=max_slots + 1, kv_heads=self.num_kv_heads, max_seq_len=max_seq_len,
+                      head_dim=self.head_dim, dtype=self.dtype, device=self.device)  # fmt: skip
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         with torch.no_grad():
