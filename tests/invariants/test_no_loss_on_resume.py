@@ -6,8 +6,9 @@ lands in generation, training, weight sync or a checkpoint save), then ``asyncrl
 finishes it. The ledger alone must then show: every prompt of the stream admitted once in order
 (no gap in the data position), every admitted prompt with exactly one fate, no sample trained
 twice, every step trained once with a full batch, and no trained sample past the staleness
-bound. A second test stops a run with SIGTERM (graceful: checkpoint, exit status 143) and
-resumes it.
+bound (the checks live in ``asyncrl.controller.ledger_checks``: the chaos soak,
+``scripts/chaos_soak.py``, runs the same ones after each of its many kills). A second test stops
+a run with SIGTERM (graceful: checkpoint, exit status 143) and resumes it.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter, defaultdict
 from pathlib import Path
 
+from asyncrl.controller import ledger_checks
+from asyncrl.controller.ledger_checks import LedgerLimits
 from asyncrl.controller.resume import list_checkpoints
-from asyncrl.controller.rundir import check_one_run, read_jsonl
+from asyncrl.controller.rundir import read_jsonl
 
 STEPS, BATCH, GROUP, ETA = 10, 4, 4, 2
 
@@ -70,67 +72,12 @@ def _resume(run_dir: Path, log: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def _check_admission_bound(ledger: list[dict]) -> None:
-    """Replay the staleness gate from the ledger (its lines are written in the gate's order): at
-    every admission at version v, groups admitted and not given back (filtered, stale, failed)
-    must fit (η + v + 1) * B. After a ``resumed`` marker only trained groups still count (the
-    re-admitted ones are counted again when admitted): resetting the counters instead, as AReaL
-    did after recovery, breaks this."""
-    live, counted_groups = 0, 0
-    for r in ledger:
-        match r["status"]:
-            case "admitted":
-                live += 1
-                assert live <= (ETA + r["start_version"] + 1) * BATCH, f"admission past the staleness budget: {r}"
-            case "resumed":
-                live = counted_groups
-            case "filtered" | "stale" if r["sample_idx"] == 0:
-                live -= 1
-            case "engine_failure":
-                live -= 1
-            case "trained" | "skipped" if r["sample_idx"] == 0:
-                counted_groups += 1
-
-
 def check_ledger(run_dir: Path) -> dict[str, int]:
-    """Assert the invariants on the ledger and metrics of a finished run; return some counts."""
-    assert check_one_run(run_dir) is not None  # one run (its resumes keep the run id), never two mixed
-    ledger = read_jsonl(run_dir / "trajectories.jsonl")
-    admitted = [r for r in ledger if r["status"] == "admitted"]
-    first = [r for r in admitted if not r["readmitted"]]
-    # the data position: the stream was admitted in order, without gaps or repeats
-    assert [r["stream_index"] for r in first] == list(range(len(first)))
-    index_of = {r["prompt_id"]: r["stream_index"] for r in first}
-    assert len(index_of) == len(first), "a prompt id was admitted twice as new"
-    for r in admitted:
-        if r["readmitted"]:  # only prompts admitted before (and lost with the kill) come back
-            assert index_of.get(r["prompt_id"]) == r["stream_index"], r
-    _check_admission_bound(ledger)
-    fates: dict[str, list[dict]] = defaultdict(list)
-    for r in ledger:
-        if r["status"] not in ("admitted", "resumed"):
-            fates[r["prompt_id"]].append(r)
-    assert set(fates) <= set(index_of), "a fate for a prompt never admitted"
-    for pid in index_of:
-        lines = fates.get(pid)
-        assert lines, f"prompt {pid} admitted and lost: no fate in the ledger"
-        statuses = {r["status"] for r in lines}
-        assert len(statuses) == 1, f"prompt {pid} has several fates: {statuses}"
-        if lines[0]["sample_idx"] is None:
-            assert len(lines) == 1 and statuses <= {"in_flight", "engine_failure"}
-        else:
-            assert sorted(r["sample_idx"] for r in lines) == list(range(GROUP)), f"{pid}: samples {lines}"
-    trained = [r for r in ledger if r["status"] == "trained"]
-    twice = [k for k, n in Counter((r["prompt_id"], r["sample_idx"]) for r in trained).items() if n > 1]
-    assert not twice, f"trained twice: {twice[:5]}"
-    per_step = Counter(r["trained_step"] for r in trained)
-    assert per_step == {s: BATCH * GROUP for s in range(STEPS)}, per_step
-    for r in trained:
-        assert r["trained_step"] - r["min_version"] <= ETA, f"staleness bound broken after resume: {r}"
-        assert r["min_version"] <= r["max_version"] <= r["trained_step"]
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == list(range(STEPS))
-    return {"admitted": len(first), "readmitted": len(admitted) - len(first), "trained": len(trained)}
+    """Assert the invariants on the ledger and metrics of a finished run of ``STEPS`` steps (the
+    checks are ``asyncrl.controller.ledger_checks``, shared with the chaos soak); return some counts."""
+    limits = LedgerLimits(batch_size=BATCH, group_size=GROUP, max_staleness=ETA)
+    report = ledger_checks.check_ledger(run_dir, limits, ended=True, total_steps=STEPS).require()
+    return {"admitted": report.admitted, "readmitted": report.readmitted, "trained": report.trained}
 
 
 def test_sigkill_at_a_random_moment_then_resume(tiny_policy_dir: Path, tmp_path: Path) -> None:
