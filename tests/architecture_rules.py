@@ -57,10 +57,6 @@ LAYER_EXCEPTIONS: dict[tuple[str, str], str] = {}
 """(importing module, imported module) -> why this import may cross the table. Empty: the tree obeys."""
 
 CYCLE_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("asyncrl.launch.ray", "asyncrl.launch.local"): (
-        "ray._build_engines borrows local.remote_engine_pool (a stage builder) while local.train hands "
-        "launch.kind=ray to ray.train_ray; goes when the stages are built in one module (issue 17 item 2)"
-    ),
     ("asyncrl.trainer.distributed", "asyncrl.trainer.trainer"): (
         "run_trainer_worker (the follower loop) builds a Trainer and calls its private methods; goes when "
         "the follower loop and run_distributed move beside Trainer and cli.py imports them from there"

@@ -224,18 +224,16 @@ async def _engine_alone(overrides: list[str], seconds: float, max_fill_s: float 
     from asyncrl.config import load_config
     from asyncrl.controller.scoring import make_score_fn
     from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
-    from asyncrl.launch.runner import configure_torch
+    from asyncrl.launch.stages import build_engine, configure_threads, load_model
     from asyncrl.launch.warm_start import ensure_policy
-    from asyncrl.models import load_policy, stop_token_ids
-    from asyncrl.rollout.engine import LocalEngine
+    from asyncrl.models import stop_token_ids
     from asyncrl.rollout.sampling import SamplingParams
     from asyncrl.rollout.workflow import run_episode
 
     cfg = load_config(None, overrides)
-    configure_torch(cfg)  # the engine's threads in the runs (run.torch_threads)
-    model, tok = load_policy(ensure_policy(cfg), device=cfg.model.device)
-    max_len = cfg.rollout.max_prompt_len + max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens)
-    engine = LocalEngine(model, tok, max_slots=cfg.rollout.max_slots, max_seq_len=max_len)
+    configure_threads(cfg)  # the engine's threads in the runs (run.torch_threads)
+    model, tok = load_model(cfg, ensure_policy(cfg))
+    engine = build_engine(cfg, model, tok)  # the runs' engine: same slots, context, mode and device
     train_prompts, _, _ = build_task(cfg.task, tok)
     source = PromptSource(drop_long_prompts(train_prompts, cfg.rollout.max_prompt_len), cfg.run.seed)
     score = make_score_fn("arithmetic", tok)

@@ -52,33 +52,26 @@ ASYNC_SETTING = ["run.torch_threads=1", "controller.trainer_process=true"]
 
 
 def evaluate_snapshots(overrides: list[str], snapshots: list[dict[str, Any]]) -> list[float]:
-    """Held-out accuracy of each snapshot (the run's ``eval.*`` settings, every core)."""
+    """Held-out accuracy of each snapshot (the run's ``eval.*`` settings, every core); the engine and
+    the evaluator are built as ``asyncrl eval`` builds them."""
     import os
 
-    import torch
-
     from asyncrl.config import load_config
-    from asyncrl.controller.evaluate import eval_kwargs, evaluate
-    from asyncrl.controller.scoring import make_score_fn
     from asyncrl.data.prompts import build_task, drop_long_prompts
-    from asyncrl.models import load_policy, stop_token_ids
-    from asyncrl.rollout.engine import LocalEngine
+    from asyncrl.launch.stages import build_engine, configure_threads, evaluate_once, load_model
+    from asyncrl.models import stop_token_ids
 
     cfg = load_config(None, overrides)
-    torch.set_num_threads(os.cpu_count() or 1)
+    configure_threads(cfg, os.cpu_count() or 1)
     held_out: list[Any] | None = None
     out = []
     for snap in snapshots:
-        model, tok = load_policy(snap["path"], device=cfg.model.device, dtype=cfg.model.dtype)
+        model, tok = load_model(cfg, snap["path"])
         if held_out is None:  # every snapshot of a run shares the tokenizer
             held_out = drop_long_prompts(build_task(cfg.task, tok)[1], cfg.rollout.max_prompt_len, "held-out prompts")
-        engine = LocalEngine(
-            model, tok, max_slots=cfg.rollout.max_slots, device=cfg.model.device,
-            max_seq_len=cfg.rollout.max_prompt_len + cfg.eval.max_new_tokens,
-        )  # fmt: skip
+        engine = build_engine(cfg, model, tok)
         try:
-            score = make_score_fn(cfg.task.verifier, tok)
-            result = asyncio.run(evaluate(engine, held_out, score, **eval_kwargs(cfg, stop_token_ids(tok, model))))
+            result = asyncio.run(evaluate_once(cfg, engine, held_out, tok, stop_token_ids(tok, model)))
         finally:
             engine.close()
         out.append(result["accuracy"])

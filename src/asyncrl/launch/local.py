@@ -16,70 +16,46 @@ import asyncio
 import copy
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from asyncrl.config import Config
-from asyncrl.controller.scoring import make_score_fn
-from asyncrl.launch.runner import Stages, configure_torch, prepare_run_dir, run_stages, seed_everything
+from asyncrl.config import Config, with_values
+from asyncrl.launch.runner import Stages, prepare_run_dir, run_stages
+from asyncrl.launch.stages import (
+    build_engine,
+    build_remote_pool,
+    build_scoring,
+    build_trainer,
+    configure_threads,
+    load_model,
+    seed_everything,
+)
 from asyncrl.launch.trainer_process import TrainerProcess
 from asyncrl.launch.warm_start import ensure_policy
-from asyncrl.models import load_policy, stop_token_ids
+from asyncrl.models import stop_token_ids
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.trainer.api import PolicyTrainer
 
-if TYPE_CHECKING:
-    from asyncrl.rollout.pool import EnginePool
-
-__all__ = ["configure_torch", "remote_engine_pool", "seed_everything", "train"]
-
-
-def remote_engine_pool(urls: str) -> EnginePool:
-    """An ``EnginePool`` of ``RemoteEngine`` clients of the comma-separated server ``urls``."""
-    from asyncrl.rollout.pool import EnginePool
-    from asyncrl.rollout.remote import RemoteEngine
-
-    return EnginePool([RemoteEngine(u.strip()) for u in urls.split(",") if u.strip()], max_restarts=0)
+__all__ = ["train"]
 
 
 async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, Any]:
-    from asyncrl.rollout.engine import LocalEngine
-    from asyncrl.trainer.trainer import Trainer
-
     t_start = time.perf_counter()
     model_dir = ensure_policy(cfg)
     t_warm = time.perf_counter() - t_start
     seed_everything(cfg.run.seed)
-    model, tokenizer = load_policy(model_dir, device=cfg.model.device, dtype=cfg.model.dtype)
+    model, tokenizer = load_model(cfg, model_dir)
     stops = stop_token_ids(tokenizer, model)
     if cfg.launch.engine_urls:  # servers that load weights from a path
-        cfg.trainer.weight_transport = "safetensors"
-        engine: RolloutEngine = remote_engine_pool(cfg.launch.engine_urls)
+        cfg = with_values(cfg, {"trainer.weight_transport": "safetensors"})
+        engine: RolloutEngine = build_remote_pool(cfg.launch.engine_urls)
     else:
         # the trainer process builds its own copy; a trainer thread needs the engine's to be separate
-        engine_model = model if cfg.controller.trainer_process else copy.deepcopy(model)
-        max_len = cfg.rollout.max_prompt_len + max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens)
-        engine = LocalEngine(
-            engine_model,
-            tokenizer,
-            max_slots=cfg.rollout.max_slots,
-            max_seq_len=max_len,
-            interrupt_mode=cfg.rollout.interrupt_mode,
-            device=cfg.model.device,
-        )
+        engine = build_engine(cfg, model if cfg.controller.trainer_process else copy.deepcopy(model), tokenizer)
     if cfg.controller.trainer_process:  # its own process: no GIL shared with the engine's decode loop
         trainer: PolicyTrainer = TrainerProcess(str(model_dir), cfg)
     else:
-        trainer = Trainer(
-            model, cfg.trainer, cfg.algo, temperature=cfg.rollout.temperature, device=cfg.model.device,
-            tokenizer=tokenizer, total_steps=cfg.controller.total_steps,
-        )  # fmt: skip
-    service = None
-    if cfg.task.verifier != "arithmetic":
-        from asyncrl.reward.service import RewardService
-
-        service = RewardService(
-            num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s, max_retries=cfg.reward.max_retries
-        )
+        trainer = build_trainer(cfg, model, tokenizer)
+    score, service = build_scoring(cfg, tokenizer)
 
     async def close() -> None:
         engine.close()
@@ -91,7 +67,7 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
     stages = Stages(
         engine=engine,
         trainer=trainer,
-        score=make_score_fn(cfg.task.verifier, tokenizer, service),
+        score=score,
         tokenizer=tokenizer,
         stop_token_ids=stops,
         model_dir=Path(model_dir),
@@ -111,6 +87,6 @@ def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> tuple[P
 
         return train_ray(cfg, resume=resume, overwrite=overwrite)
     run_dir = prepare_run_dir(cfg, resume=resume, overwrite=overwrite)
-    configure_torch(cfg)
+    configure_threads(cfg)
     summary = asyncio.run(_train_async(cfg, run_dir, resume))
     return run_dir, summary

@@ -33,7 +33,6 @@ process is reused and left running.
 from __future__ import annotations
 
 import asyncio
-import copy
 import math
 import os
 import shutil
@@ -44,13 +43,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.auth import new_api_key
-from asyncrl.config import Config
+from asyncrl.config import Config, with_values
 from asyncrl.controller.resume import latest_checkpoint
-from asyncrl.controller.scoring import make_score_fn
 from asyncrl.launch import RunStopped
-from asyncrl.launch.runner import Stages, configure_torch, prepare_run_dir, run_stages, seed_everything
+from asyncrl.launch.runner import Stages, prepare_run_dir, run_stages
+from asyncrl.launch.stages import build_remote_pool, build_score, configure_threads, load_model, seed_everything
 from asyncrl.launch.warm_start import ensure_policy
-from asyncrl.models import load_policy, stop_token_ids
+from asyncrl.models import stop_token_ids
 from asyncrl.rollout.api import RolloutEngine
 
 if TYPE_CHECKING:
@@ -138,13 +137,12 @@ async def _build_engines(
     """The engine pool: actors (direct or as servers behind ``auth``) or, with
     ``launch.engine_urls``, servers that already run."""
     ray = _ray()
-    from asyncrl.launch.local import remote_engine_pool
     from asyncrl.launch.ray_actors import EngineWorker
     from asyncrl.launch.ray_clients import RayEngineClient, ServedEngineClient
     from asyncrl.rollout.pool import EnginePool
 
     if cfg.launch.engine_urls:
-        return remote_engine_pool(cfg.launch.engine_urls)
+        return build_remote_pool(cfg.launch.engine_urls)
     launch = cfg.launch
     remote_cls = ray.remote(EngineWorker)
 
@@ -200,14 +198,14 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool) -> dict[str, An
     model_dir = ensure_policy(cfg)
     t_warm = time.perf_counter() - t_start
     seed_everything(cfg.run.seed)
-    model, tokenizer = load_policy(model_dir, device="cpu", dtype=cfg.model.dtype)
+    model, tokenizer = load_model(cfg, model_dir, device="cpu")  # the tokenizer and stop ids only
     stops = stop_token_ids(tokenizer, model)
     del model
     auth = trainer_cfg = None
     if cfg.launch.engine_mode == "server" and not cfg.launch.engine_urls:
         auth = ServeAuth.for_run(cfg)
-        trainer_cfg = copy.deepcopy(cfg)  # the run's config (as saved) keeps the user's value
-        trainer_cfg.trainer.weight_export_dir = auth.weights_root
+        # the run's config (as saved) keeps the user's value
+        trainer_cfg = with_values(cfg, {"trainer.weight_export_dir": auth.weights_root})
     placement = RayPlacement(cfg)
     engines = trainer = rewards = None
     loop = asyncio.get_running_loop()
@@ -260,7 +258,7 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool) -> dict[str, An
     stages = Stages(
         engine=engines,
         trainer=trainer,
-        score=make_score_fn(cfg.task.verifier, tokenizer, rewards),
+        score=build_score(cfg, tokenizer, rewards),
         tokenizer=tokenizer,
         stop_token_ids=stops,
         model_dir=Path(model_dir),
@@ -293,7 +291,7 @@ def train_ray(cfg: Config, resume: bool = False, overwrite: bool = False) -> tup
 
     ray = _ray()
     run_dir = prepare_run_dir(cfg, resume=resume, overwrite=overwrite)
-    configure_torch(cfg)
+    configure_threads(cfg)
     started = False
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}

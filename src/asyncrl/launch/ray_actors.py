@@ -1,8 +1,8 @@
 """The processes of a Ray run: engine, trainer-rank and reward-worker actors (plain classes here;
 ``launch.ray`` wraps them with ``ray.remote`` and places them).
 
-- ``EngineWorker``: one ``LocalEngine`` (built from the model directory, like the local
-  launcher's). Async actor: its event loop serves ``generate`` calls concurrently while the
+- ``EngineWorker``: one ``LocalEngine`` (built from the model directory by ``launch.stages``, like
+  the local launcher's). Async actor: its event loop serves ``generate`` calls concurrently while the
   engine decodes in its own thread. ``update_weights`` takes a ``WeightUpdate`` (a safetensors
   directory) or an ``ObjectStoreUpdate`` (byte buckets read from Ray's object store). With
   ``serve(api_key, weights_root)`` it also answers the SGLang-native HTTP protocol
@@ -23,22 +23,17 @@ import socket
 from typing import Any
 
 from asyncrl.config import Config
+from asyncrl.launch.stages import (
+    build_engine,
+    build_reward_service,
+    build_trainer,
+    init_process,
+    load_model,
+    stage_device,
+)
 from asyncrl.launch.weight_buckets import ObjectStoreUpdate, pack_buckets, unpack_bucket
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Completion, TrainBatch, WeightUpdate
-
-
-def _configure(cfg: Config) -> None:
-    import random
-
-    import numpy as np
-    import torch
-
-    if cfg.run.torch_threads > 0:
-        torch.set_num_threads(cfg.run.torch_threads)
-    random.seed(cfg.run.seed)
-    np.random.seed(cfg.run.seed)
-    torch.manual_seed(cfg.run.seed)
 
 
 def _node_ip() -> str:
@@ -51,20 +46,10 @@ class EngineWorker:
     """A ``LocalEngine`` in its own process (see the module docstring)."""
 
     def __init__(self, model_dir: str, cfg: Config) -> None:
-        from asyncrl.models import load_policy
-        from asyncrl.rollout.engine import LocalEngine
-
-        _configure(cfg)
-        device = "cuda" if cfg.launch.gpus_per_engine > 0 else cfg.model.device
-        model, tokenizer = load_policy(model_dir, device=device, dtype=cfg.model.dtype)
-        self.engine = LocalEngine(
-            model,
-            tokenizer,
-            max_slots=cfg.rollout.max_slots,
-            max_seq_len=cfg.rollout.max_prompt_len + max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens),
-            interrupt_mode=cfg.rollout.interrupt_mode,
-            device=device,
-        )
+        init_process(cfg)
+        device = stage_device(cfg, cfg.launch.gpus_per_engine)
+        model, tokenizer = load_model(cfg, model_dir, device=device)
+        self.engine = build_engine(cfg, model, tokenizer, device=device)
         self.engine.start()
         self._server: Any = None
 
@@ -128,23 +113,18 @@ class TrainerRank:
 
     def setup(self, init_method: str) -> int:
         """Join the process group and build the sharded trainer; returns its version."""
-        from asyncrl.models import load_policy
         from asyncrl.trainer.distributed import init_distributed
-        from asyncrl.trainer.trainer import Trainer
 
-        _configure(self.cfg)
+        init_process(self.cfg)
         backend = "nccl" if self.cfg.launch.gpus_per_trainer > 0 else "gloo"
         if self.world_size > 1:
             init_distributed(
                 backend, self.cfg.trainer.dist_timeout_s, rank=self.rank, world_size=self.world_size,
                 init_method=init_method,
             )  # fmt: skip
-        device = "cuda" if backend == "nccl" else self.cfg.model.device
-        model, self.tokenizer = load_policy(self.model_dir, device=device, dtype=self.cfg.model.dtype)
-        self.trainer = Trainer(
-            model, self.cfg.trainer, self.cfg.algo, temperature=self.cfg.rollout.temperature, device=device,
-            tokenizer=self.tokenizer, total_steps=self.cfg.controller.total_steps,
-        )  # fmt: skip
+        device = stage_device(self.cfg, self.cfg.launch.gpus_per_trainer)
+        model, self.tokenizer = load_model(self.cfg, self.model_dir, device=device)
+        self.trainer = build_trainer(self.cfg, model, self.tokenizer, device=device)
         return self.trainer.version
 
     def pid(self) -> int:
@@ -208,10 +188,7 @@ class RewardWorker:
 
             return arithmetic_reward(response, reference), None
         if self.service is None:
-            from asyncrl.reward.service import RewardService
-
-            r = self.cfg.reward
-            self.service = RewardService(num_workers=1, timeout_s=r.timeout_s, max_retries=r.max_retries)
+            self.service = build_reward_service(self.cfg, num_workers=1)
         result = await self.service.score(verifier, response, reference, prompt=prompt, row=row)
         return result.reward, result.failure
 

@@ -11,7 +11,6 @@ after the training step in progress with a checkpoint (the run can be resumed).
 from __future__ import annotations
 
 import asyncio
-import random
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -20,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config
-from asyncrl.controller.evaluate import eval_kwargs, evaluate
 from asyncrl.controller.loop import Controller
 from asyncrl.controller.resume import check_snapshot, resume_checkpoint
 from asyncrl.controller.rundir import RunDir, claim_run_dir, default_run_dir, read_jsonl
 from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
+from asyncrl.launch.stages import build_evaluator
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.workflow import ScoreFn
 from asyncrl.trainer.api import PolicyTrainer
@@ -46,22 +45,6 @@ class Stages:
     """Releases everything the launcher started (called once, also on errors)."""
     summary_extra: Callable[[], Awaitable[dict[str, Any]]] | None = None
     """The launcher's own summary entries (awaited before ``close``)."""
-
-
-def seed_everything(seed: int) -> None:
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def configure_torch(cfg: Config) -> None:
-    import torch
-
-    if cfg.run.torch_threads > 0:
-        torch.set_num_threads(cfg.run.torch_threads)
 
 
 def prepare_run_dir(cfg: Config, *, resume: bool, overwrite: bool) -> Path:
@@ -114,13 +97,13 @@ async def run_stages(
         held_out = drop_long_prompts(held_out, cfg.rollout.max_prompt_len, "held-out prompts")
         truncate = snapshot["offsets"] if snapshot is not None else ({} if resume else None)
         rundir = RunDir(run_dir, cfg, truncate=truncate, purge_step=snapshot["step"] if snapshot else None)
-        eval_kw = eval_kwargs(cfg, stages.stop_token_ids)
+        evaluator = build_evaluator(cfg, engine, held_out, score, stages.stop_token_ids)
 
         async def measure() -> dict[str, float]:
             """Held-out accuracy as configured, plus greedy accuracy when ``eval.report_greedy``."""
-            result = await evaluate(engine, held_out, score, **eval_kw)
+            result = await evaluator()
             if cfg.eval.report_greedy:
-                greedy = await evaluate(engine, held_out, score, **{**eval_kw, "greedy": True})
+                greedy = await build_evaluator(cfg, engine, held_out, score, stages.stop_token_ids, greedy=True)()
                 result["greedy_accuracy"] = greedy["accuracy"]
             return result
 
@@ -130,7 +113,7 @@ async def run_stages(
         controller = Controller(
             cfg, engine, trainer, PromptSource(train_prompts, cfg.run.seed), score, rundir,
             tokenizer=tokenizer, stop_token_ids=stages.stop_token_ids, resume=snapshot,
-            evaluator=lambda: evaluate(engine, held_out, score, **eval_kw),
+            evaluator=evaluator,
             checkpoint_extra={"before": before},
         )  # fmt: skip
         handlers = _install_stop_handlers(controller)

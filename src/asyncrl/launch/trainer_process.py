@@ -7,9 +7,9 @@ the engine fell from 11.6k to 5.7k tokens/s (no better than taking turns); with 
 its own process 1.2 s and 9.5k tokens/s. So the local launcher runs the trainer here by default
 (``controller.trainer_process``).
 
-The child builds the ``Trainer`` itself from the model directory (the same initial weights the
-engine loads in the parent) and serves one call at a time over a pipe: ``train_step``,
-``export_weights``, ``save_checkpoint``, ``load_checkpoint``, ``save_pretrained``. A call that
+The child builds the ``Trainer`` itself (``launch.stages``, from the model directory: the same
+initial weights the engine loads in the parent) and serves one call at a time over a pipe:
+``train_step``, ``export_weights``, ``save_checkpoint``, ``load_checkpoint``, ``save_pretrained``. A call that
 raises in the child raises ``TrainerProcessError`` (with the child's traceback) in the parent, but a
 full disk (``storage.DiskFull``, e.g. while saving a checkpoint) is raised as itself: its message is
 the one the user must see.
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config
+from asyncrl.launch.stages import build_trainer, init_process, load_model
 from asyncrl.storage import DiskFull
 from asyncrl.trainer.api import TrainStepResult
 from asyncrl.types import TrainBatch, WeightUpdate
@@ -43,25 +44,10 @@ def _serve(conn: Any, model_dir: str, cfg: Config) -> None:
     """Child main: build the trainer, then answer calls until the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    import random
-
-    import numpy as np
-    import torch
-
-    from asyncrl.models import load_policy
-    from asyncrl.trainer.trainer import Trainer
-
-    if cfg.run.torch_threads > 0:
-        torch.set_num_threads(cfg.run.torch_threads)
-    random.seed(cfg.run.seed)
-    np.random.seed(cfg.run.seed)
-    torch.manual_seed(cfg.run.seed)
+    init_process(cfg)
     try:
-        model, tokenizer = load_policy(model_dir, device=cfg.model.device, dtype=cfg.model.dtype)
-        trainer = Trainer(
-            model, cfg.trainer, cfg.algo, temperature=cfg.rollout.temperature, device=cfg.model.device,
-            tokenizer=tokenizer, total_steps=cfg.controller.total_steps,
-        )  # fmt: skip
+        model, tokenizer = load_model(cfg, model_dir)
+        trainer = build_trainer(cfg, model, tokenizer)
     except Exception:
         conn.send(("error", traceback.format_exc()))
         return

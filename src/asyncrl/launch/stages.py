@@ -1,0 +1,224 @@
+"""Every stage of a run built from the config, in one place: process setup, engine, trainer, reward, evaluator.
+
+Whoever runs a stage builds it here, so a setting reaches every copy of the stage the same way:
+
+=============================  ==========================================================================
+``init_process(cfg)``          torch threads (``run.torch_threads``) then seeds (``run.seed``): the first
+                               thing each process of a run does (launchers, trainer process, Ray actors)
+``load_model(cfg, dir)``       policy + tokenizer on ``model.device`` (or a stage's own) in ``model.dtype``
+``engine_max_seq_len(cfg)``    an engine's context: the longest prompt plus the longest training or
+                               evaluation response
+``build_engine(...)``          ``LocalEngine`` (slots, context, interrupt mode, device)
+``build_remote_pool(urls)``    an ``EnginePool`` of ``RemoteEngine`` clients of running servers
+``build_trainer(...)``         ``Trainer`` (trainer and algo settings, sampling temperature, total steps)
+``build_reward_service(cfg)``  the ``RewardService`` (workers, timeout, retries)
+``build_scoring(...)``         the ``score`` callable (``task.verifier``) and the service it needs, if any
+                               (``build_score``: over a service the caller has, e.g. Ray's reward pool)
+``build_evaluator(...)``       held-out evaluation with the run's ``eval.*`` settings (``evaluate_once``:
+                               scoring built, evaluation run, service closed: ``asyncrl eval``)
+``stage_device(cfg, gpus)``    where a Ray actor's stage runs (``cuda`` when its bundle holds a GPU)
+=============================  ==========================================================================
+
+Callers: ``launch.local`` and ``launch.ray`` (the driver), ``launch.ray_actors`` (engine workers,
+trainer ranks, reward workers), ``launch.trainer_process`` (its child), ``asyncrl eval`` and
+``asyncrl train`` (cli), and the benches that build stages from a config (``bench.async_bench``'s
+calibration, ``bench.headline``'s snapshot evaluation). ``tests/launch/test_stages.py`` fails when
+a ``LocalEngine(`` or ``Trainer(`` is built anywhere else in ``src`` (but a short allow-list).
+The stage classes are imported where they are built: a process pays only for the stages it builds.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.config import Config
+from asyncrl.controller.evaluate import eval_kwargs, evaluate
+from asyncrl.controller.scoring import make_score_fn
+from asyncrl.rollout.api import RolloutEngine
+from asyncrl.rollout.workflow import ScoreFn
+from asyncrl.types import Prompt
+
+if TYPE_CHECKING:
+    from asyncrl.reward.service import RewardService
+    from asyncrl.rollout.engine import LocalEngine
+    from asyncrl.rollout.pool import EnginePool
+    from asyncrl.trainer.trainer import Trainer
+
+__all__ = [
+    "Evaluator",
+    "build_engine",
+    "build_evaluator",
+    "build_remote_pool",
+    "build_reward_service",
+    "build_score",
+    "build_scoring",
+    "build_trainer",
+    "configure_threads",
+    "engine_max_seq_len",
+    "evaluate_once",
+    "init_process",
+    "load_model",
+    "seed_everything",
+    "stage_device",
+]
+
+
+# ----------------------------------------------------------------------------------- the process
+def configure_threads(cfg: Config, threads: int | None = None) -> None:
+    """torch's intra-op threads: ``threads``, else ``run.torch_threads`` (0 leaves torch's default)."""
+    n = cfg.run.torch_threads if threads is None else threads
+    if n > 0:
+        import torch
+
+        torch.set_num_threads(n)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global generators."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def init_process(cfg: Config) -> None:
+    """What every process of a run does before it builds a stage: threads, then seeds."""
+    configure_threads(cfg)
+    seed_everything(cfg.run.seed)
+
+
+def stage_device(cfg: Config, gpus: float = 0.0) -> str:
+    """The device of a stage given ``gpus`` of its own (a Ray bundle's): ``cuda`` (Ray shows an actor
+    only its GPUs) when it has any, else ``model.device``."""
+    return "cuda" if gpus > 0 else cfg.model.device
+
+
+def load_model(cfg: Config, model_dir: str | Path, *, device: str | None = None) -> tuple[Any, Any]:
+    """(policy, tokenizer) from ``model_dir`` on ``device`` (default ``model.device``) in ``model.dtype``."""
+    from asyncrl.models import load_policy
+
+    return load_policy(model_dir, device=device or cfg.model.device, dtype=cfg.model.dtype)
+
+
+# ----------------------------------------------------------------------------------- the stages
+def engine_max_seq_len(cfg: Config) -> int:
+    """The context an engine holds per slot: the longest prompt plus the longest response it is asked
+    for, in training (``rollout.max_new_tokens``) or in evaluation (``eval.max_new_tokens``)."""
+    return cfg.rollout.max_prompt_len + max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens)
+
+
+def build_engine(cfg: Config, model: Any, tokenizer: Any, *, device: str | None = None) -> LocalEngine:
+    """The ``LocalEngine`` of ``model`` with the run's slots, context and interrupt mode, on ``device``
+    (default ``model.device``: the engine's tensors go where its weights are)."""
+    from asyncrl.rollout.engine import LocalEngine
+
+    return LocalEngine(
+        model,
+        tokenizer,
+        max_slots=cfg.rollout.max_slots,
+        max_seq_len=engine_max_seq_len(cfg),
+        interrupt_mode=cfg.rollout.interrupt_mode,
+        device=device or cfg.model.device,
+    )
+
+
+def build_remote_pool(urls: str) -> EnginePool:
+    """An ``EnginePool`` of ``RemoteEngine`` clients of the comma-separated server ``urls``
+    (``launch.engine_urls``); servers that are not ours to restart."""
+    from asyncrl.rollout.pool import EnginePool
+    from asyncrl.rollout.remote import RemoteEngine
+
+    return EnginePool([RemoteEngine(u.strip()) for u in urls.split(",") if u.strip()], max_restarts=0)
+
+
+def build_trainer(cfg: Config, model: Any, tokenizer: Any, *, device: str | None = None) -> Trainer:
+    """The ``Trainer`` of ``model`` with the run's trainer and algo settings, on ``device`` (default
+    ``model.device``); it recomputes log-probs at the engine's sampling temperature."""
+    from asyncrl.trainer.trainer import Trainer
+
+    return Trainer(
+        model,
+        cfg.trainer,
+        cfg.algo,
+        temperature=cfg.rollout.temperature,
+        device=device or cfg.model.device,
+        tokenizer=tokenizer,
+        total_steps=cfg.controller.total_steps,
+    )
+
+
+def build_reward_service(cfg: Config, *, num_workers: int | None = None) -> RewardService:
+    """The ``RewardService`` with the run's ``reward.*`` settings (``num_workers``: a Ray reward worker's
+    own service runs one)."""
+    from asyncrl.reward.service import RewardService
+
+    r = cfg.reward
+    return RewardService(
+        num_workers=r.num_workers if num_workers is None else num_workers,
+        timeout_s=r.timeout_s,
+        max_retries=r.max_retries,
+    )
+
+
+def build_score(cfg: Config, tokenizer: Any, service: Any = None) -> ScoreFn:
+    """The ``score`` callable of ``task.verifier`` over ``service`` (a ``RewardService`` or a Ray
+    reward pool; None: only the inline ``arithmetic`` verifier)."""
+    return make_score_fn(cfg.task.verifier, tokenizer, service)
+
+
+def build_scoring(cfg: Config, tokenizer: Any) -> tuple[ScoreFn, RewardService | None]:
+    """The ``score`` callable of ``task.verifier`` and the ``RewardService`` it runs in (None for the
+    inline ``arithmetic`` verifier); the caller closes the service."""
+    service = None if cfg.task.verifier == "arithmetic" else build_reward_service(cfg)
+    return build_score(cfg, tokenizer, service), service
+
+
+# ----------------------------------------------------------------------------------- evaluation
+@dataclass(frozen=True)
+class Evaluator:
+    """Held-out evaluation of one engine: ``await evaluator()`` -> accuracy, reward, response length."""
+
+    engine: RolloutEngine
+    prompts: Sequence[Prompt]
+    score: ScoreFn
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """``controller.evaluate.evaluate``'s keyword arguments (``eval_kwargs`` of the run's config)."""
+
+    async def __call__(self) -> dict[str, float]:
+        return await evaluate(self.engine, self.prompts, self.score, **self.kwargs)
+
+
+def build_evaluator(
+    cfg: Config,
+    engine: RolloutEngine,
+    prompts: Sequence[Prompt],
+    score: ScoreFn,
+    stop_token_ids: tuple[int, ...],
+    *,
+    greedy: bool | None = None,
+) -> Evaluator:
+    """Evaluation of ``engine`` on ``prompts`` with the run's ``eval.*`` settings (``greedy``: force
+    greedy decoding or sampling regardless of ``eval.greedy``)."""
+    kwargs = eval_kwargs(cfg, stop_token_ids)
+    if greedy is not None:
+        kwargs["greedy"] = greedy
+    return Evaluator(engine, tuple(prompts), score, kwargs)
+
+
+async def evaluate_once(
+    cfg: Config, engine: RolloutEngine, prompts: Sequence[Prompt], tokenizer: Any, stop_token_ids: tuple[int, ...]
+) -> dict[str, float]:
+    """One evaluation outside a run (``asyncrl eval``, the headline bench's snapshots): the scoring
+    built, the evaluator run, the reward service closed."""
+    score, service = build_scoring(cfg, tokenizer)
+    try:
+        return await build_evaluator(cfg, engine, prompts, score, stop_token_ids)()
+    finally:
+        if service is not None:
+            await service.close()
