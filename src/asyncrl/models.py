@@ -19,11 +19,14 @@ from pathlib import Path
 from typing import Any
 
 # A chat template for the tiny tokenizer: a user turn is "Q:<content>\n", the assistant turn
-# starts with "A:". Real models bring their own template.
+# starts with "A:" and ends with EOS, a tool result is "R:<content>\n" (multi-turn episodes:
+# "Q:48213*379\nA:<calc>48213*379</calc><eos>R:18272727\nA:#18272727<eos>"). System messages and
+# tool schemas are not rendered. Real models bring their own template.
 TINY_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'user' %}Q:{{ message['content'] }}\n"
     "{% elif message['role'] == 'assistant' %}A:{{ message['content'] }}{{ eos_token }}"
+    "{% elif message['role'] == 'tool' %}R:{{ message['content'] }}\n"
     "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}A:{% endif %}"
 )

@@ -1,0 +1,166 @@
+"""Chat templates with tool calling and small tokenizers for them, built locally (no hub).
+
+- ``qwen_tokenizer``: a Qwen2.5-style template (tools listed in the system turn, ``<tool_call>`` JSON
+  in the assistant turn, tool results grouped into one user turn as ``<tool_response>`` blocks,
+  ``<|im_end|>`` closing every turn) over a byte-level BPE that splits digits one by one, with
+  ``<tool_call>``/``</tool_call>`` as added single tokens like the real one;
+- ``llama_tokenizer``: a Llama-3.1-style template (``<|begin_of_text|>``, header tokens, tools in
+  the system turn with ``Environment: ipython``, tool results as ``ipython`` turns, ``<|eot_id|>``
+  closing turns, ``<|eom_id|>`` as the other end-of-turn token, content trimmed) over a byte-level
+  BPE grouping digits by three;
+- ``tiny_tokenizer``: the tiny default's own (``asyncrl.models.build_tiny_tokenizer``).
+
+The templates are written here in the style of the public ones, not copied. The BPEs are trained in
+well under a second on a small corpus of chat text, JSON and numbers.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+QWEN_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content }}{%- else %}{{- 'You are a helpful assistant.' }}"
+    "{%- endif %}"
+    "{{- '\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": '
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' and loop.first %}"
+    "{%- elif message.role in ['user', 'system'] or (message.role == 'assistant' and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant' }}{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for call in message.tool_calls %}"
+    '{{- \'\\n<tool_call>\\n{"name": "\' + call.function.name + \'", "arguments": \' '
+    "+ (call.function.arguments | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+LLAMA_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- if messages[0].role == 'system' %}"
+    "{%- set system_message = messages[0].content | trim %}{%- set messages = messages[1:] %}"
+    "{%- else %}{%- set system_message = '' %}{%- endif %}"
+    "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+    "{%- if tools %}{{- 'Environment: ipython\\n' }}{%- endif %}"
+    "{{- 'Cutting Knowledge Date: December 2023\\nToday Date: 26 Jul 2024\\n\\n' }}"
+    "{%- if tools %}"
+    "{{- 'You have access to the following functions. To call a function, respond with a JSON object of the "
+    'form {"name": function name, "parameters": dictionary of argument name and its value}.\\n\\n\' }}'
+    "{%- for tool in tools %}{{- tool | tojson(indent=4) }}{{- '\\n\\n' }}{%- endfor %}"
+    "{%- endif %}"
+    "{{- system_message + '<|eot_id|>' }}"
+    "{%- for message in messages %}"
+    "{%- if message.role in ['ipython', 'tool'] %}"
+    "{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message.content + '<|eot_id|>' }}"
+    "{%- elif message.role == 'assistant' and message.tool_calls %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{%- for call in message.tool_calls %}"
+    "{{- '{\"name\": \"' + call.function.name + '\", \"parameters\": ' + (call.function.arguments | tojson) + '}' }}"
+    "{%- endfor %}"
+    "{{- '<|eot_id|>' }}"
+    "{%- else %}"
+    "{{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content | trim + '<|eot_id|>' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+
+QWEN_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+LLAMA_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+
+_WORDS = (
+    "what is the value of compute result answer number tool call calculator python code print error "
+    "you are a helpful assistant please use final think step first then total sum product divide"
+).split()
+
+
+def _corpus(seed: int = 0, n: int = 400) -> list[str]:
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n):
+        a, b = rng.randint(0, 10**6), rng.randint(0, 10**4)
+        words = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(3, 12)))
+        lines.append(f"{words.capitalize()}: {a}*{b} = {a * b}.")
+        lines.append(f'{{"name": "calculator", "arguments": {{"expression": "{a}*{b}"}}}}')
+        lines.append(f"print({a} + {b})\n# {words}\n")
+    return lines
+
+
+def _bpe(pattern: str, specials: list[str], added: list[str], template: str, roles: dict[str, str]) -> Any:
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=900,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(_corpus(), trainer)
+    core.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, clean_up_tokenization_spaces=False, **roles)
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def qwen_tokenizer() -> Any:
+    """Qwen2.5-style: EOS ``<|im_end|>``, ``</tool_call>`` one (non-special) token."""
+    return _bpe(
+        QWEN_PATTERN,
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        ["<tool_call>", "</tool_call>"],
+        QWEN_TEMPLATE,
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+    )
+
+
+def llama_tokenizer() -> Any:
+    """Llama-3.1-style: BOS ``<|begin_of_text|>``, EOS ``<|eot_id|>`` (``<|eom_id|>`` also ends a turn)."""
+    return _bpe(
+        LLAMA_PATTERN,
+        ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+         "<|eom_id|>", "<|python_tag|>"],
+        [],
+        LLAMA_TEMPLATE,
+        {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "pad_token": "<|end_of_text|>"},
+    )  # fmt: skip
+
+
+def tiny_tokenizer(tmp: Path) -> Any:
+    from asyncrl.models import build_tiny_tokenizer
+
+    return build_tiny_tokenizer(tmp)

@@ -1,0 +1,84 @@
+"""ChatRenderer: environment turns through the tokenizer's own template, the model's closing token
+not doubled, and (for canonically tokenised turns) the same ids the template gives the whole
+conversation."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncrl.rollout.chat import SENTINEL, ChatRenderer
+from asyncrl.rollout.envs.base import Message
+from asyncrl.rollout.envs.calculator import calculator_tool
+from tests.rollout.chat_templates import llama_tokenizer, qwen_tokenizer, tiny_tokenizer
+
+HISTORY = [Message("system", "Use the calculator."), Message("user", "What is 48213*379?")]
+TOOLS = [calculator_tool().schema()]
+
+
+@pytest.fixture(scope="module")
+def toks(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return {
+        "tiny": tiny_tokenizer(tmp_path_factory.mktemp("tok")),
+        "qwen": qwen_tokenizer(),
+        "llama": llama_tokenizer(),
+    }
+
+
+def test_tiny_template_renders_tool_results(toks: dict) -> None:
+    tok = toks["tiny"]
+    r = ChatRenderer(tok)
+    assert tok.decode(list(r.opening_ids(HISTORY, TOOLS))) == "Q:What is 48213*379?\nA:"
+    assert r.env_text(HISTORY, [Message("tool", "18272727")], closed_by=tok.eos_token_id) == "R:18272727\nA:"
+    assert r.env_text(HISTORY, [Message("tool", "18272727")]) == "<eos>R:18272727\nA:"  # the turn was not closed
+
+
+def test_qwen_groups_tool_results_and_closes_an_open_turn(toks: dict) -> None:
+    tok = toks["qwen"]
+    r = ChatRenderer(tok, (tok.convert_tokens_to_ids("<|im_end|>"),))
+    two = [Message("tool", "18272727"), Message("tool", "3")]
+    closed = r.env_text(HISTORY, two, TOOLS, closed_by=r.end_of_turn_ids[0])
+    assert closed == (
+        "\n<|im_start|>user\n<tool_response>\n18272727\n</tool_response>\n<tool_response>\n3\n</tool_response>"
+        "<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert r.env_text(HISTORY, two, TOOLS) == "<|im_end|>" + closed
+
+
+def test_llama_model_closer_stands_in_for_the_templates(toks: dict) -> None:
+    """The model ended with <|eom_id|>, the template closes with <|eot_id|>: not doubled."""
+    tok = toks["llama"]
+    eot, eom = tok.convert_tokens_to_ids(["<|eot_id|>", "<|eom_id|>"])
+    r = ChatRenderer(tok, (eot, eom))
+    text = r.env_text(HISTORY, [Message("tool", "18272727")], TOOLS, closed_by=eom)
+    ipython = "<|start_header_id|>ipython<|end_header_id|>\n\n18272727<|eot_id|>"
+    assert text == ipython + "<|start_header_id|>assistant<|end_header_id|>\n\n"
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen", "llama"])
+def test_canonical_turns_give_the_templates_own_ids(toks: dict, name: str) -> None:
+    """When the model's tokens happen to be the canonical encoding of its text, the episode's ids are
+    exactly the template's tokenisation of the whole conversation: the glue is the template's."""
+    tok = toks[name]
+    r = ChatRenderer(tok)
+    answer, result = "<calc>48213*379</calc>" if name == "tiny" else "I will compute 48213*379.", "18272727"
+    ids = list(r.opening_ids(HISTORY, TOOLS)) + tok.encode(answer, add_special_tokens=False) + [tok.eos_token_id]
+    ids += r.env_ids(HISTORY, [Message("tool", result)], TOOLS, closed_by=tok.eos_token_id)
+    full = tok.apply_chat_template(
+        [m.as_dict() for m in [*HISTORY, Message("assistant", answer), Message("tool", result)]],
+        tools=TOOLS, add_generation_prompt=True, tokenize=False,
+    )  # fmt: skip
+    assert ids == tok.encode(full, add_special_tokens=False)
+
+
+def test_templates_that_drop_a_role_or_have_none_are_errors(toks: dict, tmp_path) -> None:
+    tok = tiny_tokenizer(tmp_path)
+    r = ChatRenderer(tok)
+    with pytest.raises(ValueError, match="renders no 'ipython' message"):
+        r.env_text(HISTORY, [Message("ipython", "18272727")])
+    tok.chat_template = "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}"
+    with pytest.raises(ValueError, match="does not render assistant"):
+        r.env_text(HISTORY, [Message("user", "x")])
+    tok.chat_template = None
+    with pytest.raises(ValueError, match="chat template"):
+        ChatRenderer(tok)
+    assert SENTINEL.isascii() and SENTINEL == SENTINEL.strip()
