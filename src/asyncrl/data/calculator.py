@@ -1,0 +1,77 @@
+"""The ``calculator`` task: arithmetic on operands too large to work out in one's head.
+
+Owns the problems of the multi-turn ``calculator`` environment (``rollout.envs.calculator``): a
+question is an expression (``48213*379``, ``90817+4582*61``), its answer the exact integer. A tiny
+model cannot multiply five-digit numbers token by token; it can learn to copy the expression into a
+calculator call and the result into its answer. ``demonstration`` gives the worked conversation of a
+problem (the call, the tool's result, the answer after ``#``) for a multi-turn warm start.
+
+Splits follow the synthetic task's rule (``synthetic.is_held_out``: a hash of the seed and the
+question), so held-out and training questions are disjoint for every size.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from asyncrl.data.synthetic import is_held_out
+
+__all__ = ["CalculatorProblem", "demonstration", "make_calculator_splits"]
+
+
+@dataclass(frozen=True)
+class CalculatorProblem:
+    problem_id: str
+    question: str
+    """The expression to evaluate (what the model copies into its call)."""
+    answer: str
+    """The exact integer value."""
+
+
+def _number(rng: random.Random, lo_digits: int, hi_digits: int) -> int:
+    digits = rng.randint(lo_digits, hi_digits)
+    return rng.randint(10 ** (digits - 1), 10**digits - 1)
+
+
+def _make_problem(rng: random.Random, problem_id: str) -> CalculatorProblem:
+    match rng.choice(("mul", "mul", "add_mul", "sub")):
+        case "mul":
+            a, b = _number(rng, 3, 5), _number(rng, 2, 4)
+            expr, value = f"{a}*{b}", a * b
+        case "add_mul":
+            a, b, c = _number(rng, 4, 5), _number(rng, 3, 4), _number(rng, 2, 3)
+            expr, value = f"{a}+{b}*{c}", a + b * c
+        case _:
+            a, b = _number(rng, 5, 7), _number(rng, 4, 6)
+            expr, value = f"{a}-{b}", a - b
+    return CalculatorProblem(problem_id, expr, str(value))
+
+
+def make_calculator_splits(
+    seed: int, train_size: int, eval_size: int
+) -> tuple[list[CalculatorProblem], list[CalculatorProblem]]:
+    """Deterministic (train, held_out) problems, disjoint by ``is_held_out`` for any sizes."""
+
+    def draw(stream: str, size: int, held_out: bool) -> list[CalculatorProblem]:
+        rng = random.Random(f"{seed}-calculator-{stream}")
+        out: list[CalculatorProblem] = []
+        index = 0
+        while len(out) < size:
+            problem = _make_problem(rng, f"calc-{stream}-{index}")
+            index += 1
+            if is_held_out(seed, problem.question) == held_out:
+                out.append(problem)
+        return out
+
+    return draw("train", train_size, False), draw("eval", eval_size, True)
+
+
+def demonstration(problem: CalculatorProblem, tool_role: str = "tool") -> list[dict[str, str]]:
+    """The worked conversation: the question, the call (``tag`` format), the result, the answer."""
+    return [
+        {"role": "user", "content": problem.question},
+        {"role": "assistant", "content": f"<calc>{problem.question}</calc>"},
+        {"role": tool_role, "content": problem.answer},
+        {"role": "assistant", "content": f"#{problem.answer}"},
+    ]
