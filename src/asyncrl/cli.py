@@ -293,6 +293,8 @@ def _bench_ablation(args: argparse.Namespace) -> None:
     except ValueError as exc:
         raise ConfigError(f"bench ablation: --lags/--seeds take integers, --lrs numbers: {exc}") from exc
     extra = {"out_dir": args.out} if args.out else {}
+    if args.reuse:
+        extra["reuse"] = args.reuse
     ablation.run_ablation(
         args.json, overrides=overrides, objectives=objectives, lags=lags, lrs=lrs, seeds=seeds, steps=args.steps,
         collapse_fraction=args.collapse_fraction, **extra,
@@ -449,6 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--calibrate", type=float, default=30.0, help="async: seconds of the engine-alone calibration (0: none)"
     )
     p.add_argument("--out", help="async|interrupt|ablation|headline: where run directories go (default runs/bench-*)")
+    p.add_argument(
+        "--reuse", metavar="DIR", help="ablation: read the finished arms of an interrupted invocation's run directory"
+    )
     p.add_argument("--contexts", help="decode: comma-separated prompt lengths (default 50,600,1200)")
     p.add_argument("--running", help="decode: comma-separated numbers of sequences running (default 1,4,16,64,128)")
     p.set_defaults(func=cmd_bench)

@@ -91,6 +91,15 @@ def test_tiny_grid_runs_with_the_controlled_lag(tiny_policy_dir, tmp_path) -> No
         trained = [x for x in read_jsonl(f"{r['run_dir']}/trajectories.jsonl") if x["status"] == "trained"]
         assert {(x["trained_step"], x["min_version"], x["max_version"]) for x in trained} == {(0, 0, 0), (1, 0, 0)}
     assert len(out["summary"]) == 2 and out["summary"][0]["n"] == 1
+    # an interrupted sweep resumed: the finished arms of the same config are read, the others run
+    again = run_ablation(
+        None, overrides=user, objectives=("decoupled", "naive"), lags=(1,), lrs=(1e-3,), seeds=(0,), steps=2,
+        out_dir=str(tmp_path / "runs"), reuse=out["out_dir"],
+    )  # fmt: skip
+    first, second = again["rows"]
+    assert first["reused"] and first["run_dir"] == out["rows"][0]["run_dir"]
+    assert first["accuracy_after"] == out["rows"][0]["accuracy_after"]
+    assert "reused" not in second and second["run_dir"].startswith(again["out_dir"])
 
 
 def test_paired_differences_are_seed_by_seed_against_decoupled() -> None:

@@ -120,16 +120,13 @@ def _curves(metrics: list[dict[str, Any]]) -> dict[str, list[float | None]]:
     return out
 
 
-def _run(overrides: list[str], run_dir: Path, collapse_fraction: float) -> dict[str, Any]:
-    """One training run: its accuracy, collapse flag and averaged step statistics."""
-    from asyncrl.config import load_config
+def _row(run_dir: Path, collapse_fraction: float) -> dict[str, Any]:
+    """A finished run's row: its accuracy, collapse flag and averaged step statistics, all read from
+    the run directory (``summary.json``, ``metrics.jsonl``)."""
     from asyncrl.controller.rundir import check_one_run, read_jsonl
-    from asyncrl.launch.local import train
 
-    cfg = load_config(None, [*overrides, f"run.run_dir={run_dir}", "run.progress=false"])
-    t0 = time.perf_counter()
-    _, summary = train(cfg)  # refuses a run_dir that already holds a run
     check_one_run(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     before, after = summary["accuracy_before"], summary["accuracy_after"]
     reason = collapse_reason(metrics, before, after, collapse_fraction)
@@ -141,8 +138,35 @@ def _run(overrides: list[str], run_dir: Path, collapse_fraction: float) -> dict[
         "staleness_mean": statistics.fmean([m["staleness_mean"] for m in metrics]) if metrics else 0.0,
         "max_staleness_seen": summary["max_staleness_seen"],
         **_step_means(metrics), "curves": _curves(metrics),
-        "rl_wall_s": summary["rl_wall_s"], "wall_s": time.perf_counter() - t0, "run_dir": str(run_dir),
+        "rl_wall_s": summary["rl_wall_s"], "wall_s": summary["wall_s"], "run_dir": str(run_dir),
     }  # fmt: skip
+
+
+def _reusable(overrides: list[str], run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a finished run of exactly this arm: a summary, and a saved config
+    equal to the arm's in every key but the run directory itself."""
+    from dataclasses import asdict
+
+    from asyncrl.config import load_config
+
+    if not (run_dir / "summary.json").is_file() or not (run_dir / "config.yaml").is_file():
+        return False
+    wanted = asdict(load_config(None, [*overrides, f"run.run_dir={run_dir}", "run.progress=false"]))
+    saved = asdict(load_config(run_dir / "config.yaml"))
+    return saved == wanted
+
+
+def _run(overrides: list[str], run_dir: Path, collapse_fraction: float, reuse: Path | None) -> dict[str, Any]:
+    """One training run's row (``_row``); with ``reuse``, a finished run of the same arm under that
+    directory (same name, same config: ``_reusable``) is read instead of trained again."""
+    from asyncrl.config import load_config
+    from asyncrl.launch.local import train
+
+    if reuse is not None and _reusable(overrides, reuse / run_dir.name):
+        print(f"bench ablation: reusing the finished run {reuse / run_dir.name}", flush=True)
+        return {**_row(reuse / run_dir.name, collapse_fraction), "reused": True}
+    train(load_config(None, [*overrides, f"run.run_dir={run_dir}", "run.progress=false"]))  # refuses a used dir
+    return _row(run_dir, collapse_fraction)
 
 
 def arm_overrides(objective: str, lag: int, lr: float, seed: int, steps: int | None, user: list[str]) -> list[str]:
@@ -266,9 +290,12 @@ def run_ablation(
     steps: int | None = None,
     collapse_fraction: float = 0.5,
     out_dir: str = "runs/bench-ablation",
+    reuse: str | None = None,
 ) -> dict[str, Any]:
     """The grid (module docstring); prints the rows and the summary and, with ``json_path``, writes
-    ``{"bench": "ablation", "rows", "summary", ...}``. ``lrs`` None: the config's ``trainer.lr``."""
+    ``{"bench": "ablation", "rows", "summary", ...}``. ``lrs`` None: the config's ``trainer.lr``.
+    ``reuse``: the run directory of an earlier, interrupted invocation (``<out>/<timestamp>``): its
+    finished arms with the same config are read, not run again (their rows say ``reused``)."""
     from asyncrl.config import load_config
     from asyncrl.controller.rundir import fresh_subdir
 
@@ -291,7 +318,7 @@ def run_ablation(
                     arm = arm_overrides(objective, lag, lr, seed, steps, user)
                     run_dir = out / f"s{seed}-lr{lr:g}-lag{lag}-{objective}"
                     row = {"objective": objective, "lag": lag, "lr": lr, "seed": seed}
-                    row.update(_run(arm, run_dir, collapse_fraction))
+                    row.update(_run(arm, run_dir, collapse_fraction, Path(reuse) if reuse else None))
                     rows.append(row)
     keys = ["objective", "lag", "lr", "seed", "accuracy_before", "accuracy_after", "collapsed",
             "behav_weight_mean", "behav_weight_sq_mean", "clip_frac", "dropped_frac", "rl_wall_s"]  # fmt: skip
@@ -299,7 +326,7 @@ def run_ablation(
     payload = {
         "bench": "ablation", "overrides": user, "objectives": {o: OBJECTIVES[o] for o in objectives},
         "lags": list(lags), "lrs": list(lrs), "seeds": list(seeds), "steps": steps,
-        "collapse_fraction": collapse_fraction, "rows": rows, "out_dir": str(out),
+        "collapse_fraction": collapse_fraction, "rows": rows, "out_dir": str(out), "reused_from": reuse,
     }  # fmt: skip
     return _finish(payload, json_path)
 
