@@ -115,15 +115,18 @@ class _Episode:
 
 def _stop_ids(
     renderer: ChatRenderer, sampling: SamplingParams, settings: AgentSettings, tags: tuple[str, ...]
-) -> tuple[int, ...]:
-    stops = set(sampling.stop_token_ids) | set(renderer.end_of_turn_ids)
+) -> tuple[tuple[int, ...], frozenset[int]]:
+    """(every token that ends a turn, the close-tag tokens among them). A turn ended by any other
+    stop token was closed by the model (``ChatRenderer.env_text``'s ``closed_by``)."""
+    close: set[int] = set()
     if settings.stop_at_tool_close:
         for tag in close_tags(settings.tool_format, tags):
             ids = renderer.encode(tag)
             if len(ids) != 1:
                 raise ValueError(f"stop_at_tool_close: {tag!r} is {len(ids)} tokens in this tokenizer, not one")
-            stops.add(ids[0])
-    return tuple(sorted(stops))
+            close.add(ids[0])
+    stops = set(sampling.stop_token_ids) | set(renderer.end_of_turn_ids) | close
+    return tuple(sorted(stops)), frozenset(close - set(renderer.end_of_turn_ids))
 
 
 def _turn_record(
@@ -177,7 +180,7 @@ async def run_agent_episode(
     set, is the episode's: positions differ from turn to turn, so draws do too); the caller closes
     ``env``."""
     ep = await _open(env, renderer, prompt)
-    stops = _stop_ids(renderer, sampling, settings, tuple(ep.reset.tags))
+    stops, close_ids = _stop_ids(renderer, sampling, settings, tuple(ep.reset.tags))
     turn_cap = settings.max_turn_tokens or sampling.max_new_tokens
     end: EpisodeEnd = "max_turns"
     for index in range(settings.max_turns):
@@ -186,9 +189,8 @@ async def run_agent_episode(
             end = "max_tokens"
             break
         seg = await _model_turn(engine, ep, sampling, budget, stops)
-        closed_by = (
-            seg.token_ids[-1] if seg.finish_reason == "stop" and seg.token_ids[-1] in renderer.end_of_turn_ids else None
-        )
+        last = seg.token_ids[-1]
+        closed_by = last if seg.finish_reason == "stop" and last not in close_ids else None
         own = seg.token_ids[:-1] if closed_by is not None else seg.token_ids
         text = renderer.tokenizer.decode(list(own), skip_special_tokens=False)
         parsed = parse_tool_calls(settings.tool_format, text, ep.reset.tags)
