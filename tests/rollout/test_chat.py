@@ -4,12 +4,18 @@ conversation."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from asyncrl.rollout.chat import SENTINEL, ChatRenderer
+from asyncrl.rollout.agent import AgentSettings, run_agent_episode
+from asyncrl.rollout.chat import SENTINEL, ChatRenderer, demonstration_ids
 from asyncrl.rollout.envs.base import Message
-from asyncrl.rollout.envs.calculator import calculator_tool
+from asyncrl.rollout.envs.calculator import calculator_env, calculator_tool
+from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.types import Prompt
 from tests.rollout.chat_templates import llama_tokenizer, qwen_tokenizer, tiny_tokenizer
+from tests.rollout.scripted_engine import ScriptedEngine, Turn
 
 HISTORY = [Message("system", "Use the calculator."), Message("user", "What is 48213*379?")]
 TOOLS = [calculator_tool().schema()]
@@ -82,3 +88,22 @@ def test_templates_that_drop_a_role_or_have_none_are_errors(toks: dict, tmp_path
     with pytest.raises(ValueError, match="chat template"):
         ChatRenderer(tok)
     assert SENTINEL.isascii() and SENTINEL == SENTINEL.strip()
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen", "llama"])
+def test_demonstration_ids_are_what_an_episode_builds(toks: dict, name: str) -> None:
+    """A worked conversation gives the sequence and mask of an episode whose model sampled those turns."""
+    tok = toks[name]
+    r = ChatRenderer(tok)
+    call, answer = "<calc>48213*379</calc>", "#18272727"
+    convo = [*HISTORY, Message("assistant", call), Message("tool", "18272727"), Message("assistant", answer)]
+    ids, mask = demonstration_ids(r, convo, TOOLS)
+    turns = [Turn(tuple(tok.encode(t, add_special_tokens=False)) + (tok.eos_token_id,)) for t in (call, answer)]
+    prompt = Prompt("p", (), answer="18272727", meta={"question": HISTORY[1].content})
+    env = calculator_env(system=HISTORY[0].content)
+    sampling = SamplingParams(max_new_tokens=64, seed=0)
+    traj = asyncio.run(run_agent_episode(ScriptedEngine({0: turns}), env, r, prompt, sampling, AgentSettings("tag")))
+    assert traj.env_reward == 1.0 and ids == traj.token_ids
+    assert mask == (0,) * len(traj.prompt_ids) + traj.loss_mask
+    with pytest.raises(ValueError, match="opening"):
+        demonstration_ids(r, [Message("assistant", "x")])

@@ -20,6 +20,9 @@ environment ids, and so on; and what the engine conditions on at every turn is t
 Whatever the template does to earlier messages (trimming, dropping reasoning) cannot change
 tokens already in the sequence. A template that renders an environment message to nothing
 (e.g. no branch for the ``tool`` role) is an error, not a silently missing tool result.
+
+``demonstration_ids`` builds a worked conversation (a warm start's example) the same way, with its
+loss mask on the assistant turns.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 
 from asyncrl.rollout.envs.base import Message
 
-__all__ = ["ChatRenderer", "SENTINEL"]
+__all__ = ["ChatRenderer", "SENTINEL", "demonstration_ids"]
 
 SENTINEL = "ASYNCRLTURNEND7c1f"
 """Stands for the latest assistant turn while rendering (plain ASCII, no spaces: survives ``trim``)."""
@@ -114,3 +117,36 @@ class ChatRenderer:
     ) -> tuple[int, ...]:
         """``env_text`` encoded alone: the environment segment's ids."""
         return self.encode(self.env_text(history, new, tools, closed_by))
+
+
+def demonstration_ids(
+    renderer: ChatRenderer, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = ()
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(token ids, loss mask)`` of a worked conversation (a multi-turn warm start's example): built
+    exactly as an episode builds its sequence, each assistant message encoded and closed by the first
+    end-of-turn token (mask 1), everything else the template's (mask 0). So a policy warm-started on
+    it sees the glue it will see in its episodes."""
+    first = next((i for i, m in enumerate(messages) if m.role == "assistant"), None)
+    if first is None or first == 0:
+        raise ValueError("a demonstration needs an opening message before its first assistant message")
+    if not renderer.end_of_turn_ids:
+        raise ValueError("a demonstration needs an end-of-turn token to close assistant turns")
+    eot = renderer.end_of_turn_ids[0]
+    ids = list(renderer.opening_ids(messages[:first], tools))
+    mask = [0] * len(ids)
+    history = list(messages[:first])
+    i = first
+    while i < len(messages):
+        turn = renderer.encode(messages[i].content) + (eot,)
+        ids += turn
+        mask += [1] * len(turn)
+        j = i + 1
+        while j < len(messages) and messages[j].role != "assistant":
+            j += 1
+        if j < len(messages):  # environment messages, then the next assistant turn
+            env = renderer.env_ids(history, messages[i + 1 : j], tools, closed_by=eot)
+            ids += env
+            mask += [0] * len(env)
+        history += messages[i:j]
+        i = j
+    return tuple(ids), tuple(mask)
