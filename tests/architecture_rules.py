@@ -89,8 +89,5 @@ FUNCTION_SIZE_EXCEPTIONS: dict[str, str] = {
     "asyncrl/rollout/protocol.py::parse_generate": (
         "validates the SGLang-native /generate body field by field, each with its 400 message"
     ),
-    "asyncrl/rollout/kv_forward.py::SlotKVForward.step": (
-        "the engine's forward over slots; being rewritten under issue 17 item 3 (schedule -> execute -> update)"
-    ),
 }
 """``asyncrl/path.py::Qualified.name`` -> why it may pass ``FUNCTION_LINES``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asyncrl.rollout.kv_forward import SlotKVForward, UnsupportedModelError
+from asyncrl.rollout.kv_forward import ForwardBatch, SlotKVForward, UnsupportedModelError
 
 
 def hf_last_logits(model, ids):
@@ -28,7 +28,7 @@ def test_prefill_and_decode_with_split_attention_match_hf(load_tiny):
         pos = [len(s) for s in seqs]
         short, long_rows = f.plan_split(pos)
         split_seen |= bool(long_rows)
-        out, _ = f.step(nxt, pos, list(range(16)), [], [])
+        out, _ = f.step(ForwardBatch(nxt, pos, list(range(16))))
         for b in range(16):
             seqs[b].append(nxt[b])
         for b in (0, 7, 12, 15):
@@ -42,7 +42,7 @@ def test_idle_slots_inside_the_batch_are_harmless(load_tiny):
     seqs = [[5, 6, 7, 8], [9, 10]]
     f.prefill([0, 2], seqs)
     # slot 1 is idle (token 0 at position 0, K/V to the scratch slot); slot 3 is beyond hi
-    out, _ = f.step([11, 0, 12], [4, 0, 2], [0, f.scratch, 2], [], [])
+    out, _ = f.step(ForwardBatch([11, 0, 12], [4, 0, 2], [0, f.scratch, 2]))
     assert (out[0] - hf_last_logits(model, seqs[0] + [11])).abs().max().item() < 1e-4
     assert (out[2] - hf_last_logits(model, seqs[1] + [12])).abs().max().item() < 1e-4
 
@@ -73,7 +73,7 @@ def test_mixed_step_prefills_new_prompts_while_decoding_others(load_tiny):
     rand = lambda n: torch.randint(4, 90, (n,), generator=gen).tolist()  # noqa: E731
     seqs: dict[int, list[int]] = {}
     first = [rand(5), rand(9), rand(3)]
-    dec, pre = f.step([], [], [], [0, 2, 5], first)
+    dec, pre = f.step(ForwardBatch(prefill_slots=[0, 2, 5], prefill_prompts=first))
     assert dec is None
     for b, slot in enumerate([0, 2, 5]):
         seqs[slot] = first[b]
@@ -85,7 +85,7 @@ def test_mixed_step_prefills_new_prompts_while_decoding_others(load_tiny):
         pos = [len(seqs[i]) if i in seqs else 0 for i in range(hi)]
         write = [i if i in seqs else f.scratch for i in range(hi)]  # idle rows write to the scratch slot
         prompts = [rand(n) for n in new_lens]
-        dec, pre = f.step(toks, pos, write, new_slots, prompts)
+        dec, pre = f.step(ForwardBatch(toks, pos, write, new_slots, prompts))
         for s in list(seqs):
             seqs[s] = seqs[s] + [nxt[s]]
             assert (dec[s] - hf_last_logits(model, seqs[s])).abs().max().item() < 1e-4
@@ -105,6 +105,6 @@ def test_several_new_prompts_batched_or_one_by_one(load_tiny, one_by_one):
     logits = f.prefill([3, 0, 1], prompts)
     for b, p in enumerate(prompts):
         assert (logits[b] - hf_last_logits(model, p)).abs().max().item() < 1e-4
-    out, _ = f.step([20, 21, 22, 0], [7, 1, 0, 3], [0, 1, f.scratch, 3], [], [])
+    out, _ = f.step(ForwardBatch([20, 21, 22, 0], [7, 1, 0, 3], [0, 1, f.scratch, 3]))
     assert (out[0] - hf_last_logits(model, prompts[1] + [20])).abs().max().item() < 1e-4
     assert (out[3] - hf_last_logits(model, prompts[0] + [0])).abs().max().item() < 1e-4

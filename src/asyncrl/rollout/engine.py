@@ -8,7 +8,19 @@ sample; each output token carries its behaviour log-prob (see ``sampling``) and 
 version at the step that sampled it. Weight updates are applied between two steps, in one of two
 modes: ``abort`` (running samples return their partial output with ``finish_reason="abort"``; see
 ``interruptible.generate_group`` for the resubmission loop) or ``keep`` (the samples go on with their
-KV cache, computed partly under the old weights). The model forward lives in ``kv_forward``.
+KV cache, computed partly under the old weights).
+
+One step is vLLM v1's ``EngineCore.step``::
+
+    admission = scheduler.admit()            which waiting samples take which free slots (no sampling)
+    start joins                              samples joining a running group: copy its prompt KV, first
+                                             token from the prompt logits cached at its prefill
+    plan = scheduler.schedule(prefills)      StepPlan: a decode row per slot + the prompts to prefill
+    output = execute(plan)                   one forward (kv_forward), prompt KV fanned out, sampling
+    scheduler.update(plan, output)           tokens appended, finished samples leave their slots
+
+The scheduler (``scheduler``) owns the slots and the queue and is tested without a model; the model
+forward lives in ``kv_forward``; sampling in ``sampling``.
 
 Threading: the decode loop runs in one daemon thread; the asyncio side submits through a lock and
 gets results back with ``loop.call_soon_threadsafe``. Every change of engine state (weight update,
@@ -18,12 +30,10 @@ abort, pause acknowledgement) is a control op run by the engine thread between t
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import random
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,11 +41,9 @@ import torch
 
 from asyncrl.choices import InterruptMode, check_choice
 from asyncrl.rollout.kv_forward import SlotKVForward
-from asyncrl.rollout.requests import Request as _Request
-from asyncrl.rollout.requests import Sample as _Sample
-from asyncrl.rollout.requests import post as _post
-from asyncrl.rollout.requests import post_call as _post_call
+from asyncrl.rollout.requests import Request, post, post_call
 from asyncrl.rollout.sampling import SamplingParams, SlotParams, sample
+from asyncrl.rollout.scheduler import Finished, Placement, Scheduler, StepOutput, StepPlan
 from asyncrl.rollout.weights import copy_state, load_update_tensors
 from asyncrl.types import Completion, WeightUpdate
 
@@ -70,28 +78,25 @@ class LocalEngine:
         self.max_seq_len = max_seq_len
         self.interrupt_mode = interrupt_mode
         self.device = torch.device(device)
-        self.prefill_token_budget = prefill_token_budget
-        self.fwd = SlotKVForward(self.model, max_slots=max_slots, max_seq_len=max_seq_len, device=self.device)
-        self.vocab_size = self.fwd.vocab_size
+        self.forward = SlotKVForward(self.model, max_slots=max_slots, max_seq_len=max_seq_len, device=self.device)
+        self.vocab_size = self.forward.vocab_size
         self._state = self.model.state_dict()  # shares storage with the parameters
         self._version = int(version)
-        self._epoch = 0  # bumps at every weight update (invalidates shared prompt logits)
         self._rng = random.Random()
         # shared with the asyncio side (under _cv)
         self._cv = threading.Condition()
-        self._incoming: list[_Request] = []
+        self._incoming: list[Request] = []
         self._controls: list[tuple[Callable[[], Any], Any, asyncio.Future]] = []
         self._paused = False
         self._closed = False
         self._cancel_flag = False
         self._thread: threading.Thread | None = None
         # engine-thread state
-        self._waiting: deque[_Request] = deque()
-        self._slots: list[_Sample | None] = [None] * max_slots
-        self._free = list(range(max_slots))  # a heap: lowest slot first keeps the batch prefix dense
-        self._hi = 0  # slots [0, hi) hold every running sample
-        self._n_active = 0
-        self._sp: SlotParams | None = None
+        self.scheduler = Scheduler(
+            max_slots=max_slots, max_seq_len=max_seq_len, prefill_token_budget=prefill_token_budget,
+            scratch_slot=self.forward.scratch,
+        )  # fmt: skip
+        self._decode_params: tuple[int, SlotParams] | None = None  # (scheduler revision, decode rows' parameters)
         self._stats: dict[str, float] = dict.fromkeys(
             (
                 "generated_tokens", "decode_tokens", "decode_steps", "busy_s", "decode_s", "prefill_s",
@@ -136,16 +141,16 @@ class LocalEngine:
             raise ValueError(f"n must be an int in [1, max_slots={self.max_slots}], got {n!r}")
         self.start()
         loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        base = sampling.seed if sampling.seed is not None else self._rng.getrandbits(31)
-        req = _Request(prompt, sampling, n, int(base), loop, fut, on_sample_done)
+        future = loop.create_future()
+        base_seed = sampling.seed if sampling.seed is not None else self._rng.getrandbits(31)
+        request = Request(prompt, sampling, n, int(base_seed), loop, future, on_sample_done)
         with self._cv:
-            self._incoming.append(req)
+            self._incoming.append(request)
             self._cv.notify()
         try:
-            return await fut
+            return await future
         except asyncio.CancelledError:
-            req.cancelled = True
+            request.cancelled = True
             with self._cv:
                 self._cancel_flag = True
                 self._cv.notify()
@@ -183,8 +188,8 @@ class LocalEngine:
         s = dict(self._stats)
         steps = s["decode_steps"]
         s["slot_utilisation"] = s["decode_tokens"] / (self.max_slots * steps) if steps else 0.0
-        s["running_samples"] = float(self._n_active)
-        s["waiting_requests"] = float(len(self._waiting) + len(self._incoming))
+        s["running_samples"] = float(self.scheduler.num_running)
+        s["waiting_requests"] = float(self.scheduler.num_waiting + len(self._incoming))
         s["version"] = float(self._version)
         s["max_slots"] = float(self.max_slots)
         return s
@@ -217,18 +222,19 @@ class LocalEngine:
 
     async def _control(self, fn: Callable[[], Any]) -> Any:
         loop = asyncio.get_running_loop()
-        fut = loop.create_future()
+        future = loop.create_future()
         self.start()
         with self._cv:
-            self._controls.append((fn, loop, fut))
+            self._controls.append((fn, loop, future))
             self._cv.notify()
-        return await fut
+        return await future
 
     # ------------------------------------------------------------------------------ engine thread
     def _has_work(self) -> bool:
         if self._controls or self._cancel_flag:
             return True
-        return not self._paused and bool(self._incoming or self._waiting or self._n_active)
+        scheduler = self.scheduler
+        return not self._paused and bool(self._incoming or scheduler.num_waiting or scheduler.num_running)
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
@@ -239,247 +245,184 @@ class LocalEngine:
                 if self._closed:
                     return
                 controls, self._controls = self._controls, []
-                self._waiting.extend(self._incoming)
+                self.scheduler.add(self._incoming)
                 self._stats["requests"] += len(self._incoming)
                 self._incoming = []
                 cancel, self._cancel_flag = self._cancel_flag, False
                 paused = self._paused
             try:
-                for fn, loop, fut in controls:
+                for fn, loop, future in controls:
                     try:
                         value = fn()
                     except Exception as e:  # a bad update fails its caller, not the engine
                         log.warning("engine control op failed: %s", e)
-                        _post(loop, fut, None, e)
+                        post(loop, future, None, e)
                     else:
-                        _post(loop, fut, value)
+                        post(loop, future, value)
                 if cancel:
-                    self._drop_cancelled()
+                    self.scheduler.drop_cancelled()
                 if paused:
                     continue
-                t0 = time.perf_counter()
+                t_start = time.perf_counter()
                 self._step()
-                self._stats["busy_s"] += time.perf_counter() - t0
+                self._stats["busy_s"] += time.perf_counter() - t_start
             except Exception as e:  # never let a step kill the thread: fail the in-flight requests
                 log.exception("LocalEngine step failed; failing in-flight requests")
                 self._fail_all(e)
 
     def _fail_all(self, exc: BaseException) -> None:
-        reqs = {id(s.req): s.req for s in self._slots if s is not None}
-        reqs.update({id(r): r for r in self._waiting})
+        requests = {id(r): r for r in self.scheduler.requests()}
         with self._cv:
-            reqs.update({id(r): r for r in self._incoming})
+            requests.update({id(r): r for r in self._incoming})
             self._incoming = []
             controls, self._controls = self._controls, []
-        for r in reqs.values():
-            _post(r.loop, r.fut, None, exc)
-        for _, loop, fut in controls:
-            _post(loop, fut, None, exc)
-        self._waiting.clear()
-        self._slots = [None] * self.max_slots
-        self._free = list(range(self.max_slots))
-        self._hi = self._n_active = 0
-        self._sp = None
+        for request in requests.values():
+            post(request.loop, request.future, None, exc)
+        for _, loop, future in controls:
+            post(loop, future, None, exc)
+        self.scheduler.reset()
+        self._decode_params = None
 
-    def _drop_cancelled(self) -> None:
-        for i, s in enumerate(self._slots):
-            if s is not None and s.req.cancelled:
-                self._release(i)
-        self._waiting = deque(r for r in self._waiting if not r.cancelled)
-
-    def _release(self, slot: int) -> _Sample:
-        s = self._slots[slot]
-        assert s is not None
-        self._slots[slot] = None
-        heapq.heappush(self._free, slot)
-        s.req.live.discard(slot)
-        self._n_active -= 1
-        while self._hi and self._slots[self._hi - 1] is None:
-            self._hi -= 1
-        self._sp = None
-        return s
-
-    def _finish(self, slot: int, reason: str) -> None:
-        s = self._release(slot)
-        req = s.req
-        req.results[s.idx] = Completion(
-            prompt_ids=tuple(req.prompt),
-            output_ids=tuple(s.out),
-            behav_logprobs=tuple(s.lps),
-            versions=tuple(s.vers),
-            finish_reason=reason,  # type: ignore[arg-type]
-            num_interruptions=s.interrupts,
-        )
-        req.remaining -= 1
-        self._stats["finished_samples"] += 1
-        if reason == "abort":
-            self._stats["aborted_samples"] += 1
-        elif req.on_sample_done is not None and not req.cancelled:
-            _post_call(req.loop, req.on_sample_done, s.idx)
-        if req.remaining == 0 and not req.cancelled:
-            if any(c.finish_reason == "abort" for c in req.results if c is not None):
-                self._stats["aborted_requests"] += 1
-            _post(req.loop, req.fut, list(req.results))
-
-    def _push_token(self, slot: int, s: _Sample, tok: int, lp: float, version: int) -> None:
-        s.out.append(tok)
-        s.lps.append(lp)
-        s.vers.append(version)
-        s.last = tok
-        s.pos += 1
-        if tok in s.req.stop:
-            self._finish(slot, "stop")
-        elif len(s.out) >= s.limit:
-            self._finish(slot, "length")
-
-    # ------------------------------------------------------------------------------ admission + step
-    def _admit(self) -> list[tuple[_Request, list[int]]]:
-        """Place waiting samples into free slots (FIFO). Returns the requests whose prompt must be
-        prefilled in this step (first new slot = where the prompt's KV is computed). Samples of a group
-        that could only partly join earlier copy the prompt KV from a running sibling instead."""
-        admits: list[tuple[_Request, list[int], list[int], bool]] = []
-        budget = self.prefill_token_budget
-        while self._waiting and self._free:
-            req = self._waiting[0]
-            if req.cancelled:
-                self._waiting.popleft()
-                continue
-            needs_prefill = req.first_epoch != self._epoch or not req.live
-            if needs_prefill and admits and budget < len(req.prompt):
-                break  # enough prefill work for this step; the rest joins at the next one
-            k = min(len(self._free), len(req.pending))
-            slots = [heapq.heappop(self._free) for _ in range(k)]
-            idxs = [req.pending.popleft() for _ in range(k)]
-            if not req.pending:
-                self._waiting.popleft()
-            admits.append((req, slots, idxs, needs_prefill))
-            if needs_prefill:
-                budget -= len(req.prompt)
-        if not admits:
-            return []
-        copied: list[tuple[_Request, list[int]]] = []
-        for req, slots, idxs, needs_prefill in admits:
-            if not needs_prefill:
-                self.fwd.copy_prefix(min(req.live), slots, len(req.prompt))
-                self._stats["kv_copied_tokens"] += len(req.prompt) * len(slots)
-                copied.append((req, slots))
-            limit = min(req.sampling.max_new_tokens, self.max_seq_len - len(req.prompt))
-            for slot, idx in zip(slots, idxs, strict=True):
-                self._slots[slot] = _Sample(req, idx, limit)
-                req.live.add(slot)
-                self._n_active += 1
-                self._hi = max(self._hi, slot + 1)
-        self._sp = None
-        if copied:  # their first tokens come from the logits cached at the group's first prefill
-            self._first_tokens(copied)
-        return [(req, slots) for req, slots, _, needs_prefill in admits if needs_prefill]
-
-    def _first_tokens(self, items: list[tuple[_Request, list[int]]]) -> None:
-        """Sample the first token of each new sample from its prompt's last logits."""
-        rows, params, seeds, positions = [], [], [], []
-        for req, slots in items:
-            for slot in slots:
-                s = self._slots[slot]
-                assert s is not None
-                rows.append(req.first_logits)
-                params.append(req.sampling)
-                seeds.append(req.seeds[s.idx])
-                positions.append(len(req.prompt))
-            if not req.pending:  # every sample admitted: the shared logits are no longer needed
-                req.first_logits, req.first_epoch = None, -1
-        sp = SlotParams.build(params, seeds, self.vocab_size, self.device)
-        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
-        tok, lp = sample(torch.stack(rows), sp, pos_t)
-        tok_l, lp_l = tok.tolist(), lp.tolist()
-        self._stats["generated_tokens"] += len(tok_l)
-        self._sp = None
-        version, j = self._version, 0
-        for _req, slots in items:
-            for slot in slots:
-                s = self._slots[slot]
-                assert s is not None
-                self._push_token(slot, s, tok_l[j], lp_l[j], version)
-                j += 1
-
+    # ------------------------------------------------------------------------------ the step
     def _step(self) -> None:
-        """Admit, then one forward: a decode token for every started sample plus the prefill of the
-        newly admitted prompts (one set of matmuls for both)."""
-        t0 = time.perf_counter()
-        prefills = self._admit()
-        t_adm = time.perf_counter()
-        hi = self._hi
-        dec = [s if s is not None and s.last >= 0 else None for s in self._slots[:hi]]
-        n_dec = sum(1 for s in dec if s is not None)
-        if not n_dec and not prefills:
+        """One engine step, as vLLM v1's ``EngineCore.step``: schedule -> execute -> update.
+
+        Samples joining a running group start before the plan is made (a KV copy, a first token from the
+        group's cached prompt logits), so that they decode in this very step, like their siblings."""
+        t_start = time.perf_counter()
+        admission = self.scheduler.admit()
+        if admission.joins:
+            self._start_joins(admission.joins)
+        plan = self.scheduler.schedule(admission.prefills)
+        if plan is None:
             return
-        if n_dec and self._sp is None:
-            self._sp = SlotParams.build(
-                [s.req.sampling if s else None for s in dec],
-                [s.req.seeds[s.idx] if s else 0 for s in dec],
+        t_scheduled = time.perf_counter()
+        output = self._execute(plan)
+        self._count_step(plan)  # counters first: a finished sample resolves a future whose caller may read stats()
+        self._deliver(self.scheduler.update(plan, output))
+        self._charge_time(plan, t_scheduled - t_start, time.perf_counter() - t_scheduled)
+
+    def _start_joins(self, joins: tuple[Placement, ...]) -> None:
+        """Samples joining a group whose prompt is cached: its KV copied from a running sibling, the first
+        token sampled from the logits cached after the group's prefill."""
+        for join in joins:
+            assert join.kv_source is not None
+            prompt_len = len(join.request.prompt)
+            self.forward.copy_prefix(join.kv_source, list(join.slots), prompt_len)
+            self._stats["kv_copied_tokens"] += prompt_len * len(join.slots)
+        rows = [join.request.prompt_logits for join in joins for _ in join.slots]
+        tokens, logprobs = self._sample_first_tokens(joins, rows)  # type: ignore[arg-type]
+        self._stats["generated_tokens"] += len(tokens)
+        self._deliver(self.scheduler.start(joins, tokens, logprobs, self._version))
+
+    def _execute(self, plan: StepPlan) -> StepOutput:
+        """Run the plan: one forward over the decode rows and the new prompts, each prompt's KV copied into
+        its siblings' slots, a token sampled for every decode row and every newly prefilled sample."""
+        decode_logits, prompt_logits = self.forward.step(plan.batch)
+        decode_tokens: list[int] = []
+        decode_logprobs: list[float] = []
+        if plan.num_decode:
+            assert decode_logits is not None
+            positions = torch.tensor(plan.batch.decode_positions, dtype=torch.long, device=self.device)
+            tokens, logprobs = sample(decode_logits, self._decode_sampling(plan), positions + 1)
+            decode_tokens, decode_logprobs = tokens.tolist(), logprobs.tolist()
+        first_tokens: list[int] = []
+        first_logprobs: list[float] = []
+        if plan.prefills:
+            assert prompt_logits is not None
+            for prefill in plan.prefills:
+                self.forward.copy_prefix(prefill.slots[0], list(prefill.slots[1:]), len(prefill.request.prompt))
+            rows = [prompt_logits[b] for b, prefill in enumerate(plan.prefills) for _ in prefill.slots]
+            first_tokens, first_logprobs = self._sample_first_tokens(plan.prefills, rows)
+        return StepOutput(self._version, decode_tokens, decode_logprobs, first_tokens, first_logprobs, prompt_logits)
+
+    def _decode_sampling(self, plan: StepPlan) -> SlotParams:
+        """The decode rows' sampling parameters, rebuilt only when the running samples changed."""
+        revision = self.scheduler.revision
+        if self._decode_params is None or self._decode_params[0] != revision:
+            samples = plan.decode_samples
+            params = SlotParams.build(
+                [s.request.sampling if s else None for s in samples],
+                [s.request.seeds[s.index] if s else 0 for s in samples],
                 self.vocab_size,
                 self.device,
             )
-        poss = [s.pos if s else 0 for s in dec] if n_dec else []
-        dec_logits, pre_logits = self.fwd.step(
-            [s.last if s else 0 for s in dec] if n_dec else [],
-            poss,
-            [i if s else self.fwd.scratch for i, s in enumerate(dec)] if n_dec else [],
-            [slots[0] for _, slots in prefills],
-            [req.prompt for req, _ in prefills],
-        )
-        version = self._version
-        if n_dec:
-            assert dec_logits is not None and self._sp is not None
-            pos_t = torch.tensor(poss, dtype=torch.long, device=self.device)
-            tok, lp = sample(dec_logits, self._sp, pos_t + 1)
-            tok_l, lp_l = tok.tolist(), lp.tolist()
-            # Counters first: pushing a token may resolve a future whose caller reads stats() at once.
+            self._decode_params = (revision, params)
+        return self._decode_params[1]
+
+    def _sample_first_tokens(
+        self, placements: tuple[Placement, ...], rows: list[torch.Tensor]
+    ) -> tuple[list[int], list[float]]:
+        """The first token of each placed sample (placement by placement, slot by slot) from its prompt's
+        last logits (``rows``, one per sample)."""
+        params, seeds, positions = [], [], []
+        for placement in placements:
+            request = placement.request
+            for index in placement.indices:
+                params.append(request.sampling)
+                seeds.append(request.seeds[index])
+                positions.append(len(request.prompt))
+        sampling = SlotParams.build(params, seeds, self.vocab_size, self.device)
+        position_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+        tokens, logprobs = sample(torch.stack(rows), sampling, position_t)
+        return tokens.tolist(), logprobs.tolist()
+
+    def _count_step(self, plan: StepPlan) -> None:
+        if plan.num_decode:
             self._stats["decode_steps"] += 1
-            self._stats["decode_tokens"] += n_dec
-            self._stats["generated_tokens"] += n_dec
-            for i, s in enumerate(dec):
-                if s is not None:
-                    self._push_token(i, s, tok_l[i], lp_l[i], version)
-        if prefills:
-            assert pre_logits is not None
-            plens = [len(req.prompt) for req, _ in prefills]
-            self._stats["prefill_tokens"] += sum(plens)
-            self._stats["prefill_padded_tokens"] += len(plens) * max(plens)
+            self._stats["decode_tokens"] += plan.num_decode
+            self._stats["generated_tokens"] += plan.num_decode
+        if plan.prefills:
+            prompt_lens = [len(p.request.prompt) for p in plan.prefills]
+            self._stats["prefill_tokens"] += sum(prompt_lens)
+            self._stats["prefill_padded_tokens"] += len(prompt_lens) * max(prompt_lens)
             self._stats["prefill_batches"] += 1
-            for b, (req, slots) in enumerate(prefills):
-                self.fwd.copy_prefix(slots[0], slots[1:], plens[b])
-                self._stats["kv_copied_tokens"] += plens[b] * (len(slots) - 1)
-                req.first_logits = pre_logits[b]
-                req.first_epoch = self._epoch
-            self._first_tokens(prefills)
-        t1 = time.perf_counter()
-        # Time split: a step with prompts is charged to prefill in proportion to its rows.
-        share = sum(len(r.prompt) for r, _ in prefills) / max(1, sum(len(r.prompt) for r, _ in prefills) + n_dec)
-        self._stats["prefill_s"] += (t_adm - t0) + share * (t1 - t_adm)
-        self._stats["decode_s"] += (1 - share) * (t1 - t_adm)
+            for prefill, prompt_len in zip(plan.prefills, prompt_lens, strict=True):
+                self._stats["kv_copied_tokens"] += prompt_len * (len(prefill.slots) - 1)
+            self._stats["generated_tokens"] += sum(len(p.slots) for p in plan.prefills)
+
+    def _charge_time(self, plan: StepPlan, schedule_s: float, run_s: float) -> None:
+        """Split a step's time: a step with prompts is charged to prefill in proportion to its rows."""
+        prompt_tokens = plan.num_prefill_tokens
+        share = prompt_tokens / max(1, prompt_tokens + plan.num_decode)
+        self._stats["prefill_s"] += schedule_s + share * run_s
+        self._stats["decode_s"] += (1 - share) * run_s
+
+    def _deliver(self, finished: list[Finished]) -> None:
+        """Record each ended sample's result; a request whose samples have all ended resolves its future."""
+        for done in finished:
+            sample_, request = done.sample, done.sample.request
+            request.results[sample_.index] = sample_.completion(done.reason)
+            request.remaining -= 1
+            self._stats["finished_samples"] += 1
+            if done.reason == "abort":
+                self._stats["aborted_samples"] += 1
+            elif request.on_sample_done is not None and not request.cancelled:
+                post_call(request.loop, request.on_sample_done, sample_.index)
+            if request.remaining == 0 and not request.cancelled:
+                if any(c.finish_reason == "abort" for c in request.results if c is not None):
+                    self._stats["aborted_requests"] += 1
+                post(request.loop, request.future, list(request.results))
 
     # ------------------------------------------------------------------------------ control ops
     def _abort_running(self) -> int:
-        n = 0
-        for i, s in enumerate(self._slots):
-            if s is not None:
-                s.interrupts += 1
-                self._finish(i, "abort")
-                n += 1
-        return n
+        aborted = self.scheduler.release_running()
+        for sample_ in aborted:
+            sample_.interruptions += 1
+        self._deliver([Finished(s, "abort") for s in aborted])
+        return len(aborted)
 
     def _apply_update(self, update: WeightUpdate) -> None:
-        t0 = time.perf_counter()
+        t_start = time.perf_counter()
         copy_state(self._state, load_update_tensors(update), update.version)
-        self.fwd.refresh()
+        self.forward.refresh()
         self._version = int(update.version)
-        self._epoch += 1
+        self.scheduler.new_weights()
         self._stats["weight_updates"] += 1
         if self.interrupt_mode == "abort":
             self._abort_running()
         else:
-            for s in self._slots:
-                if s is not None:
-                    s.interrupts += 1
-                    self._stats["keep_interrupted_samples"] += 1
-        self._stats["update_s"] += time.perf_counter() - t0
+            for _, sample_ in self.scheduler.running():
+                sample_.interruptions += 1
+                self._stats["keep_interrupted_samples"] += 1
+        self._stats["update_s"] += time.perf_counter() - t_start

@@ -5,10 +5,10 @@ code over the model's weights (``embed_tokens``, ``layers[i].self_attn.{q,k,v,o}
 + ``q_norm``/``k_norm``), the two RMSNorms, the gated MLP, ``norm``, ``lm_head``) and the model's
 own rotary module, with a preallocated cache ``[layers, slots, kv_heads, max_seq_len, head_dim]``.
 
-- ``step(...)``: one forward over the decode rows of slots ``[0, hi)`` (one token each: its K/V is
-  written at its position, attention covers positions ``<= position`` of its own slot) and the
-  prompts of newly admitted requests (causal attention, K/V written into their slots); the linear
-  layers run once over all rows. ``prefill(slots, prompts)`` is the prompt-only case.
+- ``step(batch)``: one forward over a ``ForwardBatch``: the decode rows of slots ``[0, rows)`` (one
+  token each: its K/V is written at its position, attention covers positions ``<= position`` of its
+  own slot) and the prompts of newly admitted requests (causal attention, K/V written into their
+  slots); the linear layers run once over all rows. ``prefill(slots, prompts)`` is the prompt-only case.
 - ``copy_prefix(src, dsts, length)``: share a prompt's KV between the samples of one group.
 
 Numerics follow Hugging Face's eager path in fp32 (same op order for rotary and attention), so the
@@ -20,7 +20,7 @@ the device's memory allows raises ``rollout.memory.KVCacheTooLarge`` before it i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,6 +36,57 @@ FUSE_MAX_PARAMS = 200_000_000
 
 class UnsupportedModelError(ValueError):
     """The model is not a Llama-family decoder that ``SlotKVForward`` can run."""
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    """The rows of one forward (the engine's ``StepPlan.batch``): decode rows, then prompts to prefill."""
+
+    decode_tokens: list[int] = field(default_factory=list)
+    """Row i feeds this token to slot i, for the slots ``[0, rows)``."""
+    decode_positions: list[int] = field(default_factory=list)
+    """Row i's position in its slot; attention covers positions ``<=`` it."""
+    decode_write_slots: list[int] = field(default_factory=list)
+    """Where row i's K/V go: slot i, or ``SlotKVForward.scratch`` for an idle row."""
+    prefill_slots: list[int] = field(default_factory=list)
+    """Prompt b's K/V go into this slot, from position 0."""
+    prefill_prompts: list[list[int]] = field(default_factory=list)
+    """The token ids of each prompt to prefill (causal attention within the prompt)."""
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The per-row tensors of one step (decode rows, then prompt rows)."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    write_slots: torch.Tensor
+    cos: torch.Tensor  # [R, 1, D]
+    sin: torch.Tensor  # [R, 1, D], signed for the roll form of rotate_half
+
+
+@dataclass(frozen=True)
+class _DecodeAttention:
+    """How the decode rows attend in one step (``SlotKVForward.plan_split``)."""
+
+    rows: int
+    short: int  # every row attends over keys [0, short)
+    mask: torch.Tensor
+    long_rows: slice | torch.Tensor | None  # rows past ``short``, redone over [0, long_length)
+    long_length: int
+    long_mask: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class _PrefillAttention:
+    """The layout of the prompt rows of one step."""
+
+    slots: list[int]
+    lens: list[int]
+    starts: list[int]  # first row of each prompt
+    causal: torch.Tensor  # [pmax, pmax] additive mask
+    padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    """(slots, [B, pmax] row index with pads, index of the real rows) of the padded batch; None: prompt by prompt."""
 
 
 @dataclass
@@ -193,7 +244,7 @@ class SlotKVForward:
     # ----------------------------------------------------------------------------------- prefill
     def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
         """Run the prompts (one per slot) from position 0; fill the slots' KV; return last logits [B, V]."""
-        _, logits = self.step([], [], [], slots, prompts)
+        _, logits = self.step(ForwardBatch(prefill_slots=slots, prefill_prompts=prompts))
         assert logits is not None
         return logits
 
@@ -208,95 +259,112 @@ class SlotKVForward:
 
     # ----------------------------------------------------------------------------------- step
     @torch.no_grad()
-    def step(
-        self,
-        dec_tokens: list[int],
-        dec_pos: list[int],
-        dec_write: list[int],
-        new_slots: list[int],
-        new_prompts: list[list[int]],
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """One forward over the decode rows of slots ``[0, hi)`` and the prompts of newly admitted requests.
+    def step(self, batch: ForwardBatch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """One forward over the decode rows and the prompts of ``batch`` (see ``ForwardBatch``).
 
-        Decode row i (``hi = len(dec_pos)``) feeds ``dec_tokens[i]`` at ``dec_pos[i]`` of slot i; idle rows
-        pass ``dec_write[i] = self.scratch`` so that their K/V land in the scratch slot. Prompt b is prefilled
-        from position 0 into slot ``new_slots[b]``. Linear layers run once over all rows (prefill rides
-        along with decode instead of a forward of its own). Returns (decode logits [hi, V] or None,
-        logits after each prompt [B, V] or None)."""
-        hi, nb = len(dec_pos), len(new_prompts)
-        lens = [len(p) for p in new_prompts]
-        pre_pos = [t for n in lens for t in range(n)]
-        dev = self.device
-        tokens = torch.tensor(dec_tokens + [t for p in new_prompts for t in p], dtype=torch.long, device=dev)
-        positions = torch.tensor(dec_pos + pre_pos, dtype=torch.long, device=dev)
-        write = torch.tensor(dec_write + [s for s, n in zip(new_slots, lens, strict=True) for _ in range(n)],
-                             dtype=torch.long, device=dev)  # fmt: skip
-        x = F.embedding(tokens, self.embed)  # [R, H]
-        cos = self.cos[positions][:, None, :]
-        sin = self.sin_signed[positions][:, None, :]
-        nkv, g, d = self.num_kv_heads, self.groups, self.head_dim
-        if hi:
-            short, long_rows = self.plan_split(dec_pos)
-            dec_positions = positions[:hi]
-            mask = self._mask(dec_positions, short)
-            if long_rows:
-                length = max(dec_pos) + 1
-                # consecutive long rows (often just one) are a slice (a view), others a gather
-                lo, up = long_rows[0], long_rows[-1] + 1
-                long_ix: Any = slice(lo, up) if up - lo == len(long_rows) else torch.as_tensor(long_rows, device=dev)
-                long_mask = self._mask(dec_positions[long_ix], length)
-        if nb:
-            pmax = max(lens)
-            slots_t = torch.as_tensor(new_slots, dtype=torch.long, device=dev)
-            # padded [B, pmax] view of the prompt rows (pads point at any real row; their output is dropped)
-            starts = [hi + sum(lens[:b]) for b in range(nb)]
-            # A padded batch materialises B x heads x P x P scores: above ~64 MiB go prompt by prompt.
-            per_prompt = nb == 1 or nb * pmax * pmax * self.num_heads > self.max_batched_scores
-            if not per_prompt:
-                pad_idx = torch.tensor(
-                    [[st + min(t, n - 1) for t in range(pmax)] for st, n in zip(starts, lens, strict=True)], device=dev
-                )
-                keep = torch.tensor([b * pmax + t for b, n in enumerate(lens) for t in range(n)], device=dev)
-            causal = torch.full((pmax, pmax), float("-inf"), dtype=self.dtype, device=dev).triu_(1)
+        Linear layers run once over all rows (prefill rides along with decode instead of a forward of its
+        own). Returns (decode logits [rows, V] or None, logits after each prompt [B, V] or None)."""
+        num_decode, lens = len(batch.decode_positions), [len(p) for p in batch.prefill_prompts]
+        rows = self._rows(batch, lens)
+        decode = self._decode_attention(batch.decode_positions, rows.positions[:num_decode]) if num_decode else None
+        prefill = self._prefill_attention(batch.prefill_slots, lens, num_decode) if lens else None
+        x = F.embedding(rows.tokens, self.embed)  # [R, H]
         for li, ly in enumerate(self.layers):
             h = F.rms_norm(x, (x.shape[-1],), ly.in_norm, self.eps)
-            q, k, v = self._rope_qk(ly, self._qkv(ly, h), cos, sin)  # q [R, H, D], k/v [R, KVH, D]
-            kc, vc = self.k_cache[li], self.v_cache[li]
-            kc[write, :, positions] = k
-            vc[write, :, positions] = v
-            q = q.reshape(q.shape[0], nkv, g, d)
+            q, k, v = self._rope_qk(ly, self._qkv(ly, h), rows.cos, rows.sin)  # q [R, H, D], k/v [R, KVH, D]
+            k_cache, v_cache = self.k_cache[li], self.v_cache[li]
+            k_cache[rows.write_slots, :, rows.positions] = k
+            v_cache[rows.write_slots, :, rows.positions] = v
+            q = q.reshape(q.shape[0], self.num_kv_heads, self.groups, self.head_dim)
             outs = []
-            if hi:
-                qd = q[:hi]
-                o = self._attend_decode(qd, kc[:hi, :, :short], vc[:hi, :, :short], mask)
-                if long_rows:
-                    o_long = self._attend_decode(
-                        qd[long_ix], kc[long_ix, :, :length], vc[long_ix, :, :length], long_mask
-                    )
-                    o[long_ix] = o_long
-                outs.append(o.reshape(hi, -1))
-            if nb and per_prompt:  # one new prompt (the common case), or long ones: views, one at a time
-                for slot, plen, st in zip(new_slots, lens, starts, strict=True):
-                    qp = q[st : st + plen].permute(1, 2, 0, 3)  # [KVH, G, P, D]
-                    kp = kc[slot, :, :plen].unsqueeze(1)  # [KVH, 1, P, D]
-                    vp = vc[slot, :, :plen].unsqueeze(1)
-                    op = self._attend(qp, kp, vp, causal[:plen, :plen])
-                    outs.append(op.permute(2, 0, 1, 3).reshape(plen, -1))
-            elif nb:
-                qp = q[pad_idx].permute(0, 2, 3, 1, 4)  # [B, KVH, G, P, D]
-                kp = kc[slots_t, :, :pmax].unsqueeze(2)  # [B, KVH, 1, P, D]
-                vp = vc[slots_t, :, :pmax].unsqueeze(2)
-                op = self._attend(qp, kp, vp, causal)  # [B, KVH, G, P, D]
-                outs.append(op.permute(0, 3, 1, 2, 4).reshape(nb * pmax, -1)[keep])
+            if decode is not None:
+                outs.append(self._decode_rows_attention(decode, q, k_cache, v_cache))
+            if prefill is not None:
+                outs.extend(self._prompts_attention(prefill, q, k_cache, v_cache))
             o_all = outs[0] if len(outs) == 1 else torch.cat(outs, 0)
             x = x + F.linear(o_all, ly.o_w, ly.o_b)
             x = self._mlp_block(ly, x)
-        dec_logits = self._logits(x[:hi]).float() if hi else None
-        pre_logits = None
-        if nb:
-            last = torch.tensor([st + n - 1 for st, n in zip(starts, lens, strict=True)], device=dev)
-            pre_logits = self._logits(x[last]).float()
-        return dec_logits, pre_logits
+        decode_logits = self._logits(x[:num_decode]).float() if num_decode else None
+        prompt_logits = None
+        if prefill is not None:
+            last = torch.tensor([st + n - 1 for st, n in zip(prefill.starts, lens, strict=True)], device=self.device)
+            prompt_logits = self._logits(x[last]).float()
+        return decode_logits, prompt_logits
+
+    def _rows(self, batch: ForwardBatch, lens: list[int]) -> _Rows:
+        """The row tensors of a step: decode rows first, then every prompt's tokens."""
+        dev = self.device
+        prompt_positions = [t for n in lens for t in range(n)]
+        prompt_tokens = [t for p in batch.prefill_prompts for t in p]
+        prompt_writes = [s for s, n in zip(batch.prefill_slots, lens, strict=True) for _ in range(n)]
+        tokens = torch.tensor(batch.decode_tokens + prompt_tokens, dtype=torch.long, device=dev)
+        positions = torch.tensor(batch.decode_positions + prompt_positions, dtype=torch.long, device=dev)
+        write_slots = torch.tensor(batch.decode_write_slots + prompt_writes, dtype=torch.long, device=dev)
+        cos = self.cos[positions][:, None, :]
+        sin = self.sin_signed[positions][:, None, :]
+        return _Rows(tokens, positions, write_slots, cos, sin)
+
+    def _decode_attention(self, decode_positions: list[int], positions: torch.Tensor) -> _DecodeAttention:
+        """The key ranges and masks of the decode rows (``plan_split``'s short/long split)."""
+        short, long_rows = self.plan_split(decode_positions)
+        mask = self._mask(positions, short)
+        if not long_rows:
+            return _DecodeAttention(len(decode_positions), short, mask, None, 0, None)
+        length = max(decode_positions) + 1
+        # consecutive long rows (often just one) are a slice (a view), others a gather
+        lo, up = long_rows[0], long_rows[-1] + 1
+        index = slice(lo, up) if up - lo == len(long_rows) else torch.as_tensor(long_rows, device=self.device)
+        return _DecodeAttention(len(decode_positions), short, mask, index, length, self._mask(positions[index], length))
+
+    def _prefill_attention(self, slots: list[int], lens: list[int], first_row: int) -> _PrefillAttention:
+        """The layout of the prompt rows: one prompt at a time, or one padded ``[B, pmax]`` batch."""
+        dev, count, pmax = self.device, len(lens), max(lens)
+        starts = [first_row + sum(lens[:b]) for b in range(count)]
+        causal = torch.full((pmax, pmax), float("-inf"), dtype=self.dtype, device=dev).triu_(1)
+        # A padded batch materialises B x heads x P x P scores: above ~64 MiB go prompt by prompt.
+        if count == 1 or count * pmax * pmax * self.num_heads > self.max_batched_scores:
+            return _PrefillAttention(slots, lens, starts, causal)
+        slots_t = torch.as_tensor(slots, dtype=torch.long, device=dev)
+        # padded [B, pmax] view of the prompt rows (pads point at any real row; their output is dropped)
+        pad_index = torch.tensor(
+            [[st + min(t, n - 1) for t in range(pmax)] for st, n in zip(starts, lens, strict=True)], device=dev
+        )
+        keep = torch.tensor([b * pmax + t for b, n in enumerate(lens) for t in range(n)], device=dev)
+        return _PrefillAttention(slots, lens, starts, causal, (slots_t, pad_index, keep))
+
+    def _decode_rows_attention(
+        self, decode: _DecodeAttention, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """Attention output [rows, H * D] of the decode rows over their own slots' cache."""
+        n, short = decode.rows, decode.short
+        qd = q[:n]
+        o = self._attend_decode(qd, k_cache[:n, :, :short], v_cache[:n, :, :short], decode.mask)
+        if decode.long_rows is not None:
+            ix, length = decode.long_rows, decode.long_length
+            o[ix] = self._attend_decode(qd[ix], k_cache[ix, :, :length], v_cache[ix, :, :length], decode.long_mask)
+        return o.reshape(n, -1)
+
+    def _prompts_attention(
+        self, prefill: _PrefillAttention, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """Causal attention outputs [prompt rows, H * D] of the prompts over their slots' cache (one tensor
+        per prompt, or one for the padded batch)."""
+        if prefill.padded is None:  # one new prompt (the common case), or long ones: views, one at a time
+            outs = []
+            for slot, plen, st in zip(prefill.slots, prefill.lens, prefill.starts, strict=True):
+                qp = q[st : st + plen].permute(1, 2, 0, 3)  # [KVH, G, P, D]
+                kp = k_cache[slot, :, :plen].unsqueeze(1)  # [KVH, 1, P, D]
+                vp = v_cache[slot, :, :plen].unsqueeze(1)
+                op = self._attend(qp, kp, vp, prefill.causal[:plen, :plen])
+                outs.append(op.permute(2, 0, 1, 3).reshape(plen, -1))
+            return outs
+        slots_t, pad_index, keep = prefill.padded
+        pmax = prefill.causal.shape[0]
+        qp = q[pad_index].permute(0, 2, 3, 1, 4)  # [B, KVH, G, P, D]
+        kp = k_cache[slots_t, :, :pmax].unsqueeze(2)  # [B, KVH, 1, P, D]
+        vp = v_cache[slots_t, :, :pmax].unsqueeze(2)
+        op = self._attend(qp, kp, vp, prefill.causal)  # [B, KVH, G, P, D]
+        return [op.permute(0, 3, 1, 2, 4).reshape(len(prefill.lens) * pmax, -1)[keep]]
 
     # ----------------------------------------------------------------------------------- decode
     def plan_split(self, pos_list: list[int]) -> tuple[int, list[int]]:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from asyncrl.rollout.sampling import SEED_MOD, SamplingParams
-from asyncrl.types import Completion
+from asyncrl.types import Completion, FinishReason
 
 __all__ = ["Request", "Sample", "post", "post_call"]
 
@@ -25,53 +25,86 @@ class Request:
         sampling: SamplingParams,
         n: int,
         base_seed: int,
-        loop,
-        fut,
+        loop: asyncio.AbstractEventLoop,
+        future: asyncio.Future,
         on_sample_done: Callable[[int], None] | None = None,
-    ):
+    ) -> None:
         self.prompt = prompt
         self.sampling = sampling
-        self.stop = frozenset(sampling.stop_token_ids)
+        self.stop_ids = frozenset(sampling.stop_token_ids)
         self.seeds = [(base_seed + i) % SEED_MOD for i in range(n)]
         self.pending: deque[int] = deque(range(n))  # sample indices not yet admitted
         self.results: list[Completion | None] = [None] * n
-        self.remaining = n
-        self.live: set[int] = set()  # slots running one of its samples
-        self.first_logits: torch.Tensor | None = None  # logits after the prompt (shared by samples)
-        self.first_epoch = -1
+        self.remaining = n  # samples without a result yet
+        self.live_slots: set[int] = set()  # slots running one of its samples
+        self.prompt_logits: torch.Tensor | None = None  # logits after the prompt, kept for samples still pending
+        self.prompt_logits_epoch = -1  # the scheduler's weights epoch of ``prompt_logits``
         self.cancelled = False
-        self.loop, self.fut = loop, fut
+        self.loop, self.future = loop, future
         self.on_sample_done = on_sample_done  # called on ``loop`` with a sample's index when it ends (not aborted)
 
 
 class Sample:
     """A running sample: lives in one slot."""
 
-    __slots__ = ("req", "idx", "out", "lps", "vers", "pos", "last", "limit", "interrupts")
+    __slots__ = (
+        "request", "index", "limit", "output_ids", "logprobs", "versions", "position", "last_token", "interruptions"
+    )  # fmt: skip
 
-    def __init__(self, req: Request, idx: int, limit: int):
-        self.req, self.idx, self.limit = req, idx, limit
-        self.out: list[int] = []
-        self.lps: list[float] = []
-        self.vers: list[int] = []
-        self.pos = len(req.prompt) - 1  # position of the last token (the next decode input)
-        self.last = -1  # the last token; -1 until the first token is sampled
-        self.interrupts = 0
+    def __init__(self, request: Request, index: int, limit: int) -> None:
+        self.request, self.index, self.limit = request, index, limit
+        self.output_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+        self.position = len(request.prompt) - 1  # position of the last token (the next decode input)
+        self.last_token = -1  # -1 until the first token is sampled
+        self.interruptions = 0
+
+    @property
+    def started(self) -> bool:
+        """Its first token is sampled: it decodes at every step."""
+        return self.last_token >= 0
+
+    def append(self, token: int, logprob: float, version: int) -> FinishReason | None:
+        """Add a sampled token; returns why the sample ends with it (``stop``/``length``), else None."""
+        self.output_ids.append(token)
+        self.logprobs.append(logprob)
+        self.versions.append(version)
+        self.last_token = token
+        self.position += 1
+        if token in self.request.stop_ids:
+            return "stop"
+        if len(self.output_ids) >= self.limit:
+            return "length"
+        return None
+
+    def completion(self, reason: FinishReason) -> Completion:
+        """The sample's result record."""
+        return Completion(
+            prompt_ids=tuple(self.request.prompt),
+            output_ids=tuple(self.output_ids),
+            behav_logprobs=tuple(self.logprobs),
+            versions=tuple(self.versions),
+            finish_reason=reason,
+            num_interruptions=self.interruptions,
+        )
 
 
-def _resolve(fut: asyncio.Future, value: Any = None, exc: BaseException | None = None) -> None:
-    if fut.done():
+def _resolve(future: asyncio.Future, value: Any = None, exc: BaseException | None = None) -> None:
+    if future.done():
         return
     if exc is not None:
-        fut.set_exception(exc)
+        future.set_exception(exc)
     else:
-        fut.set_result(value)
+        future.set_result(value)
 
 
-def post(loop: asyncio.AbstractEventLoop, fut: asyncio.Future, value: Any = None, exc: BaseException | None = None):
-    """Resolve ``fut`` on its loop from the engine thread; a caller whose loop has closed is gone."""
+def post(
+    loop: asyncio.AbstractEventLoop, future: asyncio.Future, value: Any = None, exc: BaseException | None = None
+) -> None:
+    """Resolve ``future`` on its loop from the engine thread; a caller whose loop has closed is gone."""
     try:
-        loop.call_soon_threadsafe(_resolve, fut, value, exc)
+        loop.call_soon_threadsafe(_resolve, future, value, exc)
     except RuntimeError:  # "Event loop is closed": nobody is waiting any more
         pass
 

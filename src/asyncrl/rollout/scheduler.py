@@ -1,0 +1,284 @@
+"""The scheduler of ``LocalEngine``: which sample runs in which KV slot, and what each step computes.
+
+vLLM v1's split: the scheduler decides, the executor runs, the scheduler takes the output back.
+
+- ``admit()`` places waiting samples into free slots (FIFO; the lowest free slot first keeps the
+  running samples in a dense prefix ``[0, end)``). It samples nothing and touches no cache.
+- ``schedule(prefills)`` turns the running samples and the admitted prompts into a ``StepPlan``,
+  the only record the executor reads.
+- ``update(plan, output)`` appends the sampled tokens and ends the samples that stopped;
+  ``start(placements, ...)`` appends first tokens. Both return the samples that ended, whose slots
+  are free again.
+
+A group's G samples share one prefill: the prompt is computed into the first slot of its placement
+and its KV copied into the others after the forward. Samples of a group that could only partly join
+(too few free slots) join later by copying a running sibling's prompt KV and take their first token
+from the logits cached after the group's prefill (``Request.prompt_logits``); after a weight update
+those logits are stale (``new_weights``) and the prompt is prefilled again. Prompts to prefill in
+one step are capped by ``prefill_token_budget`` (the first always goes).
+
+It holds no tensor of its own and runs no model: ``tests/rollout/test_scheduler.py`` drives it with a
+fake forward.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+from asyncrl.rollout.kv_forward import ForwardBatch
+from asyncrl.rollout.requests import Request, Sample
+from asyncrl.types import FinishReason
+
+__all__ = ["Admission", "Finished", "Placement", "Scheduler", "StepOutput", "StepPlan"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Samples of one request placed into free slots by ``Scheduler.admit``."""
+
+    request: Request
+    slots: tuple[int, ...]
+    """The slots, in the order of ``indices``."""
+    indices: tuple[int, ...]
+    """The samples' indices within the request (their seeds and result positions)."""
+    kv_source: int | None
+    """A join: the slot of a running sibling whose prompt KV the slots copy, their first token taken from
+    the cached prompt logits. None: the prompt is prefilled this step into ``slots[0]``."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What ``Scheduler.admit`` placed, in admission order."""
+
+    joins: tuple[Placement, ...]
+    """Samples joining a running group (no prefill)."""
+    prefills: tuple[Placement, ...]
+    """Requests whose prompt is prefilled in this step."""
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One engine step as the scheduler decided it: decode every started sample, prefill the new prompts."""
+
+    decode_samples: tuple[Sample | None, ...]
+    """Row i decodes the sample in slot i, for the slots ``[0, rows)``; None: an idle row (an empty slot, or
+    a sample whose first token comes from this step's prefill). Empty when no sample decodes."""
+    num_decode: int
+    """Decode rows that are not idle."""
+    prefills: tuple[Placement, ...]
+    """Prompt b of ``batch`` is ``prefills[b]``'s; its KV is copied from ``slots[0]`` into the other slots."""
+    batch: ForwardBatch
+    """The forward's input (decode rows, then prompts)."""
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(len(p.request.prompt) for p in self.prefills)
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What the executor computed for a ``StepPlan``."""
+
+    version: int
+    """The version of the weights that produced every token of the step."""
+    decode_tokens: list[int]
+    """One per decode row (idle rows' values are ignored)."""
+    decode_logprobs: list[float]
+    first_tokens: list[int]
+    """The first token of each newly prefilled sample, placement by placement, slot by slot."""
+    first_logprobs: list[float]
+    prompt_logits: torch.Tensor | None
+    """[prefills, V]: the logits after each prompt (cached for its samples still waiting for a slot)."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A sample that ended (its slot is free again)."""
+
+    sample: Sample
+    reason: FinishReason
+
+
+class Scheduler:
+    """Slots, the waiting queue and the step plan of ``LocalEngine`` (see the module docstring)."""
+
+    def __init__(self, *, max_slots: int, max_seq_len: int, prefill_token_budget: int, scratch_slot: int) -> None:
+        self.max_slots = max_slots
+        self.max_seq_len = max_seq_len
+        self.prefill_token_budget = prefill_token_budget
+        self.scratch_slot = scratch_slot
+        """Where idle decode rows write their K/V (``SlotKVForward.scratch``)."""
+        self.waiting: deque[Request] = deque()
+        self.slots: list[Sample | None] = [None] * max_slots
+        self.num_running = 0
+        self.revision = 0
+        """Bumps whenever the set of decoding samples may change (cache key of per-row sampling parameters)."""
+        self.weights_epoch = 0
+        """Bumps at every weight update (``Request.prompt_logits`` of an older epoch are stale)."""
+        self._free = list(range(max_slots))  # a heap: lowest slot first keeps the batch prefix dense
+        self._end = 0  # slots [0, end) hold every running sample
+
+    # ------------------------------------------------------------------ queue and slots
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def add(self, requests: Iterable[Request]) -> None:
+        """Queue requests (FIFO)."""
+        self.waiting.extend(requests)
+
+    def running(self) -> list[tuple[int, Sample]]:
+        """(slot, sample) of every running sample, by slot."""
+        return [(slot, s) for slot, s in enumerate(self.slots) if s is not None]
+
+    def requests(self) -> list[Request]:
+        """Every request waiting or running, once each."""
+        found = {id(s.request): s.request for s in self.slots if s is not None}
+        found.update({id(r): r for r in self.waiting})
+        return list(found.values())
+
+    def release(self, slot: int) -> Sample:
+        """Free a slot; returns the sample that ran in it."""
+        sample = self.slots[slot]
+        assert sample is not None
+        self.slots[slot] = None
+        heapq.heappush(self._free, slot)
+        sample.request.live_slots.discard(slot)
+        self.num_running -= 1
+        while self._end and self.slots[self._end - 1] is None:
+            self._end -= 1
+        self.revision += 1
+        return sample
+
+    def release_running(self) -> list[Sample]:
+        """Free every slot; returns the samples, by slot."""
+        return [self.release(slot) for slot, _ in self.running()]
+
+    def drop_cancelled(self) -> None:
+        """Forget the samples and waiting requests of cancelled requests."""
+        for slot, s in self.running():
+            if s.request.cancelled:
+                self.release(slot)
+        self.waiting = deque(r for r in self.waiting if not r.cancelled)
+
+    def reset(self) -> None:
+        """Forget every request (the engine failed them)."""
+        self.waiting.clear()
+        self.slots = [None] * self.max_slots
+        self._free = list(range(self.max_slots))
+        self._end = self.num_running = 0
+        self.revision += 1
+
+    def new_weights(self) -> None:
+        """A weight update: cached prompt logits are stale from now on."""
+        self.weights_epoch += 1
+
+    # ------------------------------------------------------------------ the step
+    def admit(self) -> Admission:
+        """Place waiting samples into free slots, FIFO, while prefill work stays within the budget."""
+        joins: list[Placement] = []
+        prefills: list[Placement] = []
+        budget = self.prefill_token_budget
+        while self.waiting and self._free:
+            request = self.waiting[0]
+            if request.cancelled:
+                self.waiting.popleft()
+                continue
+            needs_prefill = request.prompt_logits_epoch != self.weights_epoch or not request.live_slots
+            if needs_prefill and (joins or prefills) and budget < len(request.prompt):
+                break  # enough prefill work for this step; the rest joins at the next one
+            count = min(len(self._free), len(request.pending))
+            slots = tuple(heapq.heappop(self._free) for _ in range(count))
+            indices = tuple(request.pending.popleft() for _ in range(count))
+            if not request.pending:
+                self.waiting.popleft()
+            kv_source = None if needs_prefill else min(request.live_slots)
+            placement = Placement(request, slots, indices, kv_source)
+            self._place(placement)
+            if needs_prefill:
+                prefills.append(placement)
+                budget -= len(request.prompt)
+            else:
+                joins.append(placement)
+        return Admission(tuple(joins), tuple(prefills))
+
+    def _place(self, placement: Placement) -> None:
+        request = placement.request
+        limit = min(request.sampling.max_new_tokens, self.max_seq_len - len(request.prompt))
+        for slot, index in zip(placement.slots, placement.indices, strict=True):
+            self.slots[slot] = Sample(request, index, limit)
+            request.live_slots.add(slot)
+            self.num_running += 1
+            self._end = max(self._end, slot + 1)
+        self.revision += 1
+
+    def schedule(self, prefills: tuple[Placement, ...]) -> StepPlan | None:
+        """The plan of this step: a decode row for every slot in ``[0, end)`` (idle where no started sample
+        runs) and the prompts of ``prefills``; None when there is nothing to compute."""
+        samples: list[Sample | None] = []
+        tokens: list[int] = []
+        positions: list[int] = []
+        write_slots: list[int] = []
+        num_decode = 0
+        for slot, s in enumerate(self.slots[: self._end]):
+            if s is not None and s.started:
+                samples.append(s)
+                tokens.append(s.last_token)
+                positions.append(s.position)
+                write_slots.append(slot)
+                num_decode += 1
+            else:
+                samples.append(None)
+                tokens.append(0)
+                positions.append(0)
+                write_slots.append(self.scratch_slot)
+        if not num_decode:
+            if not prefills:
+                return None
+            samples, tokens, positions, write_slots = [], [], [], []
+        batch = ForwardBatch(
+            tokens, positions, write_slots, [p.slots[0] for p in prefills], [p.request.prompt for p in prefills]
+        )
+        return StepPlan(tuple(samples), num_decode, prefills, batch)
+
+    def update(self, plan: StepPlan, output: StepOutput) -> list[Finished]:
+        """Append the step's tokens (decode rows first, then the first tokens of the prefilled samples);
+        returns the samples that ended, in that order."""
+        finished: list[Finished] = []
+        for slot, s in enumerate(plan.decode_samples):
+            if s is not None:
+                reason = s.append(output.decode_tokens[slot], output.decode_logprobs[slot], output.version)
+                if reason is not None:
+                    finished.append(Finished(self.release(slot), reason))
+        if plan.prefills:
+            assert output.prompt_logits is not None
+            for b, placement in enumerate(plan.prefills):
+                placement.request.prompt_logits = output.prompt_logits[b]
+                placement.request.prompt_logits_epoch = self.weights_epoch
+            finished += self.start(plan.prefills, output.first_tokens, output.first_logprobs, output.version)
+        return finished
+
+    def start(
+        self, placements: tuple[Placement, ...], tokens: list[int], logprobs: list[float], version: int
+    ) -> list[Finished]:
+        """Append the first token of each placed sample (placement by placement, slot by slot); a request
+        with every sample placed drops its cached prompt logits. Returns the samples that ended."""
+        finished: list[Finished] = []
+        row = 0
+        for placement in placements:
+            if not placement.request.pending:  # every sample admitted: the shared logits are no longer needed
+                placement.request.prompt_logits, placement.request.prompt_logits_epoch = None, -1
+            for slot in placement.slots:
+                s = self.slots[slot]
+                assert s is not None
+                reason = s.append(tokens[row], logprobs[row], version)
+                if reason is not None:
+                    finished.append(Finished(self.release(slot), reason))
+                row += 1
+        self.revision += 1
+        return finished
