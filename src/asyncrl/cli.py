@@ -27,12 +27,13 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def _load(args: argparse.Namespace) -> Config:
-    cfg = load_config(args.config, args.overrides)
-    if cfg.run.torch_threads > 0:
-        import torch
+def _load(args: argparse.Namespace, base: Path | None = None) -> Config:
+    """The config of ``--config`` and ``--set`` (layered over ``base``: a resumed run's saved config);
+    this process's torch threads are set from it (``run.torch_threads``)."""
+    from asyncrl.launch.stages import configure_threads
 
-        torch.set_num_threads(cfg.run.torch_threads)
+    cfg = load_config(args.config, args.overrides, base=base)
+    configure_threads(cfg)
     return cfg
 
 
@@ -44,11 +45,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         saved = Path(args.resume) / "config.yaml"
         if not saved.is_file():
             raise FileNotFoundError(f"cannot resume: {saved} does not exist")
-        cfg = load_config(args.config, args.overrides, base=saved)
-        if cfg.run.torch_threads > 0:
-            import torch
-
-            torch.set_num_threads(cfg.run.torch_threads)
+        cfg = _load(args, base=saved)
         cfg.run.run_dir = args.resume
     else:
         cfg = _load(args)
@@ -103,43 +100,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
         cfg.model.path = args.model
     import asyncio
 
-    from asyncrl.controller.evaluate import evaluate
-    from asyncrl.controller.scoring import make_score_fn
     from asyncrl.data.prompts import build_task, drop_long_prompts
+    from asyncrl.launch.stages import build_engine, evaluate_once, load_model
     from asyncrl.launch.warm_start import ensure_policy
-    from asyncrl.models import load_policy, stop_token_ids
-    from asyncrl.rollout.engine import LocalEngine
+    from asyncrl.models import stop_token_ids
 
     model_dir = ensure_policy(cfg)
-    model, tokenizer = load_policy(model_dir, device=cfg.model.device, dtype=cfg.model.dtype)
+    model, tokenizer = load_model(cfg, model_dir)
     _, held_out, _ = build_task(cfg.task, tokenizer)
     held_out = drop_long_prompts(held_out, cfg.rollout.max_prompt_len, "held-out prompts")
-    engine = LocalEngine(
-        model,
-        tokenizer,
-        max_slots=cfg.rollout.max_slots,
-        max_seq_len=cfg.rollout.max_prompt_len + cfg.eval.max_new_tokens,
-        device=cfg.model.device,
-    )
-
-    async def run() -> dict[str, float]:
-        service = None
-        if cfg.task.verifier != "arithmetic":
-            from asyncrl.reward.service import RewardService
-
-            service = RewardService(num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s)
-        try:
-            score = make_score_fn(cfg.task.verifier, tokenizer, service)
-            return await evaluate(
-                engine, held_out, score, greedy=cfg.eval.greedy, temperature=cfg.rollout.temperature,
-                max_new_tokens=cfg.eval.max_new_tokens, stop_token_ids=stop_token_ids(tokenizer, model),
-            )  # fmt: skip
-        finally:
-            if service is not None:
-                await service.close()
-
+    engine = build_engine(cfg, model, tokenizer)  # the training run's engine, evaluated as its run does
     try:
-        result = asyncio.run(run())
+        result = asyncio.run(evaluate_once(cfg, engine, held_out, tokenizer, stop_token_ids(tokenizer, model)))
     finally:
         engine.close()
     print(json.dumps({"model": str(model_dir), "n": len(held_out), **result}, indent=2))
