@@ -462,19 +462,30 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("asyncrl: interrupted", file=sys.stderr)
         return 130
-    except MemoryError as exc:  # an engine whose KV cache cannot fit: the message says what it needs and has
-        from asyncrl.rollout.memory import KVCacheTooLarge
+    except Exception as exc:  # a full disk or bad input: the message says it all, no traceback
+        known = _known_error(exc)
+        if known is None:
+            raise
+        print(f"asyncrl: {known[1]}", file=sys.stderr)
+        return known[0]
 
-        if not isinstance(exc, KVCacheTooLarge):
-            raise
-        print(f"asyncrl: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # a full disk, however deep it was wrapped: its message, not a traceback
-        full = find_disk_full(exc)
-        if full is None:
-            raise
-        print(f"asyncrl: {full}", file=sys.stderr)
-        return 1
+
+def _known_error(exc: Exception) -> tuple[int, str] | None:
+    """(exit code, message) of an error whose message tells the user what to do: a full disk, however
+    deep it was wrapped (1: free space, then resume), or bad input (2: a dataset row, a model directory,
+    a model the local engine cannot run, a KV cache larger than memory). None for anything else: a bug,
+    whose traceback is wanted."""
+    full = find_disk_full(exc)
+    if full is not None:
+        return 1, str(full)
+    from asyncrl.data.rows import DatasetError  # here, not at the top: the CLI starts without torch
+    from asyncrl.models import ModelDirError
+    from asyncrl.rollout.kv_forward import UnsupportedModelError
+    from asyncrl.rollout.memory import KVCacheTooLarge
+
+    if isinstance(exc, (DatasetError, ModelDirError, UnsupportedModelError, KVCacheTooLarge)):
+        return 2, str(exc)
+    return None
 
 
 if __name__ == "__main__":

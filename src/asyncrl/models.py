@@ -3,7 +3,9 @@
 Owns two things:
 - ``load_policy(model_dir)``: load any local Hugging Face causal LM and its tokenizer through
   the same path a real checkpoint uses (``AutoModelForCausalLM`` / ``AutoTokenizer``), fp32
-  eager attention on CPU by default.
+  eager attention on CPU by default. A directory that cannot be loaded (no tokenizer, an
+  architecture transformers does not know, missing or damaged weights) raises ``ModelDirError``
+  naming the directory and what is wrong, the tokenizer checked first (it is cheap).
 - ``build_tiny_policy(out_dir)``: build the embedded default locally (no hub): a character-level
   tokenizer made with the ``tokenizers`` library (EOS/PAD/BOS, a small chat template) and a
   randomly initialised Llama-architecture decoder of a few million parameters, both saved with
@@ -32,6 +34,19 @@ TINY_CHAT_TEMPLATE = (
 )
 
 TINY_SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>")
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model"
+)  # fmt: skip
+"""Files of which a model directory with a tokenizer holds at least one."""
+
+
+class ModelDirError(ValueError):
+    """A model directory that cannot be loaded; the message names it and what is wrong."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
 TINY_CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n"
 
 
@@ -116,7 +131,16 @@ def load_tokenizer(model_dir: str | Path) -> Any:
     from transformers import AutoTokenizer
 
     _quiet_transformers()
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    path = Path(model_dir)
+    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise ModelDirError(
+            f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save the tokenizer of the "
+            "model it comes from into it (tokenizer.save_pretrained(DIR))"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    except Exception as exc:  # transformers raises OSError, ValueError, TypeError... for a bad tokenizer
+        raise ModelDirError(f"{path}: its tokenizer cannot be loaded ({_first_line(exc)})") from exc
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -125,7 +149,8 @@ def load_tokenizer(model_dir: str | Path) -> Any:
 def load_policy(model_dir: str | Path, *, device: str = "cpu", dtype: str = "float32") -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` from a local Hugging Face checkpoint directory.
 
-    Raises ``FileNotFoundError`` with a clear message when the directory holds no model."""
+    Raises ``FileNotFoundError`` with a clear message when the directory holds no model, and
+    ``ModelDirError`` when its tokenizer or its model cannot be loaded."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -136,10 +161,15 @@ def load_policy(model_dir: str | Path, *, device: str = "cpu", dtype: str = "flo
             "local checkpoint, or run `asyncrl sft` / `asyncrl train` to build the tiny default."
         )
     _quiet_transformers()
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, attn_implementation="eager")
-    model.to(device)
     tokenizer = load_tokenizer(path)
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, attn_implementation="eager")
+    except MemoryError:
+        raise
+    except Exception as exc:  # an unknown model type, missing or damaged weights: say which directory
+        raise ModelDirError(f"{path} cannot be loaded as a causal language model ({_first_line(exc)})") from exc
+    model.to(device)
     return model, tokenizer
 
 

@@ -10,11 +10,12 @@ row=row)``. :data:`GSM8K_TASK` names these fields for config-driven code.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any
+
+from asyncrl.data.rows import bad_row, iter_jsonl
 
 GSM8K_TEST_FILE = "gsm8k_test.jsonl"
 DATA_DIR_ENV = "ASYNCRL_DATA_DIR"
@@ -76,33 +77,29 @@ def load_gsm8k(
 
     Each row: ``id`` (``<file stem>-<line index>``), ``question``, ``answer`` (the final number as
     a string, commas removed), ``solution`` (the full worked solution), ``prompt``, ``reference``
-    (= ``answer``) and ``verifier`` (``"math"``). Raises ValueError naming the line of a bad record.
+    (= ``answer``) and ``verifier`` (``"math"``). Raises ``DatasetError`` naming the line of a bad record.
     """
     file = Path(path) if path is not None else default_data_dir() / GSM8K_TEST_FILE
     rows: list[dict[str, Any]] = []
-    with open(file, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            if limit is not None and len(rows) >= limit:
-                break
-            try:
-                record = json.loads(line)
-                question, solution = record["question"], record["answer"]
-                if not isinstance(question, str) or not isinstance(solution, str):
-                    raise TypeError("question and answer must be strings")
-                answer = final_answer(solution)
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise ValueError(f"{file}:{lineno}: not a GSM8K record ({e})") from e
-            rows.append(
-                {
-                    "id": f"{file.stem}-{len(rows)}",
-                    "question": question,
-                    "answer": answer,
-                    "solution": solution,
-                    "prompt": gsm8k_prompt(question),
-                    "reference": answer,
-                    "verifier": "math",
-                }
-            )
+    for lineno, record in iter_jsonl(file):
+        if limit is not None and len(rows) >= limit:
+            break
+        question, solution = record.get("question"), record.get("answer")
+        if not isinstance(question, str) or not isinstance(solution, str):
+            raise bad_row(file, lineno, "not a GSM8K record (`question` and `answer` must be strings)")
+        try:
+            answer = final_answer(solution)
+        except ValueError as e:
+            raise bad_row(file, lineno, f"not a GSM8K record ({e})") from e
+        rows.append(
+            {
+                "id": f"{file.stem}-{len(rows)}",
+                "question": question,
+                "answer": answer,
+                "solution": solution,
+                "prompt": gsm8k_prompt(question),
+                "reference": answer,
+                "verifier": "math",
+            }
+        )
     return rows

@@ -13,13 +13,12 @@ helpers (see ``asyncrl.reward.code.build_program``).
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from asyncrl.data.gsm8k import default_data_dir
+from asyncrl.data.rows import bad_row, iter_jsonl
 
 HUMANEVAL_FILE = "HumanEval.jsonl.gz"
 
@@ -53,27 +52,19 @@ def load_humaneval(
     path: str | os.PathLike[str] | None = None, *, limit: int | None = None
 ) -> list[dict[str, Any]]:
     """Rows of HumanEval (default: ``default_data_dir() / "HumanEval.jsonl.gz"``); ``.gz`` is
-    decompressed. Raises ValueError naming the line of a bad record."""
+    decompressed. Raises ``DatasetError`` naming the line of a bad record."""
     file = Path(path) if path is not None else default_data_dir() / HUMANEVAL_FILE
-    opener = gzip.open if file.suffix == ".gz" else open
     rows: list[dict[str, Any]] = []
-    with opener(file, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            if limit is not None and len(rows) >= limit:
-                break
-            try:
-                record = json.loads(line)
-                missing = [k for k in _FIELDS if not isinstance(record.get(k), str)]
-                if missing:
-                    raise KeyError(f"missing or non-string fields {missing}")
-            except (json.JSONDecodeError, KeyError, AttributeError) as e:
-                raise ValueError(f"{file}:{lineno}: not a HumanEval record ({e})") from e
-            row = {k: record[k] for k in _FIELDS}
-            row["id"] = row["task_id"]
-            row["instruction"] = INSTRUCTION_TEMPLATE.format(prompt=row["prompt"])
-            row["reference"] = humaneval_test_program(row)
-            row["verifier"] = "code"
-            rows.append(row)
+    for lineno, record in iter_jsonl(file):
+        if limit is not None and len(rows) >= limit:
+            break
+        missing = [k for k in _FIELDS if not isinstance(record.get(k), str)]
+        if missing:
+            raise bad_row(file, lineno, f"not a HumanEval record (missing or non-string fields {missing})")
+        row = {k: record[k] for k in _FIELDS}
+        row["id"] = row["task_id"]
+        row["instruction"] = INSTRUCTION_TEMPLATE.format(prompt=row["prompt"])
+        row["reference"] = humaneval_test_program(row)
+        row["verifier"] = "code"
+        rows.append(row)
     return rows

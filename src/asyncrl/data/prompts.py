@@ -4,17 +4,19 @@
   tiny tokenizer brings a minimal one; real models bring theirs); never re-tokenised later.
 - ``PromptSource``: an endless, seeded stream of ``Prompt``s over a split, epoch after epoch,
   with a position (``state_dict``) so a resumed run continues where it stopped.
-- ``build_task``: the train and held-out prompt lists of the configured task.
+- ``build_task``: the train and held-out prompt lists of the configured task; a bad row of a
+  dataset file raises ``data.rows.DatasetError`` naming the file and the line (``jsonl`` rows: a
+  non-empty string ``prompt``, a string or number ``answer``, a unique ``id`` if any).
 """
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Sequence
 from typing import Any
 
-from asyncrl.config import TaskConfig
+from asyncrl.config import ConfigError, TaskConfig
+from asyncrl.data.rows import DatasetError, bad_row, iter_jsonl
 from asyncrl.data.synthetic import make_splits, teacher_solution
 from asyncrl.types import Prompt
 
@@ -66,7 +68,7 @@ def build_task(
             rng.shuffle(rows)
             held, rest = rows[: task.eval_size], rows[task.eval_size :][: task.train_size]
             if not rest:
-                raise ValueError(
+                raise DatasetError(
                     f"task {task.name}: {len(rows)} rows leave none for training after eval_size={task.eval_size}"
                 )
 
@@ -96,20 +98,34 @@ def _load_rows(task: TaskConfig) -> tuple[list[dict[str, Any]], str, str]:
             return load_humaneval(task.path), HUMANEVAL_TASK["prompt_key"], HUMANEVAL_TASK["reference_key"]
         case "jsonl":
             if not task.path:
-                raise ValueError("task.name=jsonl needs task.path: a JSONL file with `prompt` and `answer` fields")
-            rows = []
-            with open(task.path, encoding="utf-8") as handle:
-                for line_no, line in enumerate(handle, 1):
-                    if not line.strip():
-                        continue
-                    row = json.loads(line)
-                    if "prompt" not in row or "answer" not in row:
-                        raise ValueError(f"{task.path}:{line_no}: each row needs `prompt` and `answer`")
-                    row.setdefault("id", f"row-{line_no}")
-                    rows.append(row)
-            return rows, "prompt", "answer"
+                raise ConfigError("task.name=jsonl needs task.path: a JSONL file with `prompt` and `answer` fields")
+            return _jsonl_rows(task.path), "prompt", "answer"
         case other:
             raise ValueError(f"task.name={other!r} has no dataset loader")
+
+
+def _jsonl_rows(path: str) -> list[dict[str, Any]]:
+    """Rows of a ``task.name=jsonl`` file: ``prompt`` (a non-empty string), ``answer`` (a string or a
+    number), optional ``id`` (a string or an integer, unique; default ``row-<line>``)."""
+    rows: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for line_no, row in iter_jsonl(path):
+        if "prompt" not in row or "answer" not in row:
+            raise bad_row(path, line_no, "each row needs `prompt` and `answer`")
+        if not isinstance(row["prompt"], str) or not row["prompt"].strip():
+            raise bad_row(path, line_no, f"`prompt` must be a non-empty string, not {row['prompt']!r:.60}")
+        answer = row["answer"]
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+            raise bad_row(path, line_no, f"`answer` must be a string or a number, not {type(answer).__name__}")
+        row.setdefault("id", f"row-{line_no}")
+        if isinstance(row["id"], bool) or not isinstance(row["id"], (str, int)):
+            raise bad_row(path, line_no, f"`id` must be a string or an integer, not {type(row['id']).__name__}")
+        key = str(row["id"])
+        if key in seen:
+            raise bad_row(path, line_no, f"id {key!r} repeats the one of line {seen[key]} (ids key the ledger)")
+        seen[key] = line_no
+        rows.append(row)
+    return rows
 
 
 def drop_long_prompts(prompts: Sequence[Prompt], max_len: int, what: str = "prompts") -> list[Prompt]:
@@ -121,7 +137,7 @@ def drop_long_prompts(prompts: Sequence[Prompt], max_len: int, what: str = "prom
             f"rollout.max_prompt_len={max_len} tokens"
         )
     if prompts and not kept:
-        raise ValueError(f"every one of the {len(prompts)} {what} is longer than rollout.max_prompt_len={max_len}")
+        raise DatasetError(f"every one of the {len(prompts)} {what} is longer than rollout.max_prompt_len={max_len}")
     return kept
 
 

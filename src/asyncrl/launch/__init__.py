@@ -1,5 +1,6 @@
-"""asyncrl.launch (see DESIGN.md §2): where the stages run (``local``, ``ray``) and the shared run flow
-(``runner``). Only ``RunStopped`` lives here, so the CLI can catch it without importing a launcher."""
+"""asyncrl.launch (see DESIGN.md §2): how the stages are built (``stages``: every stage from the config),
+where they run (``local``, ``ray``, ``trainer_process``), the shared run flow (``runner``) and the warm
+start (``warm_start``). Only ``RunStopped`` lives here, so the CLI can catch it without importing a launcher."""
 
 
 class RunStopped(RuntimeError):
