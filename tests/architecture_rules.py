@@ -43,7 +43,10 @@ LAYERS: dict[str, frozenset[str]] = {
     "controller": BASE | STAGES,
     "launch": BASE | STAGES | {"controller"},
     "bench": BASE | STAGES | {"controller", "launch"},
-    "cli": BASE | STAGES | {"controller", "launch", "bench"},
+    # the simulator drives the controller's own admission and batch rules (controller.staleness, .buffer)
+    # and measures a simulated run with bench.throughput's definition; nothing below imports it
+    "sim": BASE | {"controller", "bench"},
+    "cli": BASE | STAGES | {"controller", "launch", "bench", "sim"},
 }
 
 FORBIDDEN_EXTERNAL: dict[str, frozenset[str]] = {

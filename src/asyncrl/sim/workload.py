@@ -1,0 +1,124 @@
+"""Response lengths of simulated groups: parametric, or replayed from a run's ledger.
+
+Owns ``LengthSampler``: ``next_group()`` gives the G response lengths of one prompt group.
+
+- ``constant``: every sample ``length_median`` tokens (hand-computable scenarios);
+- ``lognormal``: a long tail like reasoning models. A group's scale is drawn per prompt
+  (``log L ~ N(log median, sigma)``: easy and hard prompts) and each sample varies around it
+  (``within_sigma``), so the samples of one group are correlated, as they are for a real prompt
+  (a group waits for its longest sample); clipped to ``[1, max_new_tokens]``;
+- ``ledger``: whole groups replayed from a run's ``trajectories.jsonl`` (field ``response_len`` of
+  every sample that finished: trained, filtered, stale, skipped), drawn with replacement; a group
+  of another size gives G lengths drawn from its own.
+
+Draws are made in numpy blocks and handed out as Python ints (the simulator asks for millions).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from asyncrl.choices import check_choice
+
+LengthKind = Literal["constant", "lognormal", "ledger"]
+"""``Scenario.lengths``: how response lengths are drawn (module docstring)."""
+FINISHED = ("trained", "filtered", "stale", "skipped")
+"""Ledger statuses of samples whose generation ended (as ``bench.throughput.FINISHED``)."""
+
+
+def ledger_path(path: str | Path) -> Path:
+    """``trajectories.jsonl`` itself, or inside a run directory."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "trajectories.jsonl"
+    if not p.is_file():
+        raise FileNotFoundError(f"no ledger at {p}")
+    return p
+
+
+def ledger_groups(path: str | Path) -> list[list[int]]:
+    """The response lengths of every finished group of a ledger (one list per prompt admission)."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for raw in ledger_path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        if row.get("status") in FINISHED and row.get("response_len") is not None and row.get("sample_idx") is not None:
+            groups[f"{row.get('run_id')}/{row['prompt_id']}/{row.get('start_version')}"].append(
+                int(row["response_len"])
+            )
+    out = [g for g in groups.values() if g]
+    if not out:
+        raise ValueError(f"{path}: no finished sample with a response_len")
+    return out
+
+
+class LengthSampler:
+    """The G response lengths of each new group (see the module docstring)."""
+
+    def __init__(
+        self,
+        kind: LengthKind,
+        group_size: int,
+        max_new_tokens: int,
+        *,
+        median: float = 1000.0,
+        sigma: float = 1.0,
+        within_sigma: float = 0.3,
+        ledger: str | Path | None = None,
+        seed: int = 0,
+        block: int = 4096,
+    ) -> None:
+        check_choice(kind, LengthKind, "lengths")
+        if group_size < 1 or max_new_tokens < 1 or median < 1 or sigma < 0 or within_sigma < 0:
+            raise ValueError("group_size, max_new_tokens, median >= 1 and sigma, within_sigma >= 0 required")
+        self.kind, self.g, self.cap = kind, group_size, max_new_tokens
+        self.median, self.sigma, self.within = median, sigma, within_sigma
+        self.rng = np.random.default_rng(seed)
+        self.block = block
+        if kind == "ledger" and not ledger:
+            raise ValueError("lengths=ledger needs a ledger (a run directory or its trajectories.jsonl)")
+        self._groups = ledger_groups(ledger) if kind == "ledger" and ledger else []
+        self._buf: list[list[int]] = []
+
+    def _refill(self) -> None:
+        n, g = self.block, self.g
+        match self.kind:
+            case "constant":
+                length = int(min(self.cap, max(1, round(self.median))))
+                self._buf = [[length] * g for _ in range(n)]
+                return
+            case "lognormal":
+                scale = np.log(self.median) + self.sigma * self.rng.standard_normal((n, 1))
+                lens = np.exp(scale + self.within * self.rng.standard_normal((n, g)))
+            case "ledger":
+                picks = self.rng.integers(0, len(self._groups), n)
+                rows = []
+                for i in picks.tolist():
+                    grp = self._groups[i]
+                    rows.append(grp if len(grp) == g else [grp[j] for j in self.rng.integers(0, len(grp), g).tolist()])
+                lens = np.asarray(rows, dtype=np.float64)
+        self._buf = np.clip(np.rint(lens), 1, self.cap).astype(np.int64).tolist()
+        self._buf.reverse()
+
+    def next_group(self) -> list[int]:
+        """The G response lengths of the next group."""
+        if not self._buf:
+            self._refill()
+        return self._buf.pop()
+
+    def mean(self, groups: int = 20000) -> float:
+        """Mean sample length, estimated from ``groups`` draws of a fresh sampler with the same
+        settings (the analytic mean of a clipped log-normal is not worth the algebra)."""
+        probe = LengthSampler(
+            self.kind, self.g, self.cap, median=self.median, sigma=self.sigma, within_sigma=self.within, seed=12345
+        )
+        probe._groups = self._groups
+        total = sum(sum(probe.next_group()) for _ in range(groups))
+        return total / (groups * self.g)

@@ -1,0 +1,40 @@
+"""``asyncrl bench profile``: the fits recover known costs; this machine's profile comes from the
+committed measurements and matches the shipped one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asyncrl.sim.calibrate import fit_decode, fit_line, machine_profile
+from asyncrl.sim.profile import load_profile
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+
+
+def test_fit_decode_recovers_the_cost_model() -> None:
+    a, b, c = 0.001, 7e-5, 2e-7
+    rows = []
+    for ctx in (50, 600, 1200):
+        for n in (1, 4, 16, 64, 128):
+            steps = 149
+            mean_ctx = ctx + (150 + 1) / 2
+            rows.append({"context": ctx, "running": n, "new_tokens": 150, "decode_tokens": steps * n,
+                         "decode_s": steps * (a + b * n + c * n * mean_ctx)})  # fmt: skip
+    fa, fb, fc, worst = fit_decode(rows)
+    assert (fa, fb, fc) == pytest.approx((a, b, c), rel=1e-6)
+    assert worst < 1e-9
+
+
+def test_fit_line() -> None:
+    assert fit_line([(1000, 0.7), (2000, 1.2), (4000, 2.2)]) == pytest.approx((0.2, 0.0005))
+    assert fit_line([(1000, 0.1), (2000, 0.3)])[0] == 0.0  # a negative intercept goes through the origin
+
+
+def test_this_machines_profile_from_the_committed_results() -> None:
+    profile = machine_profile(RESULTS)
+    shipped = load_profile("cpu-2core-tiny")
+    assert profile.engine == shipped.engine and profile.trainer == shipped.trainer and profile.sync == shipped.sync
+    assert 1e-4 < profile.trainer.per_token_s < 1e-3  # ~0.2 ms per trained token on one thread
+    assert profile.engine.step_s(128, 128 * 1275) == pytest.approx(0.0385, rel=0.2)  # bench decode: 38.5 ms
