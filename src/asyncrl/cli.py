@@ -207,9 +207,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 async_bench.run_interrupt_bench(args.json, **common)
         case "headline":
             _bench_headline(args)
+        case "profile":  # this machine's cost profile for asyncrl simulate
+            from asyncrl.sim.command import bench_profile
+
+            bench_profile(args.json, args.from_runs)
         case other:
             raise ConfigError(
-                f"unknown benchmark {other!r} (available: engine, decode, train, async, interrupt, ablation, headline)"
+                f"unknown benchmark {other!r} (available: engine, decode, train, async, interrupt, ablation, headline, "
+                "profile)"
             )
     return 0
 
@@ -372,7 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
-    p.add_argument("name", help="engine | decode | train | async | interrupt | ablation | headline")
+    p.add_argument("name", help="engine | decode | train | async | interrupt | ablation | headline | profile")
     p.add_argument("--json", help="write the result rows and ratios here")
     p.add_argument(
         "--model", help="engine|decode|async|interrupt|ablation|headline: model directory (default: the tiny "
@@ -428,7 +433,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--contexts", help="decode: comma-separated prompt lengths (default 50,600,1200)")
     p.add_argument("--running", help="decode: comma-separated numbers of sequences running (default 1,4,16,64,128)")
+    p.add_argument("--from-runs", help="profile: comma-separated run directories to refine the trainer/sync fit")
     p.set_defaults(func=cmd_bench)
+
+    from asyncrl.sim.command import add_simulate_parser  # its flags live beside the simulator
+
+    add_simulate_parser(sub)
 
     p = sub.add_parser("report", help="PNG plots of a run directory (reward, throughput, staleness, timeline)")
     p.add_argument("run_dir")

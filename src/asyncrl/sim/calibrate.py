@@ -30,6 +30,8 @@ import numpy as np
 from asyncrl.sim.profile import CostProfile, EngineCost, RewardCost, Source, SyncCost, TrainerCost
 
 DECODE_FILE = "bench_decode_long_policy.json"
+REPO_RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results"
+"""The committed results of a source checkout (``docs/results`` of the working directory otherwise)."""
 TRAINER_FILES = ("bench_async_*.json", "bench_headline_reason.json")
 
 
@@ -87,10 +89,10 @@ def _run_measurements(runs: Sequence[str | Path]) -> dict[str, Any]:
 
 
 def machine_profile(
-    results_dir: str | Path = "docs/results", runs: Sequence[str | Path] = (), name: str = "cpu-2core-tiny"
+    results_dir: str | Path | None = None, runs: Sequence[str | Path] = (), name: str = "cpu-2core-tiny"
 ) -> CostProfile:
     """This machine's profile from the committed results (and ``runs``, real run directories)."""
-    results = Path(results_dir)
+    results = Path(results_dir) if results_dir else (REPO_RESULTS if REPO_RESULTS.is_dir() else Path("docs/results"))
     decode = json.loads((results / DECODE_FILE).read_text())
     base, per_seq, per_ctx, worst = fit_decode(decode["rows"])
     rows = trainer_rows(results)
