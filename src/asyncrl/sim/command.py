@@ -75,7 +75,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         ("groups", ", ".join(f"{k} {v}" for k, v in r.groups.items())),
         ("interruptions", f"{r.interruptions_per_sample:.2f} per trained sample, {r.prefill_tokens:,.0f} tokens "
                           "prefilled (prompts + abort re-prefills)"),
-        ("simulation", f"{r.wall_s:.1f} s wall, {r.events:,} events ({r.events_per_s:,.0f}/s)"),
+        ("simulation", f"{r.wall_s:.1f} s wall, {r.cpu_s:.1f} s CPU, {r.events:,} events ({r.events_per_s:,.0f}/s)"),
     ]  # fmt: skip
     for key, value in rows:
         print(f"  {key:<21} {value}")

@@ -104,14 +104,16 @@ class Simulator:
     def run(self) -> dict[str, Any]:
         """Simulate until ``total_steps`` training steps have published; returns the recorder's
         raw result (``sim.output.summarise`` turns it into a ``SimResult``)."""
-        wall0 = time.perf_counter()
+        wall0, cpu0 = time.perf_counter(), time.process_time()
         gc_was_on = gc.isenabled()
         gc.disable()  # millions of small tuples and no reference cycles: the collector only costs time
         try:
-            return self._run(wall0)
+            raw = self._run(wall0)
         finally:
             if gc_was_on:
                 gc.enable()
+        raw["cpu_s"] = time.process_time() - cpu0
+        return raw
 
     def _run(self, wall0: float) -> dict[str, Any]:
         self.rec.sample(0.0, exact=True)

@@ -58,6 +58,8 @@ class SimResult:
     slots: int
     wall_s: float
     """Real seconds the simulation took."""
+    cpu_s: float
+    """CPU seconds of this process during the simulation (what a busy machine does not inflate)."""
     events: int
     events_per_s: float
 
@@ -99,7 +101,8 @@ def summarise(raw: dict[str, Any], scenario: Scenario, profile: str) -> SimResul
         trainer_busy_frac=(raw["train_busy_s"] + raw["sync_busy_s"]) / end if end > 0 else 0.0,
         interruptions_per_sample=raw["interrupts"] / max(1, raw["trained_samples"]),
         prefill_tokens=eng["prefill_tokens"], groups=groups, engines=scenario.engines,
-        trainer_ranks=scenario.trainer_ranks, slots=scenario.slots, wall_s=raw["wall_s"], events=raw["events"],
+        trainer_ranks=scenario.trainer_ranks, slots=scenario.slots, wall_s=raw["wall_s"], cpu_s=raw.get("cpu_s", 0.0),
+        events=raw["events"],
         events_per_s=raw["events"] / max(raw["wall_s"], 1e-9),
     )  # fmt: skip
 
