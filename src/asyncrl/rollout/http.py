@@ -2,7 +2,11 @@
 
 Owns request/response framing with ``Content-Length`` bodies and keep-alive: enough for a JSON RPC
 protocol between our own processes (or an SGLang server), without a web framework dependency.
-Chunked transfer encoding is not supported (the server answers 411).
+Chunked transfer encoding is not supported (the server answers 411). Slow clients: with
+``idle_timeout_s`` a connection that sends nothing for that long between requests is closed without
+an answer (a keep-alive client reconnects); with ``timeout_s`` a request whose first byte arrived
+must be complete (request line, headers, body) within that many seconds, else 408 and the
+connection is closed, so a client trickling bytes (slowloris) cannot hold a connection open.
 """
 
 from __future__ import annotations
@@ -65,13 +69,35 @@ async def read_request(
     reader: asyncio.StreamReader,
     max_body: int,
     authorize: Callable[[str, str, dict[str, str]], bool] | None = None,
+    *,
+    idle_timeout_s: float | None = None,
+    timeout_s: float | None = None,
 ) -> Request | None:
-    """Read one request; None on a clean EOF between requests. Raises ``HTTPError`` for bad framing,
-    and 401 when ``authorize(method, path, headers)`` says no (checked before the body is read)."""
+    """Read one request; None on a clean EOF between requests, or after ``idle_timeout_s`` without a
+    byte. Raises ``HTTPError`` for bad framing, 401 when ``authorize(method, path, headers)`` says no
+    (checked before the body is read), and 408 when the request is not complete ``timeout_s`` after
+    its first byte (None: no limit)."""
     try:
-        line = await _read_line(reader)
-    except asyncio.IncompleteReadError:
+        first = await asyncio.wait_for(reader.readexactly(1), idle_timeout_s)
+    except (asyncio.IncompleteReadError, asyncio.TimeoutError):
         return None
+    try:
+        return await asyncio.wait_for(_read_rest(reader, first, max_body, authorize), timeout_s)
+    except asyncio.TimeoutError:
+        raise HTTPError(408, f"request not complete within {timeout_s:g} s of its first byte", close=True) from None
+
+
+async def _read_rest(
+    reader: asyncio.StreamReader,
+    first: bytes,
+    max_body: int,
+    authorize: Callable[[str, str, dict[str, str]], bool] | None,
+) -> Request | None:
+    """``read_request`` after the first byte (``first``) arrived."""
+    try:
+        line = first if first == b"\n" else first + await _read_line(reader)
+    except asyncio.IncompleteReadError:
+        raise HTTPError(400, "incomplete request line", close=True) from None
     while line in (b"\r\n", b"\n"):  # tolerate stray blank lines between requests
         try:
             line = await _read_line(reader)

@@ -77,6 +77,11 @@ def parse_generate(
         texts = [text] if isinstance(text, str) else text
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
             raise bad_request("'text' must be a string or a non-empty list of strings")
+        for t in texts:  # JSON escapes can carry lone surrogates, which no tokenizer encodes
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise bad_request(f"'text' is not valid Unicode: a lone surrogate at character {e.start}") from None
         if tokenizer is None:
             raise bad_request("this server has no tokenizer; send 'input_ids'")
         prompts = [list(tokenizer(t)["input_ids"]) for t in texts]

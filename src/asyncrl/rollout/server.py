@@ -17,9 +17,12 @@ shapes follow SGLang's native API (``sglang/srt/entrypoints/http_server.py``, v0
   abort_all_requests}; ``GET /health``, ``GET /model_info`` (and ``/get_model_info``),
   ``GET /get_weight_version``, ``GET /stats`` (engine counters; ours).
 
-Robustness: malformed JSON, wrong types, unknown or unsupported sampling options, out-of-vocab ids
-and over-long inputs get a 4xx with a message (SGLang's error object); an unexpected exception in
-a handler answers 500 and the server keeps serving.
+Robustness: malformed JSON (invalid UTF-8 included), wrong types, unknown or unsupported sampling
+options, out-of-vocab ids and over-long inputs get a 4xx with a message (SGLang's error object); a body
+over ``max_body_bytes`` gets 413 before it is read; a request not complete ``request_timeout_s`` after
+its first byte (a slow client, slowloris) gets 408 and its connection is closed; a connection idle for
+``idle_timeout_s`` between requests is closed; an unexpected exception in a handler answers 500 and
+the server keeps serving.
 
 Security (``asyncrl.auth``, docs/security.md): binds to 127.0.0.1 unless told otherwise, and refuses
 to listen beyond loopback without an API key. With a key, every route but ``GET /health`` (which
@@ -54,7 +57,8 @@ class EngineServer:
     """HTTP front end of one ``LocalEngine`` (see module docstring).
 
     ``api_key``: the bearer token every request but ``GET /health`` must carry (None: no check,
-    loopback only). ``weights_root``: the directory weight updates may be loaded from."""
+    loopback only). ``weights_root``: the directory weight updates may be loaded from.
+    ``request_timeout_s``/``idle_timeout_s``: slow and idle clients (see the module docstring)."""
 
     ROUTES: dict[tuple[str, str], str] = {
         ("GET", "/health"): "_health",
@@ -81,8 +85,12 @@ class EngineServer:
         eos_ids: tuple[int, ...] = (),
         api_key: str | None = None,
         weights_root: str | Path | None = None,
+        request_timeout_s: float = 30.0,
+        idle_timeout_s: float = 60.0,
     ) -> None:
         self.engine = engine
+        self.request_timeout_s = request_timeout_s
+        self.idle_timeout_s = idle_timeout_s
         self.model_path = model_path
         self.max_body_bytes = max_body_bytes
         self.eos_ids = eos_ids
@@ -126,7 +134,10 @@ class EngineServer:
         try:
             while True:
                 try:
-                    req = await read_request(reader, self.max_body_bytes, authorize)
+                    req = await read_request(
+                        reader, self.max_body_bytes, authorize,
+                        idle_timeout_s=self.idle_timeout_s, timeout_s=self.request_timeout_s,
+                    )  # fmt: skip
                 except HTTPError as e:
                     self.errors_4xx += 1
                     extra = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
