@@ -12,8 +12,10 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import get_args
 
-from asyncrl.config import Config, ConfigError, dump_yaml, load_config
+from asyncrl.choices import InterruptMode, LaunchKind
+from asyncrl.config import Config, ConfigError, RewardConfig, RolloutConfig, dump_yaml, load_config, with_values
 from asyncrl.controller.rundir import RunDirError
 from asyncrl.launch import RunStopped
 from asyncrl.storage import find_disk_full
@@ -46,20 +48,20 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not saved.is_file():
             raise FileNotFoundError(f"cannot resume: {saved} does not exist")
         cfg = _load(args, base=saved)
-        cfg.run.run_dir = args.resume
+        cfg = with_values(cfg, {"run.run_dir": args.resume})
     else:
         cfg = _load(args)
         if args.run_dir:
-            cfg.run.run_dir = args.run_dir
+            cfg = with_values(cfg, {"run.run_dir": args.run_dir})
     if args.model:
-        cfg.model.path = args.model
+        cfg = with_values(cfg, {"model.path": args.model})
     from asyncrl.launch.local import train
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # under torchrun: rank 0 runs the controller and leads the FSDP2 trainer, other ranks follow
         from asyncrl.trainer.distributed import run_distributed
 
-        cfg.controller.trainer_process = False  # the trainer must live in the ranks' process group
+        cfg = with_values(cfg, {"controller.trainer_process": False})  # the trainer lives in the ranks' group
         result = run_distributed(
             lambda: train(cfg, resume=bool(args.resume), overwrite=args.overwrite), timeout_s=cfg.trainer.dist_timeout_s
         )
@@ -89,15 +91,14 @@ def cmd_sft(args: argparse.Namespace) -> int:
         print(json.dumps(stats, indent=2))
         print(f"model directory: {args.output}")
     else:
-        cfg.model.path = None
-        print(f"model directory: {ensure_policy(cfg)}")
+        print(f"model directory: {ensure_policy(with_values(cfg, {'model.path': None}))}")
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     cfg = _load(args)
     if args.model:
-        cfg.model.path = args.model
+        cfg = with_values(cfg, {"model.path": args.model})
     import asyncio
 
     from asyncrl.data.prompts import build_task, drop_long_prompts
@@ -321,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue RUN_DIR from its newest checkpoint (its config.yaml, then --config and --set on top)",
     )  # fmt: skip
     p.add_argument(
-        "--launcher", choices=("local", "ray"),
+        "--launcher", choices=get_args(LaunchKind),
         help="where the stages run (sets launch.kind; ray: engines, trainer ranks, reward workers as Ray actors)",
     )  # fmt: skip
     p.set_defaults(func=cmd_train)
@@ -340,14 +341,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="local Hugging Face model directory")
     p.add_argument("--input", required=True, help="JSONL rows with `prompt` (text) or `input_ids`")
     p.add_argument("--output", required=True, help="JSONL output: id, output_ids, text, logprobs, versions, ...")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=RolloutConfig.max_new_tokens)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--greedy", action="store_true")
     p.add_argument("--n", type=int, default=1, help="samples per prompt")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--max-slots", type=int, default=64)
+    p.add_argument("--max-slots", type=int, default=RolloutConfig.max_slots)
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_generate)
 
@@ -368,12 +369,15 @@ def build_parser() -> argparse.ArgumentParser:
         "trainer.weight_export_dir); without it, weight updates from disk are refused",
     )  # fmt: skip
     p.add_argument("--port", type=int, default=None, help="engine default 30000; reward default: any free port")
-    p.add_argument("--max-slots", type=int, default=64)
-    p.add_argument("--max-seq-len", type=int, default=1024)
-    p.add_argument("--interrupt-mode", choices=["abort", "keep"], default="abort")
+    p.add_argument("--max-slots", type=int, default=RolloutConfig.max_slots)
+    p.add_argument(
+        "--max-seq-len", type=int, default=RolloutConfig.max_prompt_len + RolloutConfig.max_new_tokens,
+        help="KV cache per slot, prompt + output tokens (default: rollout.max_prompt_len + rollout.max_new_tokens)",
+    )  # fmt: skip
+    p.add_argument("--interrupt-mode", choices=get_args(InterruptMode), default=RolloutConfig.interrupt_mode)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--workers", type=int, default=2, help="reward: worker processes")
-    p.add_argument("--timeout", type=float, default=10.0, help="reward: per-item timeout in seconds")
+    p.add_argument("--workers", type=int, default=RewardConfig.num_workers, help="reward: worker processes")
+    p.add_argument("--timeout", type=float, default=RewardConfig.timeout_s, help="reward: per-item timeout in seconds")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
