@@ -10,8 +10,11 @@ every request but ``GET /health`` needs ``Authorization: Bearer <key>``; others 
   ``{"reward", "failure", "latency_s", "cached"}``. ``failure`` has the service's meaning.
 - ``GET /health`` answers ``{"status": "ok", "metrics": {...}}``; without the key (on a server
   that has one) only ``{"status": "ok"}``.
-- Malformed input gets a 4xx with ``{"error": ...}``: bad JSON or fields 400, unknown path 404,
-  missing length 411, body too large 413; ``remote:`` verifiers are refused (no relaying), and
+- Malformed input gets a 4xx with ``{"error": ...}``: bad JSON (invalid UTF-8 included) or fields
+  400, unknown path 404, missing length 411, body too large 413, a request not read within
+  ``read_timeout_s`` (a slow client, slowloris; also a kept-alive connection left idle that long)
+  408 and the connection closed (one watchdog thread, ``_Deadlines``, for the whole server);
+  ``remote:`` verifiers are refused (no relaying), and
   ``custom:`` ones unless the server was started with ``allow_custom=True`` (it would import and
   run any importable function the client names). A handler error is a 500, never a dead server.
 
@@ -24,7 +27,9 @@ import asyncio
 import json
 import logging
 import signal
+import socket
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -46,6 +51,39 @@ class _BadRequest(Exception):
         self.status = status
 
 
+class _Deadlines:
+    """One thread that answers 408 and closes the connections whose request was not read in time."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._due: dict[int, tuple[float, Callable[[], None]]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="asyncrl-reward-deadlines", daemon=True)
+        self._thread.start()
+
+    def arm(self, key: int, on_expire: Callable[[], None]) -> None:
+        with self._lock:
+            self._due[key] = (time.monotonic() + self.timeout_s, on_expire)
+
+    def disarm(self, key: int) -> None:
+        with self._lock:
+            self._due.pop(key, None)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(0.2, self.timeout_s / 4)):
+            now = time.monotonic()
+            with self._lock:
+                late = [key for key, (due, _) in self._due.items() if due <= now]
+                calls = [self._due.pop(key)[1] for key in late]
+            for call in calls:
+                call()
+
+
 class RewardServer:
     """An HTTP reward server running in background threads (``start()``/``close()``).
 
@@ -64,6 +102,7 @@ class RewardServer:
         allow_custom: bool = False,
         max_body_bytes: int = MAX_BODY_BYTES,
         api_key: str | None = None,
+        read_timeout_s: float = 30.0,
         **service_kwargs: Any,
     ) -> None:
         resolve_verifier(default_verifier)
@@ -75,6 +114,8 @@ class RewardServer:
         self.max_body_bytes = max_body_bytes
         self._service_args = dict(num_workers=num_workers, timeout_s=timeout_s, **service_kwargs)
         self.request_timeout_s = timeout_s + 60.0
+        self.read_timeout_s = read_timeout_s
+        self.deadlines: _Deadlines | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._http: ThreadingHTTPServer | None = None
@@ -97,6 +138,7 @@ class RewardServer:
             return RewardService(**self._service_args)
 
         self.service = asyncio.run_coroutine_threadsafe(make(), loop).result()
+        self.deadlines = _Deadlines(self.read_timeout_s)
         self._http = ThreadingHTTPServer((self.host, self.port), _make_handler(self))
         self._http.daemon_threads = True
         self.port = self._http.server_address[1]
@@ -112,6 +154,9 @@ class RewardServer:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+        if self.deadlines is not None:
+            self.deadlines.close()
+            self.deadlines = None
         if self._loop is not None:
             if self.service is not None:
                 asyncio.run_coroutine_threadsafe(self.service.close(), self._loop).result(timeout=30)
@@ -180,7 +225,50 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("%s " + format, self.address_string(), *args)
 
+    _timed_out = False
+
+    def handle_one_request(self) -> None:
+        """One request, read (request line, headers, body) within the server's ``read_timeout_s``."""
+        deadlines = self.reward.deadlines
+        assert deadlines is not None
+        self._timed_out = False
+        deadlines.arm(id(self), self._expire)
+        try:
+            super().handle_one_request()
+        except OSError:
+            if not self._timed_out:
+                raise
+            self.close_connection = True  # the watchdog answered 408 and shut the socket
+        finally:
+            deadlines.disarm(id(self))
+
+    def _request_read(self) -> None:
+        """The whole request is in: what follows (scoring) is not bounded by ``read_timeout_s``."""
+        assert self.reward.deadlines is not None
+        self.reward.deadlines.disarm(id(self))
+
+    def _expire(self) -> None:
+        """(The watchdog thread) the request was not read in time: 408, then shut the connection."""
+        self._timed_out = True
+        self.close_connection = True
+        data = json.dumps({"error": f"request not complete within {self.reward.read_timeout_s:g} s"}).encode()
+        head = "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        try:
+            self.connection.sendall(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        except OSError:
+            pass
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        if not self._timed_out:  # after a 408 the socket is shut: nothing more to say
+            super().send_error(code, message, explain)
+
     def _reply(self, status: int, body: dict[str, Any]) -> None:
+        if self._timed_out:
+            return
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -227,6 +315,8 @@ class _Handler(BaseHTTPRequestHandler):
         """Key first, then the route of ``ROUTES``; never let a request take the server down."""
         if not self._authorized(method):
             return
+        if method == "GET":
+            self._request_read()
         name = ROUTES.get((method, urlsplit(self.path).path))
         try:
             if name is None:
@@ -259,6 +349,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._discard_body(length)
             raise _BadRequest(413, f"body over {self.reward.max_body_bytes} bytes")
         raw = self.rfile.read(length)
+        self._request_read()
+        if self._timed_out:
+            raise _BadRequest(408, "request not complete in time")
         try:
             payload = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:

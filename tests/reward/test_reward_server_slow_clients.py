@@ -1,0 +1,73 @@
+"""The reward server against slow clients (issue 14 item 6): a request not read within
+``read_timeout_s`` gets 408 and its connection is closed, however slowly its bytes trickle in, while
+other clients are scored. (Invalid UTF-8 and huge bodies: ``test_remote_reward.py``.)"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from asyncrl.reward.client import RemoteRewardClient
+from asyncrl.reward.remote import RewardServer
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RewardServer]:
+    with RewardServer(num_workers=1, timeout_s=10, read_timeout_s=0.5) as srv:
+        yield srv
+
+
+def _answer(sock: socket.socket) -> tuple[int, dict, bytes]:
+    sock.settimeout(10)
+    reply = b""
+    while chunk := sock.recv(65536):
+        reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body), reply
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"POST /score HTTP/1.1\r\nHost: x\r\n",  # headers never finished
+        b'POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"response": ',  # body never finished
+        b"",  # a connection that sends nothing
+    ],
+    ids=["headers", "body", "nothing"],
+)
+def test_a_stalled_request_gets_408_and_others_are_scored(server: RewardServer, sent: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", server.port)) as slow:
+        slow.sendall(sent)
+        t0 = time.perf_counter()
+        assert RemoteRewardClient(server.url).score_sync("\\boxed{2}", "2") == (1.0, None)  # meanwhile
+        status, body, _ = _answer(slow)
+    assert status == 408 and body == {"error": "request not complete within 0.5 s"}
+    assert time.perf_counter() - t0 < 5
+
+
+def test_a_trickling_client_slowloris_is_cut_off(server: RewardServer) -> None:
+    request = b"POST /score HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 1000
+    t0 = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", server.port)) as slow:
+        for byte in request:  # a byte every 20 ms: every read is quick, the request never ends
+            try:
+                slow.sendall(bytes([byte]))
+            except OSError:
+                break
+            if time.perf_counter() - t0 > 3:
+                break
+            time.sleep(0.02)
+        status, _, _ = _answer(slow)
+    assert status == 408 and time.perf_counter() - t0 < 3
+    assert RemoteRewardClient(server.url).score_sync("\\boxed{3}", "3") == (1.0, None)
+
+
+def test_a_slow_verifier_is_not_cut_off(server: RewardServer) -> None:
+    """The deadline covers reading the request, not scoring it: a request read at once may take longer."""
+    client = RemoteRewardClient(server.url + "#code")
+    program = "import time\ntime.sleep(1.0)\ndef f():\n    return 1\n"
+    assert client.score_sync(program, "assert f() == 1") == (1.0, None)
