@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.sim.calibrate import fit_decode, fit_line, machine_profile
+from asyncrl.sim.calibrate import decode_ratios, fit_decode, fit_line, machine_profile
 from asyncrl.sim.profile import load_profile
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
@@ -38,3 +38,15 @@ def test_this_machines_profile_from_the_committed_results() -> None:
     assert profile.engine == shipped.engine and profile.trainer == shipped.trainer and profile.sync == shipped.sync
     assert 1e-4 < profile.trainer.per_token_s < 1e-3  # ~0.2 ms per trained token on one thread
     assert profile.engine.step_s(128, 128 * 1275) == pytest.approx(0.0385, rel=0.2)  # bench decode: 38.5 ms
+
+
+def test_decode_ratios_measure_the_engine_against_the_fit() -> None:
+    cost = (0.001, 1e-4, 1e-7)
+    n, ctx, tokens = 10, 500, 1000
+    predicted = tokens / n * (cost[0] + cost[1] * n + cost[2] * n * ctx)
+    timeline = [
+        {"engine_decode_s": 0.0, "engine_generated_tokens": 0, "engine_running": n},
+        {"engine_decode_s": 2 * predicted, "engine_generated_tokens": tokens, "engine_running": n},
+        {"engine_decode_s": 2 * predicted, "engine_generated_tokens": tokens, "engine_running": 0},  # idle
+    ]
+    assert decode_ratios(timeline, ctx, cost) == pytest.approx([2.0])

@@ -11,7 +11,11 @@ Owns the fits that turn measurements into a ``CostProfile``:
 - weight sync: the same rows' ``weight_sync_s`` (median), split into the engine's own load time
   (``time_budget.engine_update_s`` per step, where recorded) and the trainer's export;
 - prefill and reward latency: from real run directories when given (``--from-runs``: the timeline's
-  prefill seconds per prefill token, the metrics' reward latency), else stated assumptions.
+  prefill seconds per prefill token, the metrics' reward latency), else stated assumptions;
+- the engine inside a training run: with ``--from-runs``, the decode fit is scaled by the median
+  ratio of the engine's measured decode seconds to the fit's prediction over the runs' timeline
+  intervals (the sweep decodes one request of N identical samples; a training run's engine shares
+  its process with the controller and serves N different requests, and is slower).
 
 A run directory also refines the trainer fit (its per-step ``train_step_s`` against
 ``trained_tokens``). Every number names its source in the profile.
@@ -72,9 +76,28 @@ def trainer_rows(results: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _run_measurements(runs: Sequence[str | Path]) -> dict[str, Any]:
-    """Per-step trainer points, sync times, reward latency and prefill cost of real run directories."""
-    points, sync, reward, prefill_s, prefill_tokens = [], [], [], 0.0, 0.0
+def decode_ratios(timeline: Sequence[dict[str, Any]], context: float, cost: tuple[float, float, float]) -> list[float]:
+    """Measured over predicted decode seconds of every timeline interval that decoded (the engine's
+    own ``decode_s`` against ``cost`` = (base, per_seq, per_ctx) at the interval's mean running
+    sequences and a mean ``context``)."""
+    base, per_seq, per_ctx = cost
+    out = []
+    for prev, cur in zip(timeline, timeline[1:], strict=False):
+        spent = cur["engine_decode_s"] - prev["engine_decode_s"]
+        tokens = cur["engine_generated_tokens"] - prev["engine_generated_tokens"]
+        n = (cur["engine_running"] + prev["engine_running"]) / 2
+        if spent > 0.05 and tokens > 0 and n >= 1:
+            out.append(spent / (tokens / n * (base + per_seq * n + per_ctx * n * context)))
+    return out
+
+
+def _run_measurements(runs: Sequence[str | Path], decode: tuple[float, float, float]) -> dict[str, Any]:
+    """Per-step trainer points, sync times, reward latency, prefill cost and the decode slowdown
+    against ``decode`` (the ``bench decode`` fit) of real run directories."""
+    from asyncrl.sim.scenario import run_workload
+    from asyncrl.sim.workload import ledger_groups
+
+    points, sync, reward, ratios, prefill_s, prefill_tokens = [], [], [], [], 0.0, 0.0
     for run in map(Path, runs):
         metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
         points += [(m["trained_tokens"], m["train_step_s"]) for m in metrics if m.get("train_step_s")]
@@ -84,14 +107,20 @@ def _run_measurements(runs: Sequence[str | Path]) -> dict[str, Any]:
         if len(timeline) >= 2:
             prefill_s += timeline[-1]["engine_prefill_s"] - timeline[0]["engine_prefill_s"]
             prefill_tokens += timeline[-1]["engine_prefill_tokens"] - timeline[0]["engine_prefill_tokens"]
+            lengths = [x for g in ledger_groups(run) for x in g]
+            mean_ctx = run_workload(run).get("prompt_len", 0) + sum(x * x for x in lengths) / (2 * sum(lengths))
+            ratios += decode_ratios(timeline, mean_ctx, decode)  # a token's context, averaged over tokens
     return {"points": points, "sync": sync, "reward": reward,
-            "prefill": prefill_s / prefill_tokens if prefill_tokens > 0 else None}  # fmt: skip
+            "prefill": prefill_s / prefill_tokens if prefill_tokens > 0 else None,
+            "decode_scale": statistics.median(ratios) if ratios else None}  # fmt: skip
 
 
 def machine_profile(
-    results_dir: str | Path | None = None, runs: Sequence[str | Path] = (), name: str = "cpu-2core-tiny"
+    results_dir: str | Path | None = None, runs: Sequence[str | Path] = (), name: str | None = None
 ) -> CostProfile:
-    """This machine's profile from the committed results (and ``runs``, real run directories)."""
+    """This machine's profile from the committed results (and ``runs``, real run directories);
+    named ``cpu-2core-tiny`` (``cpu-2core-tiny-runs`` when runs refine it) unless ``name``."""
+    name = name or ("cpu-2core-tiny-runs" if runs else "cpu-2core-tiny")
     results = Path(results_dir) if results_dir else (REPO_RESULTS if REPO_RESULTS.is_dir() else Path("docs/results"))
     decode = json.loads((results / DECODE_FILE).read_text())
     base, per_seq, per_ctx, worst = fit_decode(decode["rows"])
@@ -102,7 +131,11 @@ def machine_profile(
     sync_s = statistics.median(r["weight_sync_s"] for r in rows if r.get("weight_sync_s") is not None)
     loads = [r["time_budget"]["engine_update_s"] / r["steps"] for r in rows if r.get("time_budget")]
     update_s = statistics.median(loads) if loads else 0.0
-    measured = _run_measurements(runs) if runs else {"points": [], "sync": [], "reward": [], "prefill": None}
+    measured: dict[str, Any] = {"points": [], "sync": [], "reward": [], "prefill": None, "decode_scale": None}
+    if runs:
+        measured = _run_measurements(runs, (base, per_seq, per_ctx))
+    scale = measured["decode_scale"] or 1.0
+    base, per_seq, per_ctx = base * scale, per_seq * scale, per_ctx * scale
     points += measured["points"]
     t_base, t_per_token = fit_line(points)
     if measured["sync"]:
@@ -113,7 +146,9 @@ def machine_profile(
     run_names = ", ".join(str(r) for r in runs)
     sources = [
         Source("engine.decode_*", "measured", f"docs/results/{DECODE_FILE} ({len(decode['rows'])} rows of `asyncrl "
-               f"bench decode`, one torch thread) fitted on relative error; worst row off by {worst:.0%}"),
+               f"bench decode`, one torch thread) fitted on relative error; worst row off by {worst:.0%}"
+               + (f"; scaled by {scale:.2f}, the median measured/predicted decode time of the timeline intervals "
+                  f"of {run_names} (the engine inside a training run)" if measured["decode_scale"] else "")),
         Source("trainer.base_s, trainer.per_token_s", "measured",
                f"mean step time against trained tokens per step of the {len(rows)} max_staleness=0 rows of "
                f"{', '.join(files)} (trainer alone, one thread, packed micro-batches, proximal forward included)"
