@@ -486,18 +486,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def _known_error(exc: Exception) -> tuple[int, str] | None:
     """(exit code, message) of an error whose message tells the user what to do: a full disk, however
-    deep it was wrapped (1: free space, then resume), or bad input (2: a dataset row, a model directory,
-    a model the local engine cannot run, a KV cache larger than memory). None for anything else: a bug,
-    whose traceback is wanted."""
+    deep it was wrapped (1: free space, then resume), or bad input (2: a dataset row, an input row of
+    ``asyncrl generate``, a model directory, a model the local engine cannot run, a KV cache larger
+    than memory). None for anything else: a bug, whose traceback is wanted."""
     full = find_disk_full(exc)
     if full is not None:
         return 1, str(full)
     from asyncrl.data.rows import DatasetError  # here, not at the top: the CLI starts without torch
     from asyncrl.models import ModelDirError
+    from asyncrl.rollout.batch_generate import InputRowsError
     from asyncrl.rollout.kv_forward import UnsupportedModelError
     from asyncrl.rollout.memory import KVCacheTooLarge
 
-    if isinstance(exc, (DatasetError, ModelDirError, UnsupportedModelError, KVCacheTooLarge)):
+    if isinstance(exc, (DatasetError, InputRowsError, ModelDirError, UnsupportedModelError, KVCacheTooLarge)):
         return 2, str(exc)
     return None
 

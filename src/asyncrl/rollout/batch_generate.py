@@ -5,7 +5,9 @@ templates upstream) or ``input_ids``, optionally ``id`` (default: the row's line
 per-row ``max_new_tokens``. Every row is submitted at once and continuous batching does the rest.
 Output rows (input order, samples of one row together) hold ``id``, ``sample_idx``, ``output_ids``,
 ``text``, ``logprobs`` (behaviour log-probs: log softmax(logits / T) before truncation),
-``versions`` and ``finish_reason``. Generation stops at the tokenizer's EOS ids.
+``versions`` and ``finish_reason``. Generation stops at the tokenizer's EOS ids. A bad input row
+(not UTF-8, not JSON, wrong fields, token ids outside the vocabulary, a prompt that fills the model's
+context) raises ``InputRowsError`` naming the file and line (or the rows) before anything is generated.
 """
 
 from __future__ import annotations
@@ -16,41 +18,69 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["generate_batch", "read_rows"]
+__all__ = ["InputRowsError", "generate_batch", "read_rows"]
+
+
+class InputRowsError(ValueError):
+    """An input file of ``asyncrl generate`` that cannot be used; the message names the file and line."""
+
+
+def _parse_line(raw: bytes, where: str) -> dict[str, Any] | None:
+    """One JSONL line as a JSON object (None: a blank line)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad = raw[e.start : e.start + 1]
+        raise InputRowsError(f"{where}: not valid UTF-8 (byte {bad!r} at column {e.start + 1})") from None
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise InputRowsError(f"{where}: not valid JSON ({e.msg} at column {e.pos + 1})") from None
+    if not isinstance(row, dict):
+        raise InputRowsError(f"{where}: each row must be a JSON object")
+    return row
 
 
 def read_rows(path: str | Path, tokenizer: Any) -> list[tuple[str, list[int], int | None]]:
     """Parse and validate the input JSONL: ``[(id, input_ids, max_new_tokens or None)]``."""
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
             where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{where}: each row must be a JSON object")
+            row = _parse_line(raw, where)
+            if row is None:
+                continue
             if ("prompt" in row) == ("input_ids" in row):
-                raise ValueError(f"{where}: give exactly one of 'prompt' (text) or 'input_ids'")
+                raise InputRowsError(f"{where}: give exactly one of 'prompt' (text) or 'input_ids'")
             if "prompt" in row:
                 if not isinstance(row["prompt"], str) or not row["prompt"]:
-                    raise ValueError(f"{where}: 'prompt' must be a non-empty string")
+                    raise InputRowsError(f"{where}: 'prompt' must be a non-empty string")
                 ids = list(tokenizer(row["prompt"])["input_ids"])
             else:
                 ids = row["input_ids"]
                 if not isinstance(ids, list) or not ids or not all(type(t) is int for t in ids):
-                    raise ValueError(f"{where}: 'input_ids' must be a non-empty list of ints")
+                    raise InputRowsError(f"{where}: 'input_ids' must be a non-empty list of ints")
             budget = row.get("max_new_tokens")
             if budget is not None and (type(budget) is not int or budget < 1):
-                raise ValueError(f"{where}: 'max_new_tokens' must be an int >= 1")
+                raise InputRowsError(f"{where}: 'max_new_tokens' must be an int >= 1")
             rid = row.get("id", lineno)
             rows.append((str(rid) if not isinstance(rid, (int, str)) else rid, ids, budget))
     if not rows:
-        raise ValueError(f"{path}: no input rows")
+        raise InputRowsError(f"{path}: no input rows")
     return rows
+
+
+def _check_fits(rows: list[tuple[str, list[int], int | None]], vocab: int, limit: int) -> None:
+    """Every row's token ids inside the vocabulary and its prompt shorter than the model's context."""
+    outside = [rid for rid, ids, _ in rows if min(ids) < 0 or max(ids) >= vocab]
+    if outside:
+        raise InputRowsError(f"rows {outside[:5]} hold token ids outside the vocabulary [0, {vocab})")
+    too_long = [(rid, len(ids)) for rid, ids, _ in rows if len(ids) >= limit]
+    if too_long:
+        shown = ", ".join(f"{rid} ({n} tokens)" for rid, n in too_long[:5])
+        raise InputRowsError(f"the prompts of rows {shown} fill the model's context ({limit} tokens): shorten them")
 
 
 def generate_batch(
@@ -76,11 +106,8 @@ def generate_batch(
     policy, tokenizer = load_policy(model, device=device)
     rows = read_rows(input_path, tokenizer)
     limit = getattr(policy.config, "max_position_embeddings", None) or 4096
-    need = max(len(ids) + (b or max_new_tokens) for _, ids, b in rows)
-    max_seq_len = min(need, limit)
-    too_long = [rid for rid, ids, _ in rows if len(ids) >= max_seq_len]
-    if too_long:
-        raise ValueError(f"prompts of rows {too_long[:5]} fill the model's context ({limit} tokens)")
+    _check_fits(rows, policy.get_output_embeddings().weight.shape[0], limit)
+    max_seq_len = min(max(len(ids) + (b or max_new_tokens) for _, ids, b in rows), limit)
     stops = stop_token_ids(tokenizer, policy)
     engine = LocalEngine(policy, tokenizer, max_slots=max(max_slots, n), max_seq_len=max_seq_len, device=device)
 
