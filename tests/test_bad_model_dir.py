@@ -66,6 +66,12 @@ CASES = {
 }
 
 
+def _no_config(tiny: Path, out: Path) -> Path:
+    d = _copy(tiny, out)
+    (d / "config.json").unlink()
+    return d
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_load_policy_names_the_directory_and_the_problem(tiny_policy_dir: Path, tmp_path: Path, case: str) -> None:
     make, message = CASES[case]
@@ -78,6 +84,7 @@ def test_load_policy_names_the_directory_and_the_problem(tiny_policy_dir: Path, 
 @pytest.mark.parametrize(
     ("case", "message"),
     [
+        ("no-config", "is not a Hugging Face model directory (no config.json). Pass --model DIR"),
         ("no-tokenizer", "has no tokenizer (none of tokenizer.json"),
         ("unknown-type", "cannot be loaded as a causal language model (ValueError: "),
         ("gpt2", "LocalEngine runs Llama-family decoders ('llama', 'mistral', 'qwen2', 'qwen3'); got model_type='gpt2"),
@@ -91,6 +98,8 @@ def test_train_stops_before_the_run_directory_with_one_line(
     model = tiny_policy_dir
     if case == "gpt2":
         model = _gpt2(tiny_policy_dir, tmp_path / "model")
+    elif case == "no-config":
+        model = _no_config(tiny_policy_dir, tmp_path / "model")
     elif case != "bad-dataset":
         model = CASES[case][0](tiny_policy_dir, tmp_path / "model")
     else:

@@ -87,3 +87,11 @@ def test_task_level_errors(tiny_policy_dir: Path, tmp_path: Path) -> None:
     long = [Prompt("a", tuple(range(10)), "1"), Prompt("b", tuple(range(12)), "1")]
     with pytest.raises(DatasetError, match="every one of the 2 prompts is longer than rollout.max_prompt_len=8"):
         drop_long_prompts(long, 8)
+
+
+def test_prompts_longer_than_the_engine_allows_are_dropped_and_counted(capsys: pytest.CaptureFixture[str]) -> None:
+    prompts = [Prompt("a", tuple(range(10)), "1"), Prompt("b", tuple(range(12)), "1"), Prompt("c", (1, 2), "1")]
+    kept = drop_long_prompts(prompts, 10, "training prompts")
+    assert [p.prompt_id for p in kept] == ["a", "c"]
+    out = capsys.readouterr().out
+    assert out == "warning: dropped 1 of 3 training prompts longer than rollout.max_prompt_len=10 tokens\n"

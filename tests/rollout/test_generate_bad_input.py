@@ -1,6 +1,7 @@
 """``asyncrl generate`` on bad input (issue 14 item 6): invalid UTF-8, token ids outside the
 vocabulary and prompts longer than the model's context are refused before anything is generated,
-with one line naming the file and line (or the rows)."""
+with one line naming the file and line (or the rows). And ``LocalEngine`` refuses a prompt that
+leaves no room in its KV cache."""
 
 from __future__ import annotations
 
@@ -35,3 +36,16 @@ def test_refused_before_generating(tiny_dir: Path, tmp_path: Path, capsys: Any, 
     err = capsys.readouterr().err
     assert err.startswith("asyncrl: ") and message in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_the_engine_refuses_a_prompt_that_leaves_no_room(load_tiny: Any, arun: Any) -> None:
+    from asyncrl.rollout.engine import LocalEngine
+    from asyncrl.rollout.sampling import SamplingParams
+
+    model, tok = load_tiny()
+    engine = LocalEngine(model, tok, max_slots=2, max_seq_len=128)
+    try:
+        with pytest.raises(ValueError, match="prompt has 128 tokens; max_seq_len=128 leaves no room"):
+            arun(engine.generate([5] * 128, SamplingParams(max_new_tokens=4)))
+    finally:
+        engine.close()
