@@ -27,7 +27,7 @@ def test_defaults_are_off() -> None:
         (["controller.fixed_lag=-1"], "controller.fixed_lag must be >= 0"),
         (["controller.fixed_lag=8"], "controller.fixed_lag=8 needs controller.max_staleness >= 8"),
         (["controller.fixed_lag=1", "trainer.weight_transport=safetensors"], "trainer.weight_transport=tensors"),
-        (["controller.fixed_lag=1", "controller.eval_every=2"], "controller.fixed_lag needs controller.eval_every=0"),
+        (["controller.fixed_lag=1", "controller.eval_every=2"], "controller.fixed_lag=1 needs controller.eval_every=0"),
     ],
 )
 def test_errors_name_the_key(overrides: list[str], message: str) -> None:

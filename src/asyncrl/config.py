@@ -4,11 +4,13 @@ Every field has a default, so ``Config()`` is the embedded default run (tiny mod
 arithmetic task, asynchronous RL on CPU). A YAML file overrides any subset; ``--set a.b=v``
 overrides single fields (the value is parsed as YAML: ``4``, ``0.5``, ``true``, ``null``,
 ``[1, 2]``). Unknown keys and values of the wrong type are errors that name the key and the
-valid choices (the generic parsing is ``config_parse``). A choice field is typed with its ``Literal``
-alias from ``asyncrl.choices`` (the functions that take the choice use the same alias) and is
-checked against it. The tree is frozen: a changed config is a new one (``with_values(cfg,
-{"model.path": p})``, checked and validated like an override). No torch; no sibling but
-``config_parse``, ``config_checks`` and ``choices``.
+valid choices (the generic parsing is ``config_parse``, the checks ``config_checks``). A choice
+field is typed with its ``Literal`` alias from ``asyncrl.choices`` (the functions that take the
+choice use the same alias) and checked against it. Every field is documented under its
+declaration (``tests/test_config_fields.py`` holds that). The tree is frozen: a changed config
+is a new one (``with_values(cfg, {"model.path": p})``, checked and validated like an override,
+or ``dataclasses.replace``). No torch; no sibling but ``config_parse``, ``config_checks`` and
+``choices``.
 
 Batch-size semantics, stated once (a known confusion in peers): one training step consumes
 ``controller.batch_size`` prompt *groups*, each of ``rollout.group_size`` samples, so
@@ -51,14 +53,16 @@ from asyncrl.choices import (
     WeightSyncMode,
     WeightTransport,
 )
-from asyncrl.config_checks import validate_algo, validate_fixed_lag
-from asyncrl.config_parse import ConfigError, apply_mapping, check_choices, nest, parse_override
+from asyncrl.config_checks import validate
+from asyncrl.config_parse import ConfigError, apply_mapping, nest, parse_override, read_yaml
 
 __all__ = ["Config", "ConfigError", "dump_yaml", "load_config", "parse_override", "to_dict", "validate", "with_values"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
+    """The policy: which weights, in which dtype, on which device."""
+
     path: str | None = None
     """A local Hugging Face causal-LM directory. None: the tiny default, built and warm-started
     (``asyncrl sft``) into ``sft.cache_dir`` on first use and reused afterwards."""
@@ -68,8 +72,10 @@ class ModelConfig:
     """cpu | cuda | cuda:N."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class TaskConfig:
+    """The prompts (training and held-out) and the verifier that scores their answers."""
+
     name: TaskName = "arithmetic"
     """arithmetic (synthetic, embedded default) | gsm8k | humaneval (../shared/data or task.path) |
     jsonl (task.path: rows with `prompt`, `answer`, optional `id`). Set task.verifier to match
@@ -77,6 +83,7 @@ class TaskConfig:
     seed: int = 1234
     """Seed of the synthetic generator and of the train/held-out split."""
     train_size: int = 20000
+    """Training prompts: generated for arithmetic, the first ones after the held-out split for datasets."""
     eval_size: int = 256
     """Held-out prompts used for accuracy_before / accuracy_after."""
     max_terms: int = 8
@@ -84,6 +91,7 @@ class TaskConfig:
     length_tail: float = 0.5
     """Synthetic arithmetic: P(one more operand). 0.5 gives many short and a few long problems."""
     max_operand: int = 9
+    """Synthetic arithmetic: largest operand (running totals stay in [0, 10 * max_operand])."""
     form: ArithmeticForm = "chain"
     """Synthetic arithmetic: chain (additions and subtractions, the default) | repeat (a product
     modulo 10 worked out as repeated addition: long chains a tiny model can keep right)."""
@@ -93,8 +101,10 @@ class TaskConfig:
     """Which verifier scores a response (see reward.service): arithmetic | math | code | custom:mod:fn."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class RewardConfig:
+    """The reward service: worker processes, timeouts and retries of verification."""
+
     num_workers: int = 2
     """Reward-service worker processes (verifiers other than the inline arithmetic one); under
     launch.kind=ray, K reward-worker actors that score every verifier, arithmetic included."""
@@ -104,13 +114,20 @@ class RewardConfig:
     """Retries for infrastructure failures only (a dead worker), never for a wrong answer."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class SFTConfig:
+    """The supervised warm start of the tiny default policy (``asyncrl sft``; used when ``model.path`` is None)."""
+
     steps: int = 400
+    """Optimizer steps of the warm start."""
     batch_size: int = 64
+    """Demonstrations per step."""
     lr: float = 3e-3
+    """AdamW peak step size (linear warm-up, then linear decay to 5% of it)."""
     warmup_steps: int = 30
+    """Steps of the linear LR warm-up."""
     seed: int = 0
+    """Seed of the warm start's example order and of torch."""
     teacher_slip_rate: float = 0.6
     """Synthetic task: fraction of demonstrations whose final answer slips to the running total
     before the last operation (a flawed teacher; RL with the verifier has to unlearn the slip).
@@ -119,14 +136,21 @@ class SFTConfig:
     """Where the built tiny model and its warm start are cached (keyed by the SFT settings)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutConfig:
+    """Generation: the samples per prompt, how they are sampled, and the engines that decode them."""
+
     group_size: int = 8
     """G: samples per prompt."""
     temperature: float = 1.0
+    """Sampling temperature (> 0; the behaviour log-probs are of the tempered distribution). For argmax
+    decoding in evaluation use ``eval.greedy``."""
     top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens with this much probability, in (0, 1]; 1: off."""
     top_k: int = 0
+    """Keep the k most likely tokens; 0: off."""
     max_new_tokens: int = 160
+    """Most tokens generated per sample (the stop token counts); longer samples end with ``length``."""
     max_prompt_len: int = 1024
     """Longest prompt (tokens) a run admits; longer dataset prompts are dropped with a warning.
     The engine's KV cache holds ``max_prompt_len + max_new_tokens`` tokens per slot."""
@@ -139,12 +163,16 @@ class RolloutConfig:
     with the fewest tokens in flight."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class AlgoConfig:
+    """The objective (DESIGN §5): advantages, the policy loss and its off-policy corrections."""
+
     advantage: AdvantageEstimator = "grpo"
     """grpo | dr_grpo | rloo | reinforce_pp."""
     reward_scale: float = 1.0
+    """Advantages are computed from ``(reward + reward_bias) * reward_scale`` (the ledger keeps the raw reward)."""
     reward_bias: float = 0.0
+    """Added to every reward before ``reward_scale`` (see there)."""
     batch_normalize: bool = False
     """Normalise advantages over the whole batch after the group estimator."""
     loss_type: LossType = "ppo"
@@ -155,8 +183,11 @@ class AlgoConfig:
     """recompute (extra forward pass with pre-update weights: decoupled PPO) | loglinear
     (approximate from stored versions) | behav (naive PPO: the behaviour policy is the clip centre)."""
     eps_clip: float = 0.2
+    """ε: the ratio is clipped to [1 - ε, 1 + ε_high] (GSPO wants a much smaller one, ~3e-4)."""
     eps_clip_high: float | None = None
+    """ε_high, the upper clip bound's (DAPO's clip-higher); null: ``eps_clip``."""
     dual_clip: float | None = None
+    """Dual clip c > 1: for negative advantages the loss term is at most ``-c·A`` (ppo, gspo); null: off."""
     behav_cap: float | None = 5.0
     """Cap C on the behaviour weight w = π_prox/π_behav (null: uncapped)."""
     behav_cap_mode: BehavCapMode = "mask"
@@ -191,18 +222,28 @@ class AlgoConfig:
     """Dynamic sampling: drop groups whose rewards are all equal (no learning signal)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainerConfig:
+    """The optimizer, micro-batching, precision, weight export and LoRA of the trainer."""
+
     lr: float = 1e-4
     """Adam step size. Measured on the default task: 1e-4 learns (sampled held-out accuracy 0.37 -> 0.73 in 80
     steps); 3e-4 rises then collapses; 1e-3 collapses within 10 steps."""
     weight_decay: float = 0.0
+    """AdamW's decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.99)
+    """Adam's (β1, β2)."""
     grad_clip: float = 1.0
+    """Largest global gradient norm; larger gradients are scaled down to it."""
     warmup_steps: int = 10
+    """Training steps of the linear LR warm-up (then ``lr_schedule``)."""
     ppo_minibatches: int = 1
+    """Optimizer updates per training step, each over an equal share of the step's samples."""
     max_tokens_per_micro_batch: int = 1024
+    """Token budget of one packed micro-batch (a longer sequence gets a micro-batch of its own); the
+    warm start uses it too."""
     seed: int = 0
+    """Seed of the LoRA adapters' initialisation."""
     micro_batching: MicroBatching = "packed"
     """packed (padding-free streams under the token budget, varlen attention) | padded (fixed-size
     micro-batches of ``padded_micro_batch_size`` right-padded sequences in batch order: the
@@ -242,8 +283,10 @@ class TrainerConfig:
     """Timeout of the trainer's process group (data-parallel ranks wait this long for the leader)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class ControllerConfig:
+    """The loop: batch size, staleness bound, admission, checkpoints, retries and weight sync."""
+
     batch_size: int = 16
     """Prompt groups per training step."""
     max_staleness: int = 4
@@ -272,6 +315,7 @@ class ControllerConfig:
     async --workload long``). Per-sample completion comes from ``LocalEngine``; with other engines a
     group's samples are counted done when the engine returns the group, as with ``groups``."""
     total_steps: int = 120
+    """Training steps of the run (each publishes one policy version)."""
     eval_every: int = 0
     """Held-out accuracy every N steps during RL (``eval_accuracy`` etc. in that step's line of
     metrics.jsonl; the trainer waits meanwhile, the time counts in RL wall time); 0: only before
@@ -304,7 +348,7 @@ class ControllerConfig:
     thread of the engine's process the two take turns on the GIL (measured: both ~2x slower)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class LaunchConfig:
     """Where the stages run (``docs/ray.md``). The controller is the same for every launcher."""
 
@@ -320,12 +364,16 @@ class LaunchConfig:
     trainer_ranks: int = 1
     """M: trainer processes, one FSDP2 process group (gloo on CPU, NCCL when gpus_per_trainer > 0)."""
     cpus_per_engine: float = 1.0
+    """CPUs requested by each of the ``rollout.num_engines`` engine actors (Ray's logical units; fractions
+    allowed, as for every resource request below)."""
     gpus_per_engine: float = 0.0
+    """GPUs requested by each engine actor."""
     cpus_per_trainer: float = 1.0
+    """CPUs requested by each of the ``launch.trainer_ranks`` trainer actors."""
     gpus_per_trainer: float = 0.0
+    """GPUs requested by each trainer actor (> 0: NCCL instead of gloo)."""
     cpus_per_reward_worker: float = 1.0
-    """Resource requests of each actor (Ray's logical units; fractions allowed). Engines count
-    ``rollout.num_engines``, reward workers ``reward.num_workers``."""
+    """CPUs requested by each of the ``reward.num_workers`` reward-worker actors."""
     placement_strategy: PlacementStrategy = "PACK"
     """Ray placement group strategy of all actors: PACK | SPREAD | STRICT_PACK | STRICT_SPREAD."""
     weight_sync: RayWeightSync = "object_store"
@@ -343,8 +391,10 @@ class LaunchConfig:
     """How long to wait for the placement group and the actors to come up."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalConfig:
+    """Held-out accuracy before, during and after RL."""
+
     greedy: bool = False
     """How ``accuracy_before``/``accuracy_after`` decode: False samples at the rollout temperature
     (the policy's own pass@1, averaged over ``samples_per_prompt`` samples); True is argmax."""
@@ -353,33 +403,51 @@ class EvalConfig:
     report_greedy: bool = True
     """Also measure greedy accuracy (``accuracy_greedy_before``/``_after`` in the summary)."""
     max_new_tokens: int = 160
+    """Most tokens generated per held-out answer."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
+    """The run directory, seed, threads and progress display."""
+
     run_dir: str | None = None
     """Output directory; None -> runs/<timestamp>."""
     seed: int = 0
+    """Seed of Python, NumPy and torch in every process of the run, and of the training prompts' order."""
     torch_threads: int = 1
     """Intra-op threads per process (0: torch's default). 1 is right for the local launcher: the
     engine thread and the trainer thread each run on their own core, and OpenMP teams of several
     threads from two Python threads oversubscribe the cores (measured 6x slower on 2 cores)."""
     progress: bool = True
+    """Show progress bars (warm start, RL steps)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
+    """The whole config tree: one section per stage (see the module docstring)."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy's weights, dtype and device."""
     task: TaskConfig = field(default_factory=TaskConfig)
+    """Prompts and verifier."""
     reward: RewardConfig = field(default_factory=RewardConfig)
+    """The reward service."""
     sft: SFTConfig = field(default_factory=SFTConfig)
+    """The tiny default policy's warm start."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Generation and engines."""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """Advantages and losses."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """The trainer."""
     controller: ControllerConfig = field(default_factory=ControllerConfig)
+    """The asynchronous loop."""
     eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation."""
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    """Where the stages run."""
     run: RunConfig = field(default_factory=RunConfig)
+    """The run directory and process settings."""
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -392,83 +460,6 @@ def dump_yaml(cfg: Config, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
-def validate(cfg: Config) -> Config:
-    """Check choices and ranges; raise ConfigError with the key and what is allowed."""
-    check_choices(cfg, "")
-    positive = {
-        "rollout.group_size": cfg.rollout.group_size,
-        "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
-        "rollout.max_prompt_len": cfg.rollout.max_prompt_len,
-        "rollout.max_slots": cfg.rollout.max_slots,
-        "controller.batch_size": cfg.controller.batch_size,
-        "controller.max_concurrent": cfg.controller.max_concurrent,
-        "trainer.ppo_minibatches": cfg.trainer.ppo_minibatches,
-        "trainer.max_tokens_per_micro_batch": cfg.trainer.max_tokens_per_micro_batch,
-        "trainer.padded_micro_batch_size": cfg.trainer.padded_micro_batch_size,
-        "trainer.broadcast_bucket_mb": cfg.trainer.broadcast_bucket_mb,
-        "trainer.dist_timeout_s": cfg.trainer.dist_timeout_s,
-        "task.eval_size": cfg.task.eval_size,
-        "reward.num_workers": cfg.reward.num_workers,
-        "eval.samples_per_prompt": cfg.eval.samples_per_prompt,
-        "reward.timeout_s": cfg.reward.timeout_s,
-    }
-    for key, value in positive.items():
-        if value <= 0:
-            raise ConfigError(f"{key} must be > 0, got {value}")
-    if cfg.controller.max_staleness < 0:
-        raise ConfigError(f"controller.max_staleness must be >= 0, got {cfg.controller.max_staleness}")
-    if cfg.controller.total_steps < 0:
-        raise ConfigError("controller.total_steps must be >= 0")
-    if cfg.controller.high_water_batches < 0 or cfg.controller.eval_every < 0:
-        raise ConfigError("controller.high_water_batches and controller.eval_every must be >= 0")
-    c = cfg.controller
-    if (
-        min(c.checkpoint_every, c.episode_retries, c.episode_timeout_s) < 0
-        or c.max_engine_failures < 1
-        or c.keep_checkpoints < 2
-    ):
-        raise ConfigError(
-            "controller: checkpoint_every, episode_retries, episode_timeout_s must be >= 0; "
-            "max_engine_failures >= 1; keep_checkpoints >= 2 (a damaged newest checkpoint needs a previous one)"
-        )
-    if cfg.rollout.temperature <= 0:
-        raise ConfigError("rollout.temperature must be > 0 (use eval.greedy for argmax decoding)")
-    validate_algo(cfg)
-    validate_fixed_lag(cfg)
-    if cfg.algo.advantage == "rloo" and cfg.rollout.group_size < 2:
-        raise ConfigError("algo.advantage=rloo needs rollout.group_size >= 2")
-    if cfg.trainer.lora_rank < 0 or cfg.trainer.decay_steps < 0 or not 0.0 <= cfg.trainer.min_lr_ratio <= 1.0:
-        raise ConfigError("trainer.lora_rank and trainer.decay_steps must be >= 0, trainer.min_lr_ratio in [0, 1]")
-    if not 0.0 <= cfg.sft.teacher_slip_rate <= 1.0:
-        raise ConfigError("sft.teacher_slip_rate must be in [0, 1]")
-    if cfg.task.max_terms < 2:
-        raise ConfigError("task.max_terms must be >= 2")
-    launch = cfg.launch
-    if cfg.rollout.num_engines < 1 or launch.trainer_ranks < 1 or launch.max_engine_restarts < 0:
-        raise ConfigError("rollout.num_engines and launch.trainer_ranks must be >= 1, launch.max_engine_restarts >= 0")
-    resources = [launch.cpus_per_engine, launch.gpus_per_engine, launch.cpus_per_trainer, launch.gpus_per_trainer]
-    if min(resources + [launch.cpus_per_reward_worker, launch.ray_num_cpus]) < 0:
-        raise ConfigError("launch: resource requests and ray_num_cpus must be >= 0")
-    if launch.engine_mode == "server" and launch.weight_sync != "disk":
-        raise ConfigError("launch.engine_mode=server needs launch.weight_sync=disk (servers load weights from a path)")
-    if launch.kind == "local" and (cfg.rollout.num_engines > 1 or launch.trainer_ranks > 1) and not launch.engine_urls:
-        raise ConfigError(
-            "the local launcher runs one engine and one trainer process: use launch.kind=ray for "
-            "rollout.num_engines > 1 or launch.trainer_ranks > 1 (or torchrun for trainer ranks)"
-        )
-    return cfg
-
-
-def _read_yaml(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {p} does not exist")
-    try:
-        return yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
-
-
 def load_config(
     path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *, base: str | Path | None = None
 ) -> Config:
@@ -478,7 +469,7 @@ def load_config(
     cfg = Config()
     for layer in (base, path):
         if layer is not None:
-            cfg = apply_mapping(cfg, _read_yaml(layer), "")
+            cfg = apply_mapping(cfg, read_yaml(layer), "")
     for text in overrides:
         key, value = parse_override(text)
         cfg = apply_mapping(cfg, nest(key, value), "")

@@ -1,65 +1,188 @@
-"""Cross-field checks of the config's off-policy settings (``algo.*`` corrections, ``controller.fixed_lag``).
+"""Validation of the config tree: choices, ranges and the settings that only work together.
 
-Split out of :mod:`asyncrl.config` (which calls them from ``validate``) to keep that module small.
-Like it: no torch, no sibling but ``config_parse``; each error names the key and what is allowed.
+``validate(cfg)`` is what :mod:`asyncrl.config` runs on every loaded or changed config. Every error is a
+``ConfigError`` that names the one key at fault (a dotted key such as ``algo.kl_estimator``) and what it
+may be: the valid values of a choice (from its ``Literal`` alias, ``config_parse.check_choices``), the
+bound of a number, or the setting of another key it needs. No torch, no sibling but ``config_parse``
+(and ``config`` for the type only).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from asyncrl.config_parse import ConfigError
+from asyncrl.config_parse import ConfigError, check_choices
 
 if TYPE_CHECKING:
     from asyncrl.config import Config
 
-__all__ = ["validate_algo", "validate_fixed_lag"]
+__all__ = ["validate", "validate_algo", "validate_fixed_lag", "validate_launch", "validate_ranges"]
+
+_GREATER = ">"
+_AT_LEAST = ">="
+
+_BOUNDS: dict[str, tuple[str, float, str]] = {
+    # key: (comparison, bound, what the bound is for); a null optional value is never checked
+    "task.train_size": (_AT_LEAST, 0, ""),
+    "task.eval_size": (_GREATER, 0, ""),
+    "task.max_terms": (_AT_LEAST, 2, ""),
+    "task.max_operand": (_AT_LEAST, 1, ""),
+    "reward.num_workers": (_GREATER, 0, ""),
+    "reward.timeout_s": (_GREATER, 0, ""),
+    "reward.max_retries": (_AT_LEAST, 0, ""),
+    "rollout.group_size": (_GREATER, 0, ""),
+    "rollout.temperature": (_GREATER, 0, " (use eval.greedy for argmax decoding)"),
+    "rollout.top_k": (_AT_LEAST, 0, " (0: off)"),
+    "rollout.max_new_tokens": (_GREATER, 0, ""),
+    "rollout.max_prompt_len": (_GREATER, 0, ""),
+    "rollout.max_slots": (_GREATER, 0, ""),
+    "rollout.num_engines": (_AT_LEAST, 1, ""),
+    "algo.eps_clip": (_AT_LEAST, 0, ""),
+    "algo.eps_clip_high": (_AT_LEAST, 0, " or null"),
+    "algo.dual_clip": (_GREATER, 1, " or null"),
+    "algo.behav_cap": (_GREATER, 0, " or null (uncapped)"),
+    "algo.max_version_gap": (_AT_LEAST, 0, " or null"),
+    "algo.m2_threshold": (_AT_LEAST, 0, " or null"),
+    "algo.kl_coef": (_AT_LEAST, 0, " (0: off)"),
+    "algo.overlong_penalty": (_AT_LEAST, 0, ""),
+    "trainer.ppo_minibatches": (_GREATER, 0, ""),
+    "trainer.max_tokens_per_micro_batch": (_GREATER, 0, ""),
+    "trainer.padded_micro_batch_size": (_GREATER, 0, ""),
+    "trainer.decay_steps": (_AT_LEAST, 0, " (0: the run's total steps)"),
+    "trainer.broadcast_bucket_mb": (_GREATER, 0, ""),
+    "trainer.lora_rank": (_AT_LEAST, 0, " (0: no LoRA)"),
+    "trainer.dist_timeout_s": (_GREATER, 0, ""),
+    "controller.batch_size": (_GREATER, 0, ""),
+    "controller.max_staleness": (_AT_LEAST, 0, ""),
+    "controller.fixed_lag": (_AT_LEAST, 0, " or null"),
+    "controller.max_concurrent": (_GREATER, 0, ""),
+    "controller.high_water_batches": (_AT_LEAST, 0, " (0: off)"),
+    "controller.total_steps": (_AT_LEAST, 0, ""),
+    "controller.eval_every": (_AT_LEAST, 0, " (0: only before and after)"),
+    "controller.snapshot_every_s": (_AT_LEAST, 0, " (0: off)"),
+    "controller.checkpoint_every": (_AT_LEAST, 0, " (0: only at the end)"),
+    "controller.keep_checkpoints": (_AT_LEAST, 2, " (a damaged newest checkpoint needs a previous one)"),
+    "controller.episode_retries": (_AT_LEAST, 0, ""),
+    "controller.episode_timeout_s": (_AT_LEAST, 0, " (0: none)"),
+    "controller.max_engine_failures": (_AT_LEAST, 1, ""),
+    "launch.ray_num_cpus": (_AT_LEAST, 0, " (0: this machine's cores)"),
+    "launch.trainer_ranks": (_AT_LEAST, 1, ""),
+    "launch.cpus_per_engine": (_AT_LEAST, 0, ""),
+    "launch.gpus_per_engine": (_AT_LEAST, 0, ""),
+    "launch.cpus_per_trainer": (_AT_LEAST, 0, ""),
+    "launch.gpus_per_trainer": (_AT_LEAST, 0, ""),
+    "launch.cpus_per_reward_worker": (_AT_LEAST, 0, ""),
+    "launch.max_engine_restarts": (_AT_LEAST, 0, ""),
+    "launch.startup_timeout_s": (_GREATER, 0, ""),
+    "eval.samples_per_prompt": (_GREATER, 0, ""),
+    "eval.max_new_tokens": (_GREATER, 0, ""),
+}
+"""The numeric keys with a lower bound."""
+
+_UNIT_INTERVAL: dict[str, str] = {
+    "task.length_tail": "[0, 1]",
+    "sft.teacher_slip_rate": "[0, 1]",
+    "rollout.top_p": "(0, 1]",
+    "trainer.min_lr_ratio": "[0, 1]",
+}
+"""The keys that are fractions, with their interval."""
+
+
+def _value(cfg: Config, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _in_interval(value: float, interval: str) -> bool:
+    low_ok = value > 0 if interval[0] == "(" else value >= 0
+    high_ok = value < 1 if interval[-1] == ")" else value <= 1
+    return low_ok and high_ok
+
+
+def validate_ranges(cfg: Config) -> None:
+    """Every number of ``_BOUNDS`` and ``_UNIT_INTERVAL`` within its range."""
+    for key, (op, bound, note) in _BOUNDS.items():
+        value = _value(cfg, key)
+        if value is None:
+            continue
+        ok = value > bound if op == _GREATER else value >= bound
+        if not ok:
+            raise ConfigError(f"{key} must be {op} {bound:g}{note}, got {value}")
+    for key, interval in _UNIT_INTERVAL.items():
+        value = _value(cfg, key)
+        if not _in_interval(value, interval):
+            raise ConfigError(f"{key} must be in {interval}, got {value}")
 
 
 def validate_algo(cfg: Config) -> None:
-    """The off-policy corrections, the KL penalty and the overlong penalty (``algo.*``)."""
+    """The settings of ``algo.*`` that depend on another key."""
     a = cfg.algo
-    if a.max_version_gap is not None and a.max_version_gap < 0:
-        raise ConfigError(f"algo.max_version_gap must be >= 0 or null, got {a.max_version_gap}")
-    if a.m2_threshold is not None:
-        if a.m2_threshold < 0:
-            raise ConfigError(f"algo.m2_threshold must be >= 0 or null, got {a.m2_threshold}")
-        if a.prox_mode != "recompute":
-            raise ConfigError(
-                f"algo.m2_threshold needs algo.prox_mode=recompute (the mask is computed from the recomputed "
-                f"proximal log-probs), got prox_mode={a.prox_mode}"
-            )
-    if a.kl_coef < 0:
-        raise ConfigError(f"algo.kl_coef must be >= 0 (0: off), got {a.kl_coef}")
-    if not 0 <= a.overlong_buffer <= cfg.rollout.max_new_tokens or a.overlong_penalty < 0:
+    if a.m2_threshold is not None and a.prox_mode != "recompute":
         raise ConfigError(
-            f"algo.overlong_buffer must be in [0, rollout.max_new_tokens={cfg.rollout.max_new_tokens}] (0: off) "
-            f"and algo.overlong_penalty >= 0, got {a.overlong_buffer} and {a.overlong_penalty}"
+            f"algo.m2_threshold needs algo.prox_mode=recompute (the mask is computed from the recomputed "
+            f"proximal log-probs), got prox_mode={a.prox_mode}"
+        )
+    if a.overlong_buffer < 0 or a.overlong_buffer > cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"algo.overlong_buffer must be in [0, rollout.max_new_tokens={cfg.rollout.max_new_tokens}] (0: off), "
+            f"got {a.overlong_buffer}"
         )
     if a.dual_clip is not None and a.loss_type in ("cispo", "pg"):
         raise ConfigError(f"algo.dual_clip does not apply to algo.loss_type={a.loss_type} (set it to null)")
+    if a.advantage == "rloo" and cfg.rollout.group_size < 2:
+        raise ConfigError(
+            f"rollout.group_size must be >= 2 for algo.advantage=rloo (leave-one-out needs a second sample), "
+            f"got {cfg.rollout.group_size}"
+        )
 
 
 def validate_fixed_lag(cfg: Config) -> None:
-    """``controller.fixed_lag``: a lag k >= 0 that the staleness bound allows, on the setups that hold
-    a ring of in-process weight snapshots."""
+    """``controller.fixed_lag``: a lag k that the staleness bound allows, on the setups that hold a ring of
+    in-process weight snapshots."""
     k = cfg.controller.fixed_lag
     if k is None:
         return
-    if k < 0:
-        raise ConfigError(f"controller.fixed_lag must be >= 0 or null, got {k}")
-    if cfg.controller.max_staleness < k:
+    needs = [
+        ("controller.max_staleness", cfg.controller.max_staleness >= k, f" >= {k} (the bound the batcher checks)",
+         cfg.controller.max_staleness),
+        ("trainer.weight_transport", cfg.trainer.weight_transport == "tensors", "=tensors (it keeps the last k "
+         "exports in memory)", cfg.trainer.weight_transport),
+        ("launch.kind", cfg.launch.kind == "local", "=local", cfg.launch.kind),
+        ("launch.engine_urls", not cfg.launch.engine_urls, " empty (engines of this process)", cfg.launch.engine_urls),
+        ("controller.eval_every", cfg.controller.eval_every == 0, "=0 (an evaluation between steps would swap the "
+         "engine's weights while the next batch generates)", cfg.controller.eval_every),
+    ]  # fmt: skip
+    for key, ok, wanted, got in needs:
+        if not ok:
+            raise ConfigError(f"controller.fixed_lag={k} needs {key}{wanted}, got {got!r}")
+
+
+def validate_launch(cfg: Config) -> None:
+    """The ``launch.*`` settings that depend on another key."""
+    launch = cfg.launch
+    if launch.engine_mode == "server" and launch.weight_sync != "disk":
         raise ConfigError(
-            f"controller.fixed_lag={k} needs controller.max_staleness >= {k} (the bound the batcher checks), "
-            f"got {cfg.controller.max_staleness}"
+            f"launch.weight_sync must be disk with launch.engine_mode=server (servers load weights from a path), "
+            f"got {launch.weight_sync}"
         )
-    if cfg.trainer.weight_transport != "tensors" or cfg.launch.kind != "local" or cfg.launch.engine_urls:
-        raise ConfigError(
-            "controller.fixed_lag needs trainer.weight_transport=tensors and launch.kind=local without "
-            "launch.engine_urls (it keeps the last k exports in memory)"
-        )
-    if cfg.controller.eval_every:
-        raise ConfigError(
-            "controller.fixed_lag needs controller.eval_every=0 (an evaluation between steps would swap the "
-            "engine's weights while the next batch generates)"
-        )
+    if launch.kind == "local" and not launch.engine_urls:
+        if cfg.rollout.num_engines > 1:
+            raise ConfigError(
+                f"rollout.num_engines must be 1 with launch.kind=local (the local launcher runs one engine; use "
+                f"launch.kind=ray or launch.engine_urls), got {cfg.rollout.num_engines}"
+            )
+        if launch.trainer_ranks > 1:
+            raise ConfigError(
+                f"launch.trainer_ranks must be 1 with launch.kind=local (use launch.kind=ray, or torchrun), "
+                f"got {launch.trainer_ranks}"
+            )
+
+
+def validate(cfg: Config) -> Config:
+    """Check choices, ranges and the keys that depend on each other; return ``cfg``."""
+    check_choices(cfg, "")
+    validate_ranges(cfg)
+    validate_algo(cfg)
+    validate_fixed_lag(cfg)
+    validate_launch(cfg)
+    return cfg

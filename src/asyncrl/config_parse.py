@@ -14,11 +14,12 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["ConfigError", "apply_mapping", "check_choices", "nest", "parse_override"]
+__all__ = ["ConfigError", "apply_mapping", "check_choices", "nest", "parse_override", "read_yaml"]
 
 T = typing.TypeVar("T")
 
@@ -120,6 +121,17 @@ def check_choices(node: Any, prefix: str) -> None:
         if valid is not None and value not in valid:
             shown = ", ".join("null" if v is None else str(v) for v in valid)
             raise ConfigError(f"{prefix}{f.name}: {value!r} is not one of {shown}")
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping in the YAML file ``path`` (empty for an empty file)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        return yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {p} is not valid YAML: {exc}") from exc
 
 
 def parse_override(text: str) -> tuple[str, Any]:

@@ -141,5 +141,5 @@ def test_at_least_two_checkpoints_are_kept(tmp_path: Path) -> None:
         _save(tmp_path, step)
     prune_checkpoints(tmp_path, keep=1)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000004", "step-00000006"]
-    with pytest.raises(ConfigError, match="keep_checkpoints >= 2"):
+    with pytest.raises(ConfigError, match="controller.keep_checkpoints must be >= 2"):
         load_config(overrides=["controller.keep_checkpoints=1"])
