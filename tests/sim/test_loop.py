@@ -42,6 +42,10 @@ def test_staleness_never_exceeds_eta(eta: int, mode: str, unit: str, mark: int, 
     assert all(row["trained_step"] - row["min_version"] <= eta for row in trained)
     g = r.groups
     assert g["trained"] + g["filtered"] + g["stale"] + g["unused"] + g["in_flight"] == g["admitted"]
+    sim_engines = Simulator(sc, profile())
+    sim_engines.run()
+    assert sim_engines.totals.running == sum(len(e.run) for e in sim_engines.engines)
+    assert sim_engines.totals.waiting == sum(len(e.waiting) for e in sim_engines.engines)
 
 
 def test_eta_zero_is_synchronous() -> None:

@@ -41,7 +41,7 @@ class EngineTotals:
 
     __slots__ = (
         "generated", "decode_steps", "decode_tokens", "decode_s", "prefill_s", "prefill_tokens", "update_s",
-        "running_s",
+        "running_s", "running", "waiting",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -49,6 +49,8 @@ class EngineTotals:
         self.decode_s = self.prefill_s = self.update_s = 0.0
         self.running_s = 0.0
         """Running sequences integrated over time (sequence-seconds), all engines."""
+        self.running = self.waiting = 0
+        """Sequences running and requests waiting, all engines (as of each engine's last event)."""
 
 
 SampleEnd = Callable[[SimGroup, float, int, int], None]
@@ -126,26 +128,29 @@ class SimEngine:
     def _plan(self, step: int) -> float:
         """When the engine reaches ``step`` with the running set as it is (the ends on the way
         included); the state there is kept in ``plan`` so that ``fire`` need not compute it again."""
-        t, s, n, ctx = self.t, self.steps, len(self.run), self.ctx
+        t0, s0 = self.t, self.steps
+        t, s, n, ctx = t0, s0, len(self.run), self.ctx
         a, b, c = self.a, self.b, self.c
-        i = tokens = 0
-        running_s = 0.0
         half = 0.5 * c
+        i = sum_e = 0
+        sum_t = 0.0
         for end, _, _, final, _ in self.run:
             if end > step:
                 break
-            k = end - s
-            if k:
+            if end != s:
+                k = end - s
                 live = n - i
-                dt = k * (a + b * live + c * ctx + half * live * (k - 1))
-                t += dt
-                running_s += live * dt
-                tokens += live * k
+                t += k * (a + b * live + c * ctx + half * live * (k - 1))
                 ctx += live * k
                 s = end
             ctx -= final
+            sum_t += t
+            sum_e += end
             i += 1
-        self.plan = (self.token, i, t, s, ctx, t - self.t, running_s, tokens)
+        rest = n - i  # each sample runs from (t0, s0) to its end, or to the planned step
+        running_s = sum_t + rest * t - n * t0
+        tokens = sum_e + rest * s - n * s0
+        self.plan = (self.token, i, t, s, ctx, t - t0, running_s, tokens)
         return t
 
     # ------------------------------------------------------------------ committing time
@@ -186,6 +191,7 @@ class SimEngine:
                 on_end(grp, t, final - grp.prompt_len, updates - upd0)
         if i:
             del run[:i]
+            tot.running -= i
         self.t, self.steps, self.ctx = t, s, ctx
         tot.decode_s += decode_s
         tot.running_s += running_s
@@ -267,6 +273,7 @@ class SimEngine:
             if take:
                 p = grp.prompt_len
                 run.extend([(base + length, seq + j, grp, p + length, upd0) for j, length in enumerate(take, 1)])
+                self.tot.running += len(take)
                 added = True
                 self.ctx += ctx0 * len(take)
                 last = base + max(take)
@@ -279,6 +286,7 @@ class SimEngine:
             free -= k
             if not lens:
                 waiting.popleft()
+                self.tot.waiting -= 1
         self.plan = None
         if added:
             run.sort()
@@ -345,6 +353,7 @@ class SimEngine:
                 on_end(grp, t, final - grp.prompt_len, updates - upd0)
         del run[:i]
         tot = self.tot
+        tot.running -= i
         tot.decode_s += decode_s
         tot.running_s += running_s
         tot.decode_tokens += tokens
@@ -355,6 +364,7 @@ class SimEngine:
         """A request for ``lengths`` (samples of ``grp``); whether the next event may have changed
         (the caller then calls ``schedule`` and pushes the new event)."""
         self.waiting.append([grp, lengths, 0, False, None])
+        self.tot.waiting += 1
         if len(self.waiting) > 1:  # the queue was blocked already: nothing changes
             return False
         self.advance(now)
@@ -408,6 +418,8 @@ class SimEngine:
             self._commit(self.steps)
             return
         entries, self.run, self.ctx, self.groups = self.run, [], 0, []
+        tot.running -= len(entries)
+        tot.waiting += len(entries)
         for end, _, grp, final, upd0 in entries:
             grp.pending += 1
             grp.last_end = -1

@@ -64,14 +64,14 @@ class Recorder:
         if sync:
             sim.sync_engines(t)
         tot = sim.totals
-        ahead = sum(eng.t - t for eng in sim.engines if eng.t > t)  # a prefill or a load charged past t
+        # a prefill or a weight load already charged past t (only counted where the engines are current)
+        ahead = sum(eng.t - t for eng in sim.engines if eng.t > t) if sync else 0.0
         return {
             "generated_tokens": float(tot.generated), "decode_tokens": float(tot.decode_tokens),
             "decode_steps": float(tot.decode_steps), "decode_s": tot.decode_s, "prefill_s": tot.prefill_s,
             "prefill_tokens": float(tot.prefill_tokens), "update_s": tot.update_s,
             "busy_s": max(0.0, tot.decode_s + tot.prefill_s + tot.update_s - ahead),
-            "running_samples": float(sum(len(eng.run) for eng in sim.engines)),
-            "waiting_requests": float(sum(len(eng.waiting) for eng in sim.engines)),
+            "running_samples": float(tot.running), "waiting_requests": float(tot.waiting),
         }  # fmt: skip
 
     def sample(self, t: float, exact: bool = False) -> None:
