@@ -15,6 +15,8 @@ ALIASES: dict[str, str] = {
     # config.py is split in three files; they are one unit.
     "config_parse": "config",
     "config_checks": "config",
+    # the CLI's error presentation, split off cli.py (module size): one unit with it.
+    "cli_errors": "cli",
 }
 
 # The foundation every stage may meet in (DESIGN: "they meet in types and models").

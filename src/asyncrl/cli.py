@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import get_args
 
 from asyncrl.choices import InterruptMode, LaunchKind
+from asyncrl.cli_errors import known_error
 from asyncrl.config import Config, ConfigError, RewardConfig, RolloutConfig, dump_yaml, load_config, with_values
 from asyncrl.controller.rundir import RunDirError
 from asyncrl.launch import RunStopped
-from asyncrl.storage import find_disk_full
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -476,31 +476,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("asyncrl: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # a full disk or bad input: the message says it all, no traceback
-        known = _known_error(exc)
+    except Exception as exc:  # a full disk, a broken verifier, bad input: the message says it all
+        known = known_error(exc)
         if known is None:
             raise
         print(f"asyncrl: {known[1]}", file=sys.stderr)
         return known[0]
-
-
-def _known_error(exc: Exception) -> tuple[int, str] | None:
-    """(exit code, message) of an error whose message tells the user what to do: a full disk, however
-    deep it was wrapped (1: free space, then resume), or bad input (2: a dataset row, an input row of
-    ``asyncrl generate``, a model directory, a model the local engine cannot run, a KV cache larger
-    than memory). None for anything else: a bug, whose traceback is wanted."""
-    full = find_disk_full(exc)
-    if full is not None:
-        return 1, str(full)
-    from asyncrl.data.rows import DatasetError  # here, not at the top: the CLI starts without torch
-    from asyncrl.models import ModelDirError
-    from asyncrl.rollout.batch_generate import InputRowsError
-    from asyncrl.rollout.kv_forward import UnsupportedModelError
-    from asyncrl.rollout.memory import KVCacheTooLarge
-
-    if isinstance(exc, (DatasetError, InputRowsError, ModelDirError, UnsupportedModelError, KVCacheTooLarge)):
-        return 2, str(exc)
-    return None
 
 
 if __name__ == "__main__":
