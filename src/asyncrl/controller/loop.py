@@ -26,10 +26,37 @@ With ``max_staleness = 0`` the gate admits one batch per version and the same co
 synchronously. ``controller.fixed_lag = k`` (``controller.fixed_lag``) is the same synchronous
 loop with the engine's weights k versions behind: step i trains on samples of version max(0, i - k).
 
-Every admitted prompt is tracked until its fate is in the ledger (``_open``); a checkpoint saves
-the counters, the prompt-stream position, the ledger offsets and the open prompts
-(``controller.resume`` documents the snapshot), so a resumed run re-admits what was in flight and
-trains nothing twice.
+The bookkeeping (counters, the ledger, metrics, the progress bar) is one object,
+``controller.recorder.RunRecorder``, so the loops below show only their real calls. Every admitted
+prompt is tracked there until its fate is in the ledger; a checkpoint saves the counters, the
+prompt-stream position, the ledger offsets and the open prompts (``controller.resume`` documents
+the snapshot), so a resumed run re-admits what was in flight and trains nothing twice.
+
+Backpressure: who waits on whom. Every wake-up in this module is one row here; each waiter clears
+its event and re-checks its condition after a wake-up, so a spurious one costs one iteration.
+
+=================  ==================  ================================  =============================================
+loop (consumes)    waits on            until                             set by
+=================  ==================  ================================  =============================================
+``_admit_loop``    ``_wake_admit``     ``gate.capacity(v, buffered)``    ``_episode_left_gate``: an episode accepted,
+(prompts; starts                       ``> 0`` and no drain is on        filtered or failed left the gate
+episode tasks)                                                           ``EpisodeSamples``: a sample ended
+                                                                         (``high_water_unit = samples``)
+                                                                         ``_next_batch``: a batch taken or stale groups
+                                                                         dropped (the buffer shrank)
+                                                                         ``_publish``: version v+1 is live (a new
+                                                                         staleness budget; a drain is over)
+                                                                         ``run``: the run is stopping
+``_next_batch``    ``_wake_train``     ``take_fresh`` gives a whole      ``_episode``: a group entered the buffer
+(train loop:                           batch, an episode failed, or a    ``_fail``: an episode task raised, or too many
+the buffer)                            stop was requested                engine failures in a row
+                                                                         ``request_stop``: SIGINT/SIGTERM
+``_drain``         ``_episode_end``    ``gate.running == 0`` (no         ``_episode_left_gate``; ``_fail``
+(``weight_sync``                       episode generating or scoring),
+``= drain``)                           or an episode failed
+episode task       the engine and      the group is generated and        the engine thread; the reward workers
+(engine, reward)   the reward          scored
+=================  ==================  ================================  =============================================
 """
 
 from __future__ import annotations
@@ -41,12 +68,10 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tqdm import tqdm
-
 from asyncrl.config import Config
 from asyncrl.controller.buffer import GroupBuffer, groups_to_samples
 from asyncrl.controller.fixed_lag import LaggedWeights
-from asyncrl.controller.metrics import step_metrics, timeline_sample
+from asyncrl.controller.recorder import RunRecorder
 from asyncrl.controller.resume import (
     SNAPSHOT_FORMAT,
     check_snapshot,
@@ -55,6 +80,7 @@ from asyncrl.controller.resume import (
     prune_checkpoints,
 )
 from asyncrl.controller.rundir import RunDir
+from asyncrl.controller.scoring import scoring_failed
 from asyncrl.controller.snapshots import PolicySnapshots
 from asyncrl.controller.staleness import EpisodeSamples, StalenessGate
 from asyncrl.controller.state import ControllerState
@@ -110,7 +136,6 @@ class Controller:
         self.buffer = GroupBuffer()
         LaggedWeights.check_resume(c.fixed_lag, resume is not None)
         self.lag = LaggedWeights(c.fixed_lag) if c.fixed_lag is not None else None
-        self.state = ControllerState()
         self.published_version = trainer.version
         self.sampling = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens,
@@ -120,44 +145,46 @@ class Controller:
             stop_token_ids=stop_token_ids,
         )
         self._in_flight: dict[asyncio.Task, tuple[Prompt, int]] = {}
-        self._open: dict[str, int] = {}  # prompt id -> stream index, admitted and fate not yet recorded
         self._readmit: deque[int] = deque()  # stream indices to admit again first (resume)
+        # the three wake-ups of the backpressure table (module docstring)
         self._wake_admit = asyncio.Event()
         self._wake_train = asyncio.Event()
+        self._episode_end = asyncio.Event()
         self._stopping = False
         self._stop_reason: str | None = None
         self._draining = False
         self._errors: list[BaseException] = []
-        self._reward_latency: list[float] = []
-        self._rollout_rewards: list[float] = []  # every scored sample since the last step (filtered ones too)
         self._consecutive_failures = 0
-        self._scoring = 0
-        self._training = False
-        self._checkpointing = False
-        self._checkpoint_s = 0.0
+        self._scoring_failures = 0  # groups in a row filtered for a reward failure (_note_scoring)
         self._last_checkpoint_step: int | None = None
         self._snapshots = PolicySnapshots(c.snapshot_every_s, rundir.path, rundir.log_snapshot)
-        self._elapsed0 = 0.0
-        self._run_start = time.perf_counter()
         self._resumed = resume is not None
-        if resume is not None:
-            self._restore(resume)
+        state = self._restore(resume) if resume is not None else ControllerState()
+        self.recorder = RunRecorder(
+            state, rundir, engine, self.gate, self.buffer,
+            tokenizer=tokenizer, total_steps=c.total_steps, progress=cfg.run.progress,
+        )  # fmt: skip
+
+    @property
+    def state(self) -> ControllerState:
+        """The run's counters (kept by the recorder, saved with every checkpoint)."""
+        return self.recorder.state
 
     # ------------------------------------------------------------------ resume and stop
-    def _restore(self, snapshot: dict[str, Any]) -> None:
+    def _restore(self, snapshot: dict[str, Any]) -> ControllerState:
         snap = check_snapshot(snapshot)
         step = int(snap["step"])
         if self.trainer.version != step:
             raise ValueError(f"resume: trainer is at version {self.trainer.version}, snapshot at step {step}")
-        self.state = ControllerState.from_dict(snap["state"])
-        self.state.step = step
-        self.state.resumes += 1
-        self.state.stop_reason = None
+        state = ControllerState.from_dict(snap["state"])
+        state.step = step
+        state.resumes += 1
+        state.stop_reason = None
         self.gate.load_state_dict(snap["gate"])
         self.source.load_state_dict(snap["source"])
         self._readmit = deque(int(i) for i in snap["readmit"])
-        self._elapsed0 = float(self.state.rl_elapsed_s)
         self._last_checkpoint_step = step
+        return state
 
     def request_stop(self, reason: str) -> None:
         """Stop after the training step in progress (if any) with a checkpoint (SIGINT/SIGTERM)."""
@@ -165,22 +192,24 @@ class Controller:
             self._stop_reason = reason
         self._wake_train.set()
 
-    def _now(self) -> float:
-        """RL wall time of the run so far (seconds, across resumes)."""
-        return self._elapsed0 + time.perf_counter() - self._run_start
+    def _fail(self, error: BaseException) -> None:
+        """Stop the run with ``error``: the train loop raises at its next wait, a drain stops waiting."""
+        self._errors.append(error)
+        self._wake_train.set()
+        self._episode_end.set()
 
     def snapshot(self) -> dict[str, Any]:
         """The controller's share of a checkpoint (see ``controller.resume``); one consistent cut:
         call it on the event-loop thread between two training steps."""
         state = self.state.to_dict()
-        state["rl_elapsed_s"] = self._now()
+        state["rl_elapsed_s"] = self.recorder.now()
         return {
             "format": SNAPSHOT_FORMAT,
             "step": self.state.step,
             "state": state,
             "gate": {"accepted": self.gate.accepted - len(self.buffer)},
             "source": self.source.state_dict(),
-            "readmit": list(self._readmit) + list(self._open.values()),
+            "readmit": list(self._readmit) + self.recorder.open_indices(),
             "offsets": self.rundir.offsets(),
             "launcher": self.checkpoint_extra,
         }
@@ -188,76 +217,60 @@ class Controller:
     async def _checkpoint(self, executor: ThreadPoolExecutor) -> None:
         extra = self.snapshot()
         step = self.state.step
-        t0 = time.perf_counter()
-        self._checkpointing = True
-        try:
-            await asyncio.get_running_loop().run_in_executor(
-                executor, self.trainer.save_checkpoint, checkpoint_dir(self.rundir.path, step), extra, self.tokenizer
-            )
-        except DiskFull as exc:  # the trainer does not know the run: name it in the resume hint
-            raise with_run_dir(exc, self.rundir.path) from exc.__cause__
-        finally:
-            self._checkpointing = False
-        prune_checkpoints(self.rundir.path, self.cfg.controller.keep_checkpoints)
-        self._checkpoint_s += time.perf_counter() - t0
+        with self.recorder.checkpointing():
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    executor, self.trainer.save_checkpoint, checkpoint_dir(self.rundir.path, step), extra,
+                    self.tokenizer,
+                )  # fmt: skip
+            except DiskFull as exc:  # the trainer does not know the run: name it in the resume hint
+                raise with_run_dir(exc, self.rundir.path) from exc.__cause__
+            prune_checkpoints(self.rundir.path, self.cfg.controller.keep_checkpoints)
         self._last_checkpoint_step = step
 
     async def _snapshot_policy(self, executor: ThreadPoolExecutor, *, final: bool = False) -> None:
         """The published policy into ``snapshots/`` when due (``controller.snapshots``)."""
         await self._snapshots.maybe_save(
-            executor, self.trainer, self.tokenizer, self.published_version, self.state.step, self._now(), final=final
-        )
+            executor, self.trainer, self.tokenizer, self.published_version, self.state.step, self.recorder.now(),
+            final=final,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ admission and episodes
     async def _admit_loop(self) -> None:
         while not self._stopping:
             capacity = 0 if self._draining else self.gate.capacity(self.published_version, len(self.buffer))
             for _ in range(capacity):
-                readmitted = bool(self._readmit)
-                if readmitted:
-                    index = self._readmit.popleft()
-                    prompt = prompt_at(self.source, index)
-                else:
-                    index = self.source.position
-                    prompt = self.source.next()
+                prompt, index, readmitted = self._next_prompt()
                 self.gate.on_admit()
                 version = self.published_version
-                self._open[prompt.prompt_id] = index
-                self.state.admitted += 1
-                self.state.readmitted += int(readmitted)
-                self.rundir.log_admitted(prompt.prompt_id, index, version, readmitted)
+                self.recorder.admitted(prompt, index, version, readmitted)
                 task = asyncio.create_task(self._episode(prompt, version))
                 self._in_flight[task] = (prompt, version)
                 task.add_done_callback(self._in_flight_done)
             self._wake_admit.clear()
             await self._wake_admit.wait()
 
+    def _next_prompt(self) -> tuple[Prompt, int, bool]:
+        """(prompt, its stream index, re-admitted): a resume's open prompts first, then the stream."""
+        if self._readmit:
+            index = self._readmit.popleft()
+            return prompt_at(self.source, index), index, True
+        index = self.source.position
+        return self.source.next(), index, False
+
     def _in_flight_done(self, task: asyncio.Task) -> None:
         self._in_flight.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
-            self._errors.append(task.exception())
-            self._wake_train.set()
+            self._fail(task.exception())  # type: ignore[arg-type]
 
     async def _timed_score(self, prompt: Prompt, completion: Completion) -> tuple[float, str | None]:
-        t0 = time.perf_counter()
-        self._scoring += 1
-        try:
-            result = await self.score(prompt, completion)
-        finally:
-            self._scoring -= 1
-        self._reward_latency.append(time.perf_counter() - t0)
-        return result
+        with self.recorder.reward_call():
+            return await self.score(prompt, completion)
 
     async def _sample_timeline(self, period_s: float = 0.25) -> None:
         """Record what each component is doing a few times a second (``timeline.jsonl``)."""
         while not self._stopping:
-            self.rundir.log_timeline(
-                timeline_sample(
-                    self._now(), self.engine.stats(), trainer_busy=self._training, checkpointing=self._checkpointing,
-                    reward_in_flight=self._scoring, buffer_groups=len(self.buffer), running_groups=self.gate.running,
-                    version=self.published_version, generating_samples=self.gate.generating,
-                )
-            )  # fmt: skip
+            self.recorder.log_timeline(self.published_version)
             await asyncio.sleep(period_s)
 
     async def _attempt(self, prompt: Prompt, version: int, on_sample_done: Callable[[int], None]) -> Group:
@@ -283,7 +296,7 @@ class Controller:
                 except Exception as exc:  # engine failure or timeout: retry, then drop
                     error = exc
                     if attempt < c.episode_retries:
-                        self.state.episode_retries += 1
+                        self.recorder.episode_retry()
         except asyncio.CancelledError:
             live.close()
             self.gate.on_cancel()
@@ -294,43 +307,77 @@ class Controller:
             return
         self._consecutive_failures = 0
         if not any(f is not None for f in group.reward_failures):
-            self._rollout_rewards.extend(group.rewards)
+            self.recorder.rollout_scored(group.rewards)
         reason = self._filter_reason(group)
+        self._note_scoring(reason)
         if reason is None:
             self.gate.on_finish(accepted=True)
             self.buffer.put(group)
             self._wake_train.set()
         else:
             self.gate.on_finish(accepted=False)
-            self.state.filtered_groups += 1
-            self._open.pop(prompt.prompt_id, None)
-            self.rundir.log_group(group, trained_step=None, dropped=reason, status="filtered")
+            self.recorder.filtered(group, reason)
+        self._episode_left_gate()
+
+    def _episode_left_gate(self) -> None:
+        """An episode ended (accepted, filtered or failed): room under the gate; a drain may be over."""
         self._wake_admit.set()
+        self._episode_end.set()
 
     def _engine_failure(self, prompt: Prompt, version: int, error: BaseException | None) -> None:
         self.gate.on_finish(accepted=False)
-        self.state.engine_failures += 1
         self._consecutive_failures += 1
-        self._open.pop(prompt.prompt_id, None)
         what = f"{type(error).__name__}: {error}" if error is not None else "unknown"
-        self.rundir.log_prompt_dropped(prompt.prompt_id, version, "engine_failure", f"engine_failure: {what}")
+        self.recorder.engine_failure(prompt, version, what)
         if self._consecutive_failures >= self.cfg.controller.max_engine_failures:
             failure = RuntimeError(f"{self._consecutive_failures} consecutive episodes failed after retries: {what}")
             failure.__cause__ = error
-            self._errors.append(failure)
-            self._wake_train.set()
-        self._wake_admit.set()
+            self._fail(failure)
+        self._episode_left_gate()
+
+    def _note_scoring(self, reason: str | None) -> None:
+        """Count the groups in a row filtered because their rewards could not be computed; at
+        ``max_engine_failures`` the verifier is broken, not the policy: stop with ``ScoringFailed``
+        rather than admit and filter prompts forever without training."""
+        if reason is None or not reason.startswith("reward_failure: "):
+            self._scoring_failures = 0
+            return
+        self._scoring_failures += 1
+        if self._scoring_failures == self.cfg.controller.max_engine_failures:
+            last = reason.removeprefix("reward_failure: ")
+            self._fail(scoring_failed(self._scoring_failures, self.cfg.task.verifier, last))
 
     def _filter_reason(self, group: Group) -> str | None:
         failures = [f for f in group.reward_failures if f is not None]
         if failures:
-            self.state.reward_failures += len(failures)
             return f"reward_failure: {failures[0]}"
         if self.cfg.algo.filter_equal_rewards and len(set(group.rewards)) == 1:
             return "equal_rewards"
         return None
 
     # ------------------------------------------------------------------ training
+    async def _train_loop(self, executor: ThreadPoolExecutor) -> None:
+        """Until ``total_steps`` (or a stop): a fresh batch, one training step, the new weights to the
+        engine, the step recorded; held-out evaluation and a checkpoint when due."""
+        record = self.recorder
+        while self.state.step < self.cfg.controller.total_steps and self._stop_reason is None:
+            step = self.state.step
+            with record.waiting():
+                groups = await self._next_batch(step)
+            if groups is None:
+                break
+            with record.training():
+                samples, result = await self._train(executor, groups, step)
+            with record.syncing():
+                await self._publish(executor, result.version)
+            await self._snapshot_policy(executor)
+            metrics = record.step_trained(step, groups, samples, result)
+            if self._evaluation_due():
+                metrics.update(await self._evaluate())
+            record.log_step(metrics)
+            if self._checkpoint_due():
+                await self._checkpoint(executor)
+
     async def _next_batch(self, step: int) -> list[Group] | None:
         """The groups of step ``step`` (None: a stop was requested while waiting)."""
         c = self.cfg.controller
@@ -340,129 +387,67 @@ class Controller:
             if self._stop_reason is not None:
                 return None
             batch, stale = self.buffer.take_fresh(step, c.max_staleness, c.batch_size)
-            for group in stale:
+            for _ in stale:
                 self.gate.on_drop_accepted()
-                self.state.stale_groups += 1
-                self._open.pop(group.prompt.prompt_id, None)
-                self.rundir.log_group(group, trained_step=None, dropped="stale", status="stale", step=step)
-            if batch:
+            self.recorder.stale(stale, step)
+            if batch or stale:
                 self._wake_admit.set()  # room under the high-water mark: generate during the step
+            if batch:
                 return batch
-            if stale:
-                self._wake_admit.set()
             self._wake_train.clear()
             await self._wake_train.wait()
+
+    async def _train(
+        self, executor: ThreadPoolExecutor, groups: list[Group], step: int
+    ) -> tuple[list[TrainSample], TrainStepResult]:
+        return await asyncio.get_running_loop().run_in_executor(executor, self._train_blocking, groups, step)
 
     def _train_blocking(self, groups: list[Group], step: int) -> tuple[list[TrainSample], TrainStepResult]:
         """Batching and the training step, on the executor thread (the step may run in the trainer process)."""
         samples = groups_to_samples(groups, self.cfg.algo, self.cfg.rollout.max_new_tokens)
         return samples, self.trainer.train_step(TrainBatch(tuple(samples), step))
 
-    async def _publish(self, executor: ThreadPoolExecutor) -> float:
-        """Export the new weights and load them into the engine; returns the seconds it took."""
-        loop = asyncio.get_running_loop()
-        t0 = time.perf_counter()
+    async def _publish(self, executor: ThreadPoolExecutor, version: int) -> None:
+        """Export the new weights and load them into the engine; ``version`` is live afterwards."""
         if self.cfg.controller.weight_sync == "drain":
-            self._draining = True
-            while self.gate.running > 0 and not self._errors:
-                await asyncio.sleep(0.005)
-        update = await loop.run_in_executor(executor, self.trainer.export_weights)
+            await self._drain()
+        update = await asyncio.get_running_loop().run_in_executor(executor, self.trainer.export_weights)
         if self.lag is not None:  # controlled staleness: the engine loads version v - k
             await self.lag.publish(self.engine, update)
         else:
             await self.engine.update_weights(update)
         self._draining = False
-        return time.perf_counter() - t0
+        self.published_version = version
+        self._wake_admit.set()
 
-    async def _train_loop(self, executor: ThreadPoolExecutor, bar: tqdm) -> None:
-        loop = asyncio.get_running_loop()
-        c = self.cfg.controller
-        last_time = time.perf_counter()
-        last_engine = self.engine.stats()
-        while self.state.step < c.total_steps and self._stop_reason is None:
-            step = self.state.step
-            t_wait = time.perf_counter()
-            groups = await self._next_batch(step)
-            if groups is None:
-                break
-            wait_s = time.perf_counter() - t_wait
-            gen_before = self.engine.stats()["generated_tokens"]
-            t_train = time.perf_counter()
-            train_start = self._now()
-            self._training = True
-            try:
-                samples, result = await loop.run_in_executor(executor, self._train_blocking, groups, step)
-            finally:
-                self._training = False
-            train_s = time.perf_counter() - t_train
-            gen_during = self.engine.stats()["generated_tokens"] - gen_before
-            sync_s = await self._publish(executor)
-            self.published_version = result.version
-            self._wake_admit.set()
-            await self._snapshot_policy(executor)
+    async def _drain(self) -> None:
+        """``weight_sync = drain``: admit nothing more and wait until no episode runs (or one failed)."""
+        self._draining = True
+        while self.gate.running > 0 and not self._errors:
+            self._episode_end.clear()
+            await self._episode_end.wait()
 
-            staleness = [step - g.min_version for g in groups]
-            for g in groups:
-                self._open.pop(g.prompt.prompt_id, None)
-                if result.applied:
-                    self.rundir.log_group(
-                        g, trained_step=step, dropped=None, status="trained", tokenizer=self.tokenizer
-                    )
-                else:  # a non-finite loss or gradient: the update was not applied
-                    self.rundir.log_group(g, trained_step=None, dropped="non_finite_step", status="skipped", step=step)
-            trained_tokens = sum(len(s.token_ids) for s in samples)
-            if result.applied:
-                self.state.staleness_hist.update(staleness)
-                self.state.max_staleness_seen = max(self.state.max_staleness_seen, *staleness)
-                self.state.trained_tokens += trained_tokens
-                self.state.trained_samples += len(samples)
-            else:
-                self.state.skipped_steps += 1
-            self.state.step += 1
+    def _evaluation_due(self) -> bool:
+        c, n = self.cfg.controller, self.state.step  # the final evaluation is the launcher's accuracy_after
+        return bool(c.eval_every and self.evaluator and n % c.eval_every == 0 and n < c.total_steps)
 
-            now = time.perf_counter()
-            engine_now = self.engine.stats()
-            latency, self._reward_latency = self._reward_latency, []
-            checkpoint_s, self._checkpoint_s = self._checkpoint_s, 0.0
-            rollout, self._rollout_rewards = self._rollout_rewards, []
-            record = step_metrics(
-                step, groups, result, staleness, trained_tokens, engine_now, last_engine, now - last_time,
-                now=self._now(), state=self.state, buffer_groups=len(self.buffer), running_groups=self.gate.running,
-                reward_latency=latency, rollout_rewards=rollout, checkpoint_s=checkpoint_s,
-                train_start=train_start, wait_s=wait_s, train_s=train_s, sync_s=sync_s, gen_during=gen_during,
-            )  # fmt: skip
-            n = self.state.step  # the final evaluation is the launcher's accuracy_after
-            if c.eval_every and self.evaluator and n % c.eval_every == 0 and n < c.total_steps:
-                t_eval = time.perf_counter()
-                record.update({f"eval_{k}": v for k, v in (await self.evaluator()).items()})
-                record["eval_s"] = time.perf_counter() - t_eval
-            self.rundir.log_step(record)
-            last_time, last_engine = now, engine_now
-            bar.update(1)
-            bar.set_postfix(
-                reward=f"{record['reward']:.2f}",
-                stale=f"{record['staleness_mean']:.1f}",
-                tok_s=f"{record['trained_tokens_per_s']:.0f}",
-            )
-            if not result.applied:
-                tqdm.write(f"step {step}: non-finite loss or gradient, update skipped (ledger: status=skipped)")
-            if c.checkpoint_every and self.state.step % c.checkpoint_every == 0 and self.state.step < c.total_steps:
-                await self._checkpoint(executor)
+    async def _evaluate(self) -> dict[str, float]:
+        """Held-out accuracy now, as ``eval_*`` metrics and the seconds it took."""
+        assert self.evaluator is not None
+        start = time.perf_counter()
+        metrics = {f"eval_{k}": v for k, v in (await self.evaluator()).items()}
+        metrics["eval_s"] = time.perf_counter() - start
+        return metrics
+
+    def _checkpoint_due(self) -> bool:
+        c, n = self.cfg.controller, self.state.step
+        return bool(c.checkpoint_every and n % c.checkpoint_every == 0 and n < c.total_steps)
 
     async def run(self) -> ControllerState:
         """Train until ``controller.total_steps`` steps (or a stop request); returns the counters.
         Saves a checkpoint at the end (and on a stop) unless one was just taken."""
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="asyncrl-trainer")
-        bar = tqdm(
-            total=self.cfg.controller.total_steps,
-            initial=self.state.step,
-            desc="rl",
-            disable=not self.cfg.run.progress,
-            dynamic_ncols=True,
-        )
-        self._run_start = time.perf_counter()
-        if self._resumed:
-            self.rundir.log_resumed(self.state.step, len(self._readmit))
+        self.recorder.start(readmit=len(self._readmit) if self._resumed else None)
         admit = asyncio.create_task(self._admit_loop())
         sampler = asyncio.create_task(self._sample_timeline())
         for task in (admit, sampler):  # a failed write there (a full disk) stops the run like a failed episode
@@ -472,7 +457,8 @@ class Controller:
             if self.lag is not None:
                 loop = asyncio.get_running_loop()
                 await self.lag.start(lambda: loop.run_in_executor(executor, self.trainer.export_weights))
-            await self._train_loop(executor, bar)
+            self.recorder.begin_steps()
+            await self._train_loop(executor)
             if self.lag is not None:  # the final evaluation measures the trained policy
                 await self.lag.finish(self.engine)
             await self._snapshot_policy(executor, final=True)
@@ -480,7 +466,7 @@ class Controller:
             if self._last_checkpoint_step != self.state.step:
                 await self._checkpoint(executor)
         finally:
-            self.state.rl_elapsed_s = self._now()
+            self.state.rl_elapsed_s = self.recorder.now()
             self._stopping = True
             self._wake_admit.set()
             admit.cancel()
@@ -491,9 +477,8 @@ class Controller:
             await asyncio.gather(admit, sampler, *snapshot, return_exceptions=True)
             for task, (prompt, version) in snapshot.items():
                 if task.cancelled():
-                    self.rundir.log_in_flight(prompt.prompt_id, version)
-            for group in self.buffer.drain():
-                self.rundir.log_group(group, trained_step=None, dropped="unused_at_end", status="unused")
+                    self.recorder.in_flight_at_end(prompt, version)
+            self.recorder.unused_at_end(self.buffer.drain())
             executor.shutdown(wait=True)
-            bar.close()
+            self.recorder.close()
         return self.state

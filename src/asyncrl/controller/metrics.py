@@ -1,9 +1,11 @@
-"""The per-step metrics record of the controller (one line of ``metrics.jsonl``) and the timeline sample."""
+"""The per-step metrics of the controller (one line of ``metrics.jsonl``, from a typed ``StepRecord``) and
+the timeline sample (one line of ``timeline.jsonl``)."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.controller.state import ControllerState
@@ -11,65 +13,98 @@ from asyncrl.trainer.api import TrainStepResult
 from asyncrl.types import Group
 
 
-def step_metrics(
-    step: int,
-    groups: list[Group],
-    result: TrainStepResult,
-    staleness: list[int],
-    trained_tokens: int,
-    engine_now: dict[str, float],
-    last_engine: dict[str, float],
-    wall: float,
-    *,
-    now: float,
-    state: ControllerState,
-    buffer_groups: int,
-    running_groups: int,
-    reward_latency: list[float],
-    rollout_rewards: list[float],
-    checkpoint_s: float,
-    train_start: float,
-    wait_s: float,
-    train_s: float,
-    sync_s: float,
-    gen_during: float,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StepTimes:
+    """Where the time around one training step went (seconds)."""
+
+    train_start_s: float
+    """RL time (``ControllerState.rl_elapsed_s``'s clock) at which the trainer began the step."""
+    end_s: float
+    """RL time at which the step was recorded."""
+    wall_s: float
+    """Wall time since the previous step was recorded (the first: since the train loop began)."""
+    wait_s: float
+    """Waiting for a fresh batch."""
+    train_s: float
+    """Batching and the training step (on the trainer's executor)."""
+    sync_s: float
+    """Exporting the new weights and loading them into the engine (draining it first in ``drain`` mode)."""
+    checkpoint_s: float
+    """Checkpoints saved since the previous step was recorded."""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """Everything one line of ``metrics.jsonl`` is computed from (``step_metrics``)."""
+
+    step: int
+    groups: list[Group]
+    """The groups trained (or skipped) at this step."""
+    result: TrainStepResult
+    trained_tokens: int
+    """Tokens of the step's samples."""
+    times: StepTimes
+    engine_before: dict[str, float]
+    """``engine.stats()`` when the previous step was recorded."""
+    engine_after: dict[str, float]
+    """``engine.stats()`` now."""
+    generated_during_train: float
+    """Tokens the engine generated while the trainer stepped."""
+    state: ControllerState
+    """The run's counters after this step (totals)."""
+    buffer_groups: int
+    running_groups: int
+    reward_latency_s: list[float]
+    """Every reward call since the previous step."""
+    rollout_rewards: list[float]
+    """Every scored sample since the previous step (those of filtered groups too)."""
+
+    @property
+    def staleness(self) -> list[int]:
+        """Per group: this step minus the oldest version of any of its tokens."""
+        return [self.step - g.min_version for g in self.groups]
+
+
+def step_metrics(record: StepRecord) -> dict[str, Any]:
     """Reward, throughput, staleness, queue and loss metrics of one training step."""
-    rewards = [r for g in groups for r in g.rewards]
-    interruptions = [comp.num_interruptions for g in groups for comp in g.completions]
-    latency = sorted(reward_latency)
-    rollout = rollout_rewards
-    record: dict[str, Any] = {
-        "step": step,
-        "version": result.version,
-        "time_s": now,
-        "train_start_s": train_start,
+    rewards = [x for g in record.groups for x in g.rewards]
+    interruptions = [comp.num_interruptions for g in record.groups for comp in g.completions]
+    latency = sorted(record.reward_latency_s)
+    rollout = record.rollout_rewards
+    staleness = record.staleness
+    times, before, after, state = record.times, record.engine_before, record.engine_after, record.state
+    wall = times.wall_s
+    metrics: dict[str, Any] = {
+        "step": record.step,
+        "version": record.result.version,
+        "time_s": times.end_s,
+        "train_start_s": times.train_start_s,
         "reward": sum(rewards) / len(rewards),
-        "accuracy": sum(1 for r in rewards if r >= 1.0) / len(rewards),
+        "accuracy": sum(1 for x in rewards if x >= 1.0) / len(rewards),
         "rollout_reward": sum(rollout) / len(rollout) if rollout else None,
-        "rollout_accuracy": sum(1 for r in rollout if r >= 1.0) / len(rollout) if rollout else None,
+        "rollout_accuracy": sum(1 for x in rollout if x >= 1.0) / len(rollout) if rollout else None,
         "rollout_samples": len(rollout),
-        "response_len": sum(len(comp.output_ids) for g in groups for comp in g.completions) / len(rewards),
-        "trained_tokens": trained_tokens,
-        "trained_tokens_per_s": state.trained_tokens / max(now, 1e-9),
-        "trained_tokens_per_s_step": trained_tokens / max(wall, 1e-9),
-        "generated_tokens_per_s": (engine_now["generated_tokens"] - last_engine["generated_tokens"]) / wall,
-        "generated_tokens_during_train": gen_during,
-        "engine_busy_frac": min(1.0, (engine_now["busy_s"] - last_engine["busy_s"]) / wall)
-        if "busy_s" in engine_now and "busy_s" in last_engine
+        "response_len": sum(len(comp.output_ids) for g in record.groups for comp in g.completions) / len(rewards),
+        "trained_tokens": record.trained_tokens,
+        "trained_tokens_per_s": state.trained_tokens / max(times.end_s, 1e-9),
+        "trained_tokens_per_s_step": record.trained_tokens / max(wall, 1e-9),
+        "generated_tokens_per_s": (after["generated_tokens"] - before["generated_tokens"]) / wall,
+        "generated_tokens_during_train": record.generated_during_train,
+        "engine_busy_frac": min(1.0, (after["busy_s"] - before["busy_s"]) / wall)
+        if "busy_s" in after and "busy_s" in before
         else None,  # an engine that does not report its busy time (an SGLang server)
-        "trainer_busy_frac": min(1.0, (train_s + sync_s) / wall),
-        "wait_for_batch_s": wait_s,
-        "train_step_s": train_s,
-        "weight_sync_s": sync_s,
-        "checkpoint_s": checkpoint_s,
+        "trainer_busy_frac": min(1.0, (times.train_s + times.sync_s) / wall),
+        "wait_for_batch_s": times.wait_s,
+        "train_step_s": times.train_s,
+        "weight_sync_s": times.sync_s,
+        "checkpoint_s": times.checkpoint_s,
         "staleness_mean": sum(staleness) / len(staleness),
         "staleness_max": max(staleness),
         "staleness_hist": dict(Counter(staleness)),
         "interruptions_per_sample": sum(interruptions) / len(interruptions),
-        "buffer_groups": buffer_groups,
-        "running_groups": running_groups,
-        "engine_waiting_requests": engine_now.get("waiting_requests", 0.0),
+        "buffer_groups": record.buffer_groups,
+        "running_groups": record.running_groups,
+        "engine_waiting_requests": after.get("waiting_requests", 0.0),
         "admitted_total": state.admitted,
         "filtered_groups_total": state.filtered_groups,
         "stale_groups_total": state.stale_groups,
@@ -77,12 +112,12 @@ def step_metrics(
         "episode_retries_total": state.episode_retries,
         "reward_latency_p50_s": latency[len(latency) // 2] if latency else 0.0,
         "reward_latency_p99_s": latency[min(len(latency) - 1, int(0.99 * len(latency)))] if latency else 0.0,
-        "applied": result.applied,
+        "applied": record.result.applied,
     }
-    record.update({k: v for k, v in result.metrics.items() if k not in record})
-    if not math.isfinite(record.get("loss", 0.0)):
-        record["loss"] = None
-    return record
+    metrics.update({k: v for k, v in record.result.metrics.items() if k not in metrics})
+    if not math.isfinite(metrics.get("loss", 0.0)):
+        metrics["loss"] = None
+    return metrics
 
 
 def timeline_sample(
