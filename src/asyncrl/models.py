@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncrl.choices import DType, check_choice
+
 # A chat template for the tiny tokenizer: a user turn is "Q:<content>\n", the assistant turn
 # starts with "A:" and ends with EOS, a tool result is "R:<content>\n" (multi-turn episodes:
 # "Q:48213*379\nA:<calc>48213*379</calc><eos>R:18272727\nA:#18272727<eos>"). System messages and
@@ -146,7 +148,7 @@ def load_tokenizer(model_dir: str | Path) -> Any:
     return tokenizer
 
 
-def load_policy(model_dir: str | Path, *, device: str = "cpu", dtype: str = "float32") -> tuple[Any, Any]:
+def load_policy(model_dir: str | Path, *, device: str = "cpu", dtype: DType = "float32") -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` from a local Hugging Face checkpoint directory.
 
     Raises ``FileNotFoundError`` with a clear message when the directory holds no model, and
@@ -162,6 +164,7 @@ def load_policy(model_dir: str | Path, *, device: str = "cpu", dtype: str = "flo
         )
     _quiet_transformers()
     tokenizer = load_tokenizer(path)
+    check_choice(dtype, DType, "dtype")
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, attn_implementation="eager")

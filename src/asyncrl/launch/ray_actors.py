@@ -22,6 +22,7 @@ import os
 import socket
 from typing import Any
 
+from asyncrl.choices import RayWeightSync, choice_error
 from asyncrl.config import Config
 from asyncrl.launch.stages import (
     build_engine,
@@ -149,7 +150,7 @@ class TrainerRank:
                 refs = tuple(ray.put(b) for b in buckets)
                 return ObjectStoreUpdate(self.trainer.version, refs, sum(int(b[1].nbytes) for b in buckets))
             case other:
-                raise ValueError(f"unknown launch.weight_sync {other!r}")
+                raise choice_error(other, RayWeightSync, "launch.weight_sync")
 
     def save_checkpoint(self, directory: str, extra: dict[str, Any] | None) -> None:
         self.trainer.save_checkpoint(directory, extra, self.tokenizer)

@@ -29,6 +29,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
+from asyncrl.choices import WeightTransport
 from asyncrl.reward.service import RewardResult
 from asyncrl.rollout.api import SampleDone, refuse_on_sample_done
 from asyncrl.rollout.pool import EngineDied
@@ -203,7 +204,7 @@ class RayTrainerGroup:
         self.skipped_steps += 0 if result.applied else 1
         return result
 
-    def export_weights(self, transport: str | None = None) -> WeightUpdate:
+    def export_weights(self, transport: WeightTransport | None = None) -> WeightUpdate:
         update = self._all("export", transport or self.transport)
         self.sync_bytes = int(getattr(update, "nbytes", 0))
         return update

@@ -27,6 +27,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from asyncrl.choices import WeightTransport
 from asyncrl.config import Config
 from asyncrl.launch.stages import build_trainer, init_process, load_model
 from asyncrl.storage import DiskFull
@@ -135,7 +136,7 @@ class TrainerProcess:
         self.skipped_steps += 0 if result.applied else 1
         return result
 
-    def export_weights(self, transport: str | None = None) -> WeightUpdate:
+    def export_weights(self, transport: WeightTransport | None = None) -> WeightUpdate:
         return self._call("export_weights", transport)
 
     def save_checkpoint(

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from asyncrl.choices import WeightTransport, choice_error
 from asyncrl.storage import raise_disk_full
 from asyncrl.trainer import distributed as dist_mod
 from asyncrl.trainer.checkpoint import (
@@ -106,7 +107,7 @@ class TrainerStateMixin:
         return state
 
     # ----------------------------------------------------------------- export
-    def export_weights(self, transport: str | None = None) -> WeightUpdate:
+    def export_weights(self, transport: WeightTransport | None = None) -> WeightUpdate:
         """The current weights for the engines, versioned: ``tensors`` (in-process, private
         copies) or ``safetensors`` (a directory under ``weight_export_dir``); default from the
         config. Under FSDP only rank 0's update carries weights."""
@@ -128,7 +129,7 @@ class TrainerStateMixin:
                     self._prune_exports(out)
                     update = WeightUpdate(version=self.version, path=str(out))
             case other:
-                raise ValueError(f"unknown weight transport {other!r} (tensors | safetensors)")
+                raise choice_error(other, WeightTransport, "weight transport")
         self._record_export(transport, t0, t_gather, nbytes)
         return update
 
