@@ -134,7 +134,7 @@ class TrainerRank:
     def train_step(self, batch: TrainBatch) -> Any:
         return self.trainer.train_step(batch)
 
-    def export(self, transport: str) -> WeightUpdate | ObjectStoreUpdate | None:
+    def export(self, transport: RayWeightSync) -> WeightUpdate | ObjectStoreUpdate | None:
         """The current weights for the engines (rank 0; None on the others)."""
         match transport:
             case "disk":

@@ -29,7 +29,7 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 
-from asyncrl.choices import WeightTransport
+from asyncrl.choices import RayWeightSync, WeightTransport
 from asyncrl.reward.service import RewardResult
 from asyncrl.rollout.api import SampleDone, refuse_on_sample_done
 from asyncrl.rollout.pool import EngineDied
@@ -171,7 +171,7 @@ class ServedEngineClient(RemoteEngine):
 class RayTrainerGroup:
     """The trainer ranks as a ``PolicyTrainer`` (see the module docstring)."""
 
-    def __init__(self, ranks: list[Any], transport: str, version: int) -> None:
+    def __init__(self, ranks: list[Any], transport: RayWeightSync, version: int) -> None:
         self.ranks = ranks
         self.transport = transport
         self.version = version
