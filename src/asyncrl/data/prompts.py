@@ -15,7 +15,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from asyncrl.config import ConfigError, TaskConfig
+from asyncrl.config import ConfigError, SFTConfig, TaskConfig
 from asyncrl.data.rows import DatasetError, bad_row, iter_jsonl
 from asyncrl.data.synthetic import make_splits, teacher_solution
 from asyncrl.types import Prompt
@@ -32,13 +32,13 @@ def render_prompt(tokenizer: Any, question: str) -> tuple[int, ...]:
 
 
 def build_task(
-    task: TaskConfig, tokenizer: Any, *, teacher_slip_rate: float = 0.0
+    task: TaskConfig, tokenizer: Any, *, teacher_slip_rate: float = SFTConfig.teacher_slip_rate
 ) -> tuple[list[Prompt], list[Prompt], list[tuple[str, str]]]:
     """``(train_prompts, held_out_prompts, demonstrations)`` for the configured task.
 
     Demonstrations are (question, worked solution) pairs for the warm start (empty where the
     task has none); for the synthetic task they come from a teacher that slips on the final
-    answer at ``teacher_slip_rate`` (seeded by the task seed)."""
+    answer at ``teacher_slip_rate`` (seeded by the task seed; default ``sft.teacher_slip_rate``'s)."""
     match task.name:
         case "arithmetic":
             train, held_out = make_splits(
