@@ -338,7 +338,9 @@ class ControllerConfig:
     episode_timeout_s: float = 600.0
     """Wall-clock limit of one episode attempt (generation + scoring); 0: none."""
     max_engine_failures: int = 8
-    """Consecutive episodes dropped after all retries that stop the run with an error."""
+    """Consecutive episodes dropped after all retries that stop the run with an error; also, counted
+    apart, consecutive groups filtered because their rewards could not be computed (a broken verifier:
+    ``controller.scoring.ScoringFailed``)."""
     weight_sync: WeightSyncMode = "inflight"
     """inflight (new weights reach the engine between two decode steps, in
     ``rollout.interrupt_mode``) | drain (stop admitting and wait until every running episode
