@@ -9,8 +9,10 @@ What decides *what* happens is the controller's own code, imported and driven as
   the ``samples`` unit, a batch was taken, stale groups were dropped, new weights were published),
   with ``on_admit`` / ``on_finish`` / ``on_drop_accepted`` and ``EpisodeSamples`` keeping the counts;
 - batching: ``controller.buffer.GroupBuffer.take_fresh(step, max_staleness, batch_size)`` on real
-  ``types.Group`` records whose completions carry the simulated token versions, so a stale group is
-  dropped (and its budget given back) exactly when the controller would drop it;
+  ``types.Group`` records carrying each group's oldest token version (``sim.groups.BufferedGroup``),
+  so a stale group is dropped (and its budget given back) when the controller would drop it (one
+  shortcut: a stale group arriving while the trainer waits is dropped without the O(buffer) call
+  that would drop exactly it);
 - the step: train, then publish (``inflight``: export, then every engine loads the weights between
   two steps, in ``abort`` or ``keep`` mode; ``drain``: stop admitting and wait until no group runs);
   version v + 1 is published at the end of step v and the next step begins.
