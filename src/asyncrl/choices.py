@@ -13,6 +13,7 @@ from typing import Literal, get_args
 
 __all__ = [
     "AdvantageEstimator",
+    "AgentEnvName",
     "Aggregation",
     "ArithmeticForm",
     "BalanceMethod",
@@ -32,8 +33,10 @@ __all__ = [
     "ProxMode",
     "RayWeightSync",
     "TaskName",
+    "ToolFormat",
     "WeightSyncMode",
     "WeightTransport",
+    "WorkflowName",
     "check_choice",
     "choice_error",
 ]
@@ -41,7 +44,7 @@ __all__ = [
 # model / task
 DType = Literal["float32", "bfloat16", "float16"]
 """``model.dtype``: the dtype weights are loaded in (``models.load_policy``)."""
-TaskName = Literal["arithmetic", "gsm8k", "humaneval", "jsonl"]
+TaskName = Literal["arithmetic", "calculator", "gsm8k", "humaneval", "jsonl"]
 """``task.name``: the prompt source (``data.prompts.build_task``)."""
 ArithmeticForm = Literal["chain", "repeat"]
 """``task.form``: the problem forms of the synthetic arithmetic task (``data.synthetic``)."""
@@ -53,6 +56,15 @@ HighWaterUnit = Literal["groups", "samples"]
 """``controller.high_water_unit``: what a running group weighs under the high-water mark (``StalenessGate``)."""
 WeightSyncMode = Literal["inflight", "drain"]
 """``controller.weight_sync``: whether an update waits for running episodes (``controller.loop``)."""
+WorkflowName = Literal["single_turn", "agent"]
+"""``rollout.workflow``'s built-in workflows (``launch.stages.build_workflow``); the field also takes a
+``pkg.module:function`` with ``rollout.workflow.run_episode``'s signature."""
+
+# agent (multi-turn episodes)
+ToolFormat = Literal["hermes", "tag", "json"]
+"""``agent.tool_format``: how tool calls are written in a model turn (``rollout.tools.parse_tool_calls``)."""
+AgentEnvName = Literal["calculator", "python"]
+"""``agent.env``: the environment of each episode (``rollout.envs``; built in ``launch.stages.build_workflow``)."""
 
 # algo
 AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]

@@ -9,8 +9,8 @@ field is typed with its ``Literal`` alias from ``asyncrl.choices`` (the function
 choice use the same alias) and checked against it. Every field is documented under its
 declaration (``tests/test_config_fields.py`` holds that). The tree is frozen: a changed config
 is a new one (``with_values(cfg, {"model.path": p})``, checked and validated like an override,
-or ``dataclasses.replace``). No torch; no sibling but ``config_parse``, ``config_checks`` and
-``choices``.
+or ``dataclasses.replace``). No torch; no sibling but ``config_parse``, ``config_checks``,
+``config_agent`` (the ``agent`` section) and ``choices``.
 
 Batch-size semantics, stated once (a known confusion in peers): one training step consumes
 ``controller.batch_size`` prompt *groups*, each of ``rollout.group_size`` samples, so
@@ -53,6 +53,7 @@ from asyncrl.choices import (
     WeightSyncMode,
     WeightTransport,
 )
+from asyncrl.config_agent import AgentConfig
 from asyncrl.config_checks import validate
 from asyncrl.config_parse import ConfigError, apply_mapping, nest, parse_override, read_yaml
 
@@ -161,6 +162,8 @@ class RolloutConfig:
     num_engines: int = 1
     """N: engine instances (launch.kind=ray; the local launcher runs one). Requests go to the engine
     with the fewest tokens in flight."""
+    workflow: str = "single_turn"
+    """single_turn | agent (multi-turn with tools, ``agent.*``) | pkg.module:function (``run_episode``'s signature)."""
 
 
 @dataclass(frozen=True)
@@ -438,6 +441,8 @@ class Config:
     """The tiny default policy's warm start."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """Generation and engines."""
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    """Multi-turn episodes with tools (``rollout.workflow=agent``)."""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     """Advantages and losses."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -9,15 +9,19 @@ bound of a number, or the setting of another key it needs. No torch, no sibling 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import re
+from typing import TYPE_CHECKING, Any, get_args
 
+from asyncrl.choices import WorkflowName
 from asyncrl.config_parse import ConfigError, check_choices
 
 if TYPE_CHECKING:
     from asyncrl.config import Config
 
-__all__ = ["validate", "validate_algo", "validate_fixed_lag", "validate_launch", "validate_ranges"]
+__all__ = ["validate", "validate_algo", "validate_fixed_lag", "validate_launch", "validate_ranges",
+           "validate_workflow"]
 
+_WORKFLOW_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 _GREATER = ">"
 _AT_LEAST = ">="
 
@@ -37,6 +41,11 @@ _BOUNDS: dict[str, tuple[str, float, str]] = {
     "rollout.max_prompt_len": (_GREATER, 0, ""),
     "rollout.max_slots": (_GREATER, 0, ""),
     "rollout.num_engines": (_AT_LEAST, 1, ""),
+    "agent.max_turns": (_AT_LEAST, 1, ""),
+    "agent.max_tokens": (_AT_LEAST, 1, ""),
+    "agent.max_turn_tokens": (_AT_LEAST, 1, " or null"),
+    "agent.malformed_penalty": (_AT_LEAST, 0, ""),
+    "agent.tool_timeout_s": (_GREATER, 0, ""),
     "algo.eps_clip": (_AT_LEAST, 0, ""),
     "algo.eps_clip_high": (_AT_LEAST, 0, " or null"),
     "algo.dual_clip": (_GREATER, 1, " or null"),
@@ -178,9 +187,19 @@ def validate_launch(cfg: Config) -> None:
             )
 
 
+def validate_workflow(cfg: Config) -> None:
+    """``rollout.workflow``: a built-in name (``choices.WorkflowName``) or ``pkg.module:function``."""
+    name = cfg.rollout.workflow
+    if name not in get_args(WorkflowName) and not _WORKFLOW_SPEC.fullmatch(name):
+        raise ConfigError(
+            f"rollout.workflow must be one of {', '.join(get_args(WorkflowName))} or pkg.module:function, got {name!r}"
+        )
+
+
 def validate(cfg: Config) -> Config:
     """Check choices, ranges and the keys that depend on each other; return ``cfg``."""
     check_choices(cfg, "")
+    validate_workflow(cfg)
     validate_ranges(cfg)
     validate_algo(cfg)
     validate_fixed_lag(cfg)

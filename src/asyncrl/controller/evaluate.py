@@ -1,4 +1,8 @@
-"""Held-out accuracy: generate answers with the engine and score them (``evaluate``)."""
+"""Held-out accuracy: generate answers with the engine and score them (``evaluate``).
+
+With a multi-turn workflow (``rollout.workflow=agent``) the workflow plays each held-out episode
+itself (tools and all) and its group's rewards are the scores: single-turn generation and a verifier
+cannot score a tool episode. The controller still knows nothing of turns: it calls the workflow."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from asyncrl.config import Config
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.interruptible import generate_group
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.rollout.workflow import ScoreFn
+from asyncrl.rollout.workflow import ScoreFn, Workflow
 from asyncrl.types import Prompt
 
 
@@ -25,11 +29,13 @@ async def evaluate(
     stop_token_ids: tuple[int, ...] = (),
     seed: int = 0,
     samples_per_prompt: int,
+    workflow: Workflow | None = None,
 ) -> dict[str, float]:
     """Accuracy (fraction of reward 1.0), mean reward and mean response length on ``prompts``,
     averaged over ``samples_per_prompt`` samples each (1 when greedy: argmax is deterministic).
     ``greedy``, ``max_new_tokens`` and ``samples_per_prompt`` have no default: a run's are
-    ``eval.*``, passed by :func:`eval_kwargs`."""
+    ``eval.*``, passed by :func:`eval_kwargs`. ``workflow``: play each prompt's episodes with it (a
+    multi-turn one; response length: every token after the opening)."""
     n = 1 if greedy else max(1, samples_per_prompt)
     sampling = SamplingParams(
         max_new_tokens=max_new_tokens,
@@ -40,6 +46,9 @@ async def evaluate(
     )
 
     async def one(prompt: Prompt) -> list[tuple[float, int]]:
+        if workflow is not None:
+            group = await workflow(engine, prompt, sampling, n, score, 0)
+            return [(r, len(c.output_ids)) for r, c in zip(group.rewards, group.completions, strict=True)]
         completions = await generate_group(engine, prompt.token_ids, sampling, n)
         scored = await asyncio.gather(*(score(prompt, c) for c in completions))
         return [(reward, len(c.output_ids)) for (reward, _failure), c in zip(scored, completions, strict=True)]

@@ -87,7 +87,7 @@ from asyncrl.controller.state import ControllerState
 from asyncrl.data.prompts import PromptSource
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.rollout.workflow import ScoreFn, run_episode
+from asyncrl.rollout.workflow import ScoreFn, Workflow, run_episode
 from asyncrl.storage import DiskFull, with_run_dir
 from asyncrl.trainer.api import PolicyTrainer, TrainStepResult
 from asyncrl.types import Completion, Group, Prompt, TrainBatch, TrainSample
@@ -110,11 +110,13 @@ class Controller:
         resume: dict[str, Any] | None = None,
         checkpoint_extra: dict[str, Any] | None = None,
         evaluator: Callable[[], Awaitable[dict[str, float]]] | None = None,
+        workflow: Workflow = run_episode,
     ) -> None:
         """``resume``: the controller snapshot of the checkpoint the trainer was restored from.
         ``checkpoint_extra``: the launcher's own values, saved with every checkpoint.
         ``evaluator``: held-out accuracy every ``controller.eval_every`` steps (the launcher's,
-        ``launch.runner``: the task's held-out split on this engine, decoded as ``eval.*`` says)."""
+        ``launch.runner``: the task's held-out split on this engine, decoded as ``eval.*`` says).
+        ``workflow``: what one episode is (``rollout.workflow``; ``launch.stages.build_workflow``)."""
         self.cfg = cfg
         self.engine = engine
         self.trainer = trainer
@@ -124,6 +126,7 @@ class Controller:
         self.tokenizer = tokenizer
         self.checkpoint_extra = dict(checkpoint_extra or {})
         self.evaluator = evaluator
+        self.workflow = workflow
         c = cfg.controller
         self.gate = StalenessGate(
             c.batch_size,
@@ -274,7 +277,7 @@ class Controller:
             await asyncio.sleep(period_s)
 
     async def _attempt(self, prompt: Prompt, version: int, on_sample_done: Callable[[int], None]) -> Group:
-        episode = run_episode(
+        episode = self.workflow(
             self.engine, prompt, self.sampling, self.cfg.rollout.group_size, self._timed_score, version,
             on_sample_done,
         )  # fmt: skip

@@ -7,7 +7,8 @@
   index in the prompt stream, the version it started at, whether it is re-admitted after a
   resume), then one line per sample once its fate is known (trained, filtered, dropped as stale,
   skipped with a non-finite step) or one line per prompt when the engine failed it after its
-  retries, and, at the end of a run, lines for groups still unused or in flight;
+  retries, and, at the end of a run, lines for groups still unused or in flight; a multi-turn
+  sample's line also holds its episode (``episode_entry``: model and environment tokens, turns);
 - ``timeline.jsonl``: a few samples a second of what each component is doing (for the report);
 - ``summary.json``: written at the end;
 - ``tb/``: TensorBoard events of the per-step metrics (when tensorboard is installed).
@@ -44,7 +45,7 @@ from typing import Any
 
 from asyncrl.config import Config, dump_yaml
 from asyncrl.storage import disk_full, is_disk_full
-from asyncrl.types import Group
+from asyncrl.types import Group, Trajectory
 
 JSONL_FILES = ("metrics.jsonl", "trajectories.jsonl", "timeline.jsonl", "snapshots.jsonl")
 
@@ -54,6 +55,21 @@ RUN_MARKERS = ("config.yaml", "metrics.jsonl", "trajectories.jsonl", "timeline.j
 """Names whose presence means a directory already holds (part of) a run."""
 _RUN_ID = re.compile(rb'"run_id": "([^"\\]*)"')
 
+
+
+def episode_entry(traj: Trajectory) -> dict[str, Any]:
+    """A multi-turn episode's ledger fields: how it ended, and per turn its tokens, versions and tool use."""
+    return {
+        "episode_end": traj.end,
+        "model_tokens": sum(traj.loss_mask),
+        "env_tokens": len(traj.loss_mask) - sum(traj.loss_mask),
+        "turns": [
+            {"model_tokens": t.model_tokens, "env_tokens": t.env_tokens, "min_version": t.min_version,
+             "max_version": t.max_version, "tool_calls": list(t.tool_calls), "tool_errors": t.tool_errors,
+             "malformed": t.malformed, "tool_latency_s": round(t.tool_latency_s, 4)}
+            for t in traj.turns
+        ],
+    }  # fmt: skip
 
 class RunDirError(Exception):
     """A run directory cannot be used as asked; the message says what to do instead."""
@@ -379,6 +395,8 @@ class RunDir:
             }
             if step is not None:
                 line["step"] = step
+            if group.trajectories:
+                line.update(episode_entry(group.trajectories[idx]))
             if tokenizer is not None and idx == 0:
                 line["response"] = tokenizer.decode(list(comp.output_ids), skip_special_tokens=True)
             lines.append(json.dumps(self._stamp(line)) + "\n")

@@ -4,7 +4,9 @@
   tiny tokenizer brings a minimal one; real models bring theirs); never re-tokenised later.
 - ``PromptSource``: an endless, seeded stream of ``Prompt``s over a split, epoch after epoch,
   with a position (``state_dict``) so a resumed run continues where it stopped.
-- ``build_task``: the train and held-out prompt lists of the configured task; a bad row of a
+- ``build_task``: the train and held-out prompt lists of the configured task (``calculator``: the
+  multi-turn tool task's problems, ``data.calculator``; its episodes open with the environment's
+  messages, ``rollout.workflow=agent``); a bad row of a
   dataset file raises ``data.rows.DatasetError`` naming the file and the line (``jsonl`` rows: a
   non-empty string ``prompt``, a string or number ``answer``, a unique ``id`` if any).
 """
@@ -62,6 +64,17 @@ def build_task(
             teacher_rng = random.Random(f"{task.seed}-teacher")
             demos = [(p.question, teacher_solution(p, teacher_rng, teacher_slip_rate)) for p in train]
             return [to_prompt(p) for p in train], [to_prompt(p) for p in held_out], demos
+        case "calculator":
+            from asyncrl.data.calculator import make_calculator_splits
+
+            train_c, held_c = make_calculator_splits(task.seed, task.train_size, task.eval_size)
+
+            def calc_prompt(p: Any) -> Prompt:
+                # the episode's opening is the environment's (system, tools, question); these ids measure it
+                meta = {"question": p.question}
+                return Prompt(p.problem_id, render_prompt(tokenizer, p.question), p.answer, meta)
+
+            return [calc_prompt(p) for p in train_c], [calc_prompt(p) for p in held_c], []
         case "gsm8k" | "humaneval" | "jsonl":
             rows, prompt_key, reference_key = _load_rows(task)
             rng = random.Random(task.seed)
@@ -82,7 +95,7 @@ def build_task(
 
             return [row_prompt(r) for r in rest], [row_prompt(r) for r in held], []
         case other:
-            raise ValueError(f"task.name={other!r} is not supported (arithmetic, gsm8k, humaneval, jsonl)")
+            raise ValueError(f"task.name={other!r} is not supported (arithmetic, calculator, gsm8k, humaneval, jsonl)")
 
 
 def _load_rows(task: TaskConfig) -> tuple[list[dict[str, Any]], str, str]:

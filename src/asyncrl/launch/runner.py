@@ -23,7 +23,7 @@ from asyncrl.controller.loop import Controller
 from asyncrl.controller.resume import check_snapshot, resume_checkpoint
 from asyncrl.controller.rundir import RunDir, claim_run_dir, default_run_dir, read_jsonl
 from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
-from asyncrl.launch.stages import build_evaluator
+from asyncrl.launch.stages import build_evaluator, build_workflow
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.workflow import ScoreFn
 from asyncrl.trainer.api import PolicyTrainer
@@ -97,13 +97,16 @@ async def run_stages(
         held_out = drop_long_prompts(held_out, cfg.rollout.max_prompt_len, "held-out prompts")
         truncate = snapshot["offsets"] if snapshot is not None else ({} if resume else None)
         rundir = RunDir(run_dir, cfg, truncate=truncate, purge_step=snapshot["step"] if snapshot else None)
-        evaluator = build_evaluator(cfg, engine, held_out, score, stages.stop_token_ids)
+        workflow = build_workflow(cfg, tokenizer, stages.stop_token_ids)  # rollout.workflow
+        evaluator = build_evaluator(cfg, engine, held_out, score, stages.stop_token_ids, workflow=workflow)
 
         async def measure() -> dict[str, float]:
             """Held-out accuracy as configured, plus greedy accuracy when ``eval.report_greedy``."""
             result = await evaluator()
             if cfg.eval.report_greedy:
-                greedy = await build_evaluator(cfg, engine, held_out, score, stages.stop_token_ids, greedy=True)()
+                greedy = await build_evaluator(
+                    cfg, engine, held_out, score, stages.stop_token_ids, greedy=True, workflow=workflow
+                )()
                 result["greedy_accuracy"] = greedy["accuracy"]
             return result
 
@@ -113,7 +116,7 @@ async def run_stages(
         controller = Controller(
             cfg, engine, trainer, PromptSource(train_prompts, cfg.run.seed), score, rundir,
             tokenizer=tokenizer, stop_token_ids=stages.stop_token_ids, resume=snapshot,
-            evaluator=evaluator,
+            evaluator=evaluator, workflow=workflow,
             checkpoint_extra={"before": before},
         )  # fmt: skip
         handlers = _install_stop_handlers(controller)

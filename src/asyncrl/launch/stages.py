@@ -7,13 +7,15 @@ Whoever runs a stage builds it here, so a setting reaches every copy of the stag
                                thing each process of a run does (launchers, trainer process, Ray actors)
 ``load_model(cfg, dir)``       policy + tokenizer on ``model.device`` (or a stage's own) in ``model.dtype``
 ``engine_max_seq_len(cfg)``    an engine's context: the longest prompt plus the longest training or
-                               evaluation response
+                               evaluation response (or agent episode, ``agent.max_tokens``)
 ``build_engine(...)``          ``LocalEngine`` (slots, context, interrupt mode, device)
 ``build_remote_pool(urls)``    an ``EnginePool`` of ``RemoteEngine`` clients of running servers
 ``build_trainer(...)``         ``Trainer`` (trainer and algo settings, sampling temperature, total steps)
 ``build_reward_service(cfg)``  the ``RewardService`` (workers, timeout, retries)
 ``build_scoring(...)``         the ``score`` callable (``task.verifier``) and the service it needs, if any
                                (``build_score``: over a service the caller has, e.g. Ray's reward pool)
+``build_workflow(...)``        what one episode is (``rollout.workflow``): ``run_episode``, an ``AgentWorkflow``
+                               over ``agent.*`` and its environment, or a ``pkg.module:function``
 ``build_evaluator(...)``       held-out evaluation with the run's ``eval.*`` settings (``evaluate_once``:
                                scoring built, evaluation run, service closed: ``asyncrl eval``)
 ``stage_device(cfg, gpus)``    where a Ray actor's stage runs (``cuda`` when its bundle holds a GPU)
@@ -29,6 +31,7 @@ The stage classes are imported where they are built: a process pays only for the
 
 from __future__ import annotations
 
+import importlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,7 +42,7 @@ from asyncrl.config import Config
 from asyncrl.controller.evaluate import eval_kwargs, evaluate
 from asyncrl.controller.scoring import make_score_fn
 from asyncrl.rollout.api import RolloutEngine
-from asyncrl.rollout.workflow import ScoreFn
+from asyncrl.rollout.workflow import ScoreFn, Workflow, run_episode
 from asyncrl.types import Prompt
 
 if TYPE_CHECKING:
@@ -57,6 +60,7 @@ __all__ = [
     "build_score",
     "build_scoring",
     "build_trainer",
+    "build_workflow",
     "configure_threads",
     "engine_max_seq_len",
     "evaluate_once",
@@ -109,8 +113,12 @@ def load_model(cfg: Config, model_dir: str | Path, *, device: str | None = None)
 # ----------------------------------------------------------------------------------- the stages
 def engine_max_seq_len(cfg: Config) -> int:
     """The context an engine holds per slot: the longest prompt plus the longest response it is asked
-    for, in training (``rollout.max_new_tokens``) or in evaluation (``eval.max_new_tokens``)."""
-    return cfg.rollout.max_prompt_len + max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens)
+    for, in training (``rollout.max_new_tokens``) or in evaluation (``eval.max_new_tokens``); with
+    ``rollout.workflow=agent``, an episode's tokens after its opening (``agent.max_tokens``) too."""
+    response = max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens)
+    if cfg.rollout.workflow == "agent":
+        response = max(response, cfg.agent.max_tokens)
+    return cfg.rollout.max_prompt_len + response
 
 
 def build_engine(cfg: Config, model: Any, tokenizer: Any, *, device: str | None = None) -> LocalEngine:
@@ -179,6 +187,51 @@ def build_scoring(cfg: Config, tokenizer: Any) -> tuple[ScoreFn, RewardService |
     return build_score(cfg, tokenizer, service), service
 
 
+# ----------------------------------------------------------------------------------- the workflow
+def build_workflow(cfg: Config, tokenizer: Any, stop_token_ids: tuple[int, ...]) -> Workflow:
+    """What one episode is (``rollout.workflow``): ``single_turn`` -> ``rollout.workflow.run_episode``;
+    ``agent`` -> an ``AgentWorkflow`` over ``agent.*`` with a fresh ``agent.env`` environment per episode
+    (its turns end at ``stop_token_ids``); ``pkg.module:function`` -> that callable (imported here)."""
+    match cfg.rollout.workflow:
+        case "single_turn":
+            return run_episode
+        case "agent":
+            from asyncrl.rollout.agent import AgentSettings, AgentWorkflow
+
+            a = cfg.agent
+            settings = AgentSettings(
+                tool_format=a.tool_format, max_turns=a.max_turns, max_tokens=a.max_tokens,
+                max_turn_tokens=a.max_turn_tokens, stop_at_tool_close=a.stop_at_tool_close,
+                malformed_penalty=a.malformed_penalty,
+            )  # fmt: skip
+            return AgentWorkflow(tokenizer, _env_factory(cfg), settings, end_of_turn_ids=stop_token_ids)
+        case spec:
+            module_name, _, attr_path = spec.partition(":")
+            obj: Any = importlib.import_module(module_name)
+            for attr in attr_path.split("."):
+                obj = getattr(obj, attr)
+            if not callable(obj):
+                raise TypeError(f"rollout.workflow={spec!r} is not callable")
+            return obj  # type: ignore[no-any-return]
+
+
+def _env_factory(cfg: Config) -> Any:
+    """A maker of ``agent.env`` environments (one per episode), with ``agent.tool_timeout_s``."""
+    timeout = cfg.agent.tool_timeout_s
+    match cfg.agent.env:
+        case "calculator":
+            from asyncrl.rollout.envs.calculator import calculator_env
+
+            return lambda: calculator_env(tool_timeout_s=timeout)
+        case "python":
+            from asyncrl.reward.python_tool import run_python
+            from asyncrl.rollout.envs.python import python_env
+
+            return lambda: python_env(run_python, tool_timeout_s=timeout)
+        case other:
+            raise ValueError(f"agent.env={other!r} is not supported (calculator, python)")
+
+
 # ----------------------------------------------------------------------------------- evaluation
 @dataclass(frozen=True)
 class Evaluator:
@@ -188,7 +241,8 @@ class Evaluator:
     prompts: Sequence[Prompt]
     score: ScoreFn
     kwargs: dict[str, Any] = field(default_factory=dict)
-    """``controller.evaluate.evaluate``'s keyword arguments (``eval_kwargs`` of the run's config)."""
+    """``controller.evaluate.evaluate``'s keyword arguments (``eval_kwargs`` of the run's config; with a
+    multi-turn ``rollout.workflow``, the workflow that plays each held-out episode)."""
 
     async def __call__(self) -> dict[str, float]:
         return await evaluate(self.engine, self.prompts, self.score, **self.kwargs)
@@ -202,10 +256,15 @@ def build_evaluator(
     stop_token_ids: tuple[int, ...],
     *,
     greedy: bool | None = None,
+    workflow: Workflow | None = None,
 ) -> Evaluator:
     """Evaluation of ``engine`` on ``prompts`` with the run's ``eval.*`` settings (``greedy``: force
-    greedy decoding or sampling regardless of ``eval.greedy``)."""
+    greedy decoding or sampling regardless of ``eval.greedy``). ``workflow``: a multi-turn one plays
+    each held-out episode itself (its reward: the environment's); single-turn (None or ``run_episode``)
+    generates answers for the verifier."""
     kwargs = eval_kwargs(cfg, stop_token_ids)
+    if workflow is not None and workflow is not run_episode:
+        kwargs["workflow"] = workflow
     if greedy is not None:
         kwargs["greedy"] = greedy
     return Evaluator(engine, tuple(prompts), score, kwargs)
@@ -218,7 +277,8 @@ async def evaluate_once(
     built, the evaluator run, the reward service closed."""
     score, service = build_scoring(cfg, tokenizer)
     try:
-        return await build_evaluator(cfg, engine, prompts, score, stop_token_ids)()
+        workflow = build_workflow(cfg, tokenizer, stop_token_ids)
+        return await build_evaluator(cfg, engine, prompts, score, stop_token_ids, workflow=workflow)()
     finally:
         if service is not None:
             await service.close()

@@ -21,12 +21,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
+
+from asyncrl.choices import ToolFormat
 
 __all__ = ["ParsedTurn", "ToolCall", "ToolFormat", "close_tags", "parse_tool_calls"]
-
-ToolFormat = Literal["hermes", "tag", "json"]
-"""How tool calls are written in model text (see the module docstring)."""
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 

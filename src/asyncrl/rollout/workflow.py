@@ -1,8 +1,8 @@
 """Workflows: one episode as an async function (render is done by data/; here: generate, score).
 
-``run_episode`` is single-turn RLVR: G samples of one prompt from the engine (interruptible:
-aborted samples are resumed under the new weights), then every sample scored by the ``score``
-callable the controller hands in. A workflow imports no reward code.
+``Workflow`` is the call the controller makes per prompt; ``run_episode`` is single-turn RLVR: G
+samples of one prompt from the engine (interruptible: aborted samples are resumed under the new
+weights), then every sample scored by the ``score`` callable the controller hands in. A workflow imports no reward code.
 """
 
 from __future__ import annotations
@@ -17,6 +17,11 @@ from asyncrl.types import Completion, Group, Prompt
 
 ScoreFn = Callable[[Prompt, Completion], Awaitable[tuple[float, str | None]]]
 """(prompt, completion) -> (reward, failure reason or None)."""
+
+Workflow = Callable[..., Awaitable[Group]]
+"""What the controller calls per admitted prompt: ``run_episode``'s signature (engine, prompt, sampling,
+group_size, score, start_version, on_sample_done) -> ``Group``; ``run_episode`` itself, an
+``agent.AgentWorkflow``, or a user's ``pkg.module:function`` (``rollout.workflow``)."""
 
 
 async def run_episode(

@@ -1,0 +1,35 @@
+"""The ``agent`` section of the config tree (multi-turn episodes with tools), split off ``config`` for size.
+
+One unit with ``asyncrl.config`` (``tests/architecture_rules.py``); every field documented under its
+declaration (``tests/test_config_fields.py`` reads this file too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from asyncrl.choices import AgentEnvName, ToolFormat
+
+__all__ = ["AgentConfig"]
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Multi-turn episodes with tools (``rollout.workflow=agent``; ``rollout.agent``)."""
+
+    tool_format: ToolFormat = "hermes"
+    """hermes (``<tool_call>{json}</tool_call>``) | tag (``<calc>expr</calc>``) | json (a bare object)."""
+    env: AgentEnvName = "calculator"
+    """calculator (scores the answer itself) | python (the sandbox; reward: ``task.verifier``)."""
+    max_turns: int = 4
+    """Model turns per episode."""
+    max_tokens: int = 256
+    """Tokens after the opening (model and environment); the engine holds max_prompt_len + this."""
+    max_turn_tokens: int | None = None
+    """Tokens per model turn; null: ``rollout.max_new_tokens`` (``eval.max_new_tokens`` in evaluation)."""
+    stop_at_tool_close: bool = False
+    """Also end a turn at the call format's close tag (one token, like Qwen's ``</tool_call>``)."""
+    malformed_penalty: float = 0.0
+    """Subtracted from an episode's reward per malformed call."""
+    tool_timeout_s: float = 5.0
+    """Longest wait on one tool call (a slower one is answered with an error)."""
