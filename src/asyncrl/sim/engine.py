@@ -26,7 +26,6 @@ one step early).
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 from collections import deque
@@ -66,8 +65,7 @@ class SimEngine:
 
     __slots__ = (
         "index", "slots", "kv_cap", "a", "b", "c", "p", "update_cost", "t", "steps", "run", "groups", "ctx",
-        "waiting", "version", "updates", "seq", "token", "next_t", "next_step", "bound", "plan", "per_sample", "on_end",
-        "tot",
+        "waiting", "version", "updates", "seq", "token", "next_t", "next_step", "plan", "per_sample", "on_end", "tot",
     )  # fmt: skip
 
     def __init__(
@@ -101,8 +99,6 @@ class SimEngine:
         """Bumped whenever the next event changes (older scheduled events are ignored)."""
         self.next_t = math.inf
         self.next_step = -1
-        self.bound = False
-        """``next_t`` is a lower bound of the next event's time, not the time (``schedule``)."""
         self.plan: tuple[int, int, float, int, int, float, float, int] | None = None
         """(token, samples ending, time, step, context, decode s, running s, tokens) at ``next_step``,
         computed by ``schedule``; None once the engine's state changed since."""
@@ -325,28 +321,14 @@ class SimEngine:
         if not self.run:
             self.next_t, self.next_step = math.inf, -1
             return
-        step = first = self.run[0][0]
+        step = self.run[0][0]
         if not self.per_sample and not self.waiting:
             step = max(step, self._next_group_end())
         self.next_step = step
-        if step == first:
-            self.bound = False
-            self.next_t = self._plan(step)
-            return
-        # A group end is a long way off and the engine will often get a request first (it has just
-        # freed slots): schedule a lower bound of that time, and plan exactly only if it comes.
-        self.bound = True
-        self.plan = None
-        survivors = len(self.run) - bisect.bisect_left(self.run, (step,))
-        self.next_t = self.t + (step - self.steps) * (self.a + self.b * survivors)
+        self.next_t = self._plan(step)
 
-    def fire(self) -> bool:
-        """The scheduled event: decode to it (ending the samples due), admit, reschedule. At a lower
-        bound (see ``schedule``) only the exact time is computed: returns False (not fired yet)."""
-        if self.bound:
-            self.bound = False
-            self.next_t = max(self._plan(self.next_step), self.next_t)
-            return False
+    def fire(self) -> None:
+        """The scheduled event: decode to it (ending the samples due), admit, reschedule."""
         plan = self.plan
         if plan is not None and plan[0] == self.token:
             self._apply(plan)
@@ -355,7 +337,6 @@ class SimEngine:
         if self.waiting:
             self._admit()
         self.schedule()
-        return True
 
     def _apply(self, plan: tuple[int, int, float, int, int, float, float, int]) -> None:
         """Reach the planned step: end its ``i`` first samples (all at the planned time: only
