@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import asyncrl.controller.loop as loop_module
 from asyncrl.config import load_config
 from asyncrl.controller.rundir import read_jsonl
 from asyncrl.data.calculator import demonstration, make_calculator_splits
@@ -25,6 +26,7 @@ from asyncrl.rollout.chat import ChatRenderer, demonstration_ids
 from asyncrl.rollout.envs.base import Message
 from asyncrl.rollout.envs.calculator import CALCULATOR_SYSTEM, calculator_tool
 from asyncrl.rollout.workflow import run_episode
+from asyncrl.types import Group, TrainSample
 
 STEPS = 3
 
@@ -91,9 +93,18 @@ def test_the_workflow_is_built_from_the_config(tiny_policy_dir) -> None:
     assert build_workflow(custom, tokenizer, ()) is run_episode
 
 
-def test_agent_calculator_run(tiny_policy_dir, tmp_path) -> None:
+def test_agent_calculator_run(tiny_policy_dir, tmp_path, monkeypatch) -> None:
     model_dir = _teach_calculator(tiny_policy_dir, tmp_path / "calc-policy")
     run_dir = tmp_path / "run"
+    batches: list[tuple[list[Group], list[TrainSample]]] = []
+
+    def recording(groups, *args, **kwargs):  # what the trainer is handed
+        samples = loop_module.groups_to_samples.__wrapped__(groups, *args, **kwargs)
+        batches.append((list(groups), samples))
+        return samples
+
+    recording.__wrapped__ = loop_module.groups_to_samples  # type: ignore[attr-defined]
+    monkeypatch.setattr(loop_module, "groups_to_samples", recording)
     _, summary = train(_cfg(model_dir, run_dir))
     assert summary["steps"] == STEPS and summary["stop_reason"] is None
     assert summary["accuracy_after"] is not None
@@ -110,6 +121,18 @@ def test_agent_calculator_run(tiny_policy_dir, tmp_path) -> None:
     calls = sum(len(t["tool_calls"]) for r in trained for t in r["turns"])
     assert calls > 0 and sum(r["env_tokens"] for r in trained) > 0, json.dumps(trained[0])[:400]
     assert {r["episode_end"] for r in trained} <= {"answer", "env_done", "max_turns", "max_tokens", "length"}
+
+    # the trained sequence is the episode's ids; the loss covers exactly its model tokens
+    env_masked = 0
+    for groups, samples in batches:
+        trajectories = [t for g in groups for t in g.trajectories]
+        assert len(trajectories) == len(samples)
+        for traj, sample in zip(trajectories, samples, strict=True):
+            assert sample.token_ids == traj.token_ids
+            assert sample.loss_mask == (0,) * len(traj.prompt_ids) + traj.loss_mask
+            assert all(a == 0.0 for a, m in zip(sample.advantages, sample.loss_mask, strict=True) if not m)
+            env_masked += len(traj.loss_mask) - sum(traj.loss_mask)
+    assert env_masked > 0
 
 
 @pytest.mark.parametrize("bad", ["nope", "mod.only"])
