@@ -122,6 +122,10 @@ def test_agent_calculator_run(tiny_policy_dir, tmp_path, monkeypatch) -> None:
     assert calls > 0 and sum(r["env_tokens"] for r in trained) > 0, json.dumps(trained[0])[:400]
     assert {r["episode_end"] for r in trained} <= {"answer", "env_done", "max_turns", "max_tokens", "length"}
 
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert len(metrics) == STEPS and all("episode_turns_mean" in m for m in metrics)
+    assert sum(m["episode_tool_calls_mean"] for m in metrics) > 0
+
     # the trained sequence is the episode's ids; the loss covers exactly its model tokens
     env_masked = 0
     for groups, samples in batches:

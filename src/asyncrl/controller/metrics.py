@@ -114,10 +114,29 @@ def step_metrics(record: StepRecord) -> dict[str, Any]:
         "reward_latency_p99_s": latency[min(len(latency) - 1, int(0.99 * len(latency)))] if latency else 0.0,
         "applied": record.result.applied,
     }
+    metrics.update(episode_metrics(record.groups))
     metrics.update({k: v for k, v in record.result.metrics.items() if k not in metrics})
     if not math.isfinite(metrics.get("loss", 0.0)):
         metrics["loss"] = None
     return metrics
+
+
+def episode_metrics(groups: list[Group]) -> dict[str, float]:
+    """Multi-turn samples of the step (groups with ``trajectories``; none: {}): turns, tool calls, tool
+    errors and malformed calls per episode, tool latency, and the share of environment tokens."""
+    episodes = [t for g in groups for t in g.trajectories]
+    if not episodes:
+        return {}
+    turns = [turn for t in episodes for turn in t.turns]
+    n, tokens = len(episodes), sum(len(t.loss_mask) for t in episodes)
+    return {
+        "episode_turns_mean": len(turns) / n,
+        "episode_tool_calls_mean": sum(len(turn.tool_calls) for turn in turns) / n,
+        "episode_tool_errors_mean": sum(turn.tool_errors for turn in turns) / n,
+        "episode_malformed_mean": sum(turn.malformed for turn in turns) / n,
+        "episode_tool_latency_mean_s": sum(turn.tool_latency_s for turn in turns) / max(1, len(turns)),
+        "episode_env_token_frac": (tokens - sum(sum(t.loss_mask) for t in episodes)) / max(1, tokens),
+    }
 
 
 def timeline_sample(
