@@ -87,6 +87,8 @@ def test_the_workflow_is_built_from_the_config(tiny_policy_dir) -> None:
     workflow = build_workflow(cfg, tokenizer, (tokenizer.eos_token_id,))
     assert isinstance(workflow, AgentWorkflow) and workflow.settings.tool_format == "tag"
     assert engine_max_seq_len(cfg) == cfg.rollout.max_prompt_len + 96  # agent.max_tokens > max_new_tokens
+    python = build_workflow(_cfg(tiny_policy_dir, Path("unused"), ("agent.env=python",)), tokenizer, ())
+    assert set(python.make_env().tools) == {"python"}  # type: ignore[attr-defined]
     single = load_config(None, [f"model.path={tiny_policy_dir}"])
     assert build_workflow(single, tokenizer, ()) is run_episode
     custom = load_config(None, ["rollout.workflow=asyncrl.rollout.workflow:run_episode"])
