@@ -100,6 +100,15 @@ def test_tiny_grid_runs_with_the_controlled_lag(tiny_policy_dir, tmp_path) -> No
     assert first["reused"] and first["run_dir"] == out["rows"][0]["run_dir"]
     assert first["accuracy_after"] == out["rows"][0]["accuracy_after"]
     assert "reused" not in second and second["run_dir"].startswith(again["out_dir"])
+    # a directory of the same name holding another arm's config is not reused
+    from pathlib import Path
+
+    from asyncrl.bench.ablation import _reusable
+
+    decoupled_dir = Path(out["rows"][0]["run_dir"])
+    assert _reusable(arm_overrides("decoupled", 1, 1e-3, 0, 2, user), decoupled_dir)
+    assert not _reusable(arm_overrides("naive", 1, 1e-3, 0, 2, user), decoupled_dir)
+    assert not _reusable(arm_overrides("decoupled", 1, 1e-3, 0, 3, user), decoupled_dir)
 
 
 def test_paired_differences_are_seed_by_seed_against_decoupled() -> None:

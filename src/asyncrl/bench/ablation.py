@@ -151,8 +151,10 @@ def _reusable(overrides: list[str], run_dir: Path) -> bool:
 
     if not (run_dir / "summary.json").is_file() or not (run_dir / "config.yaml").is_file():
         return False
-    wanted = asdict(load_config(None, [*overrides, f"run.run_dir={run_dir}", "run.progress=false"]))
+    wanted = asdict(load_config(None, [*overrides, "run.progress=false"]))
     saved = asdict(load_config(run_dir / "config.yaml"))
+    for config in (wanted, saved):
+        config["run"].pop("run_dir")  # a run directory moved since is still the same run
     return saved == wanted
 
 
