@@ -273,9 +273,12 @@ def _bench_ablation(args: argparse.Namespace) -> None:
     extra = {"out_dir": args.out} if args.out else {}
     if args.reuse:
         extra["reuse"] = args.reuse
+    if args.staleness not in ablation.STALENESS_MODES:
+        available = ", ".join(ablation.STALENESS_MODES)
+        raise ConfigError(f"bench ablation: --staleness {args.staleness!r} (available: {available})")
     ablation.run_ablation(
         args.json, overrides=overrides, objectives=objectives, lags=lags, lrs=lrs, seeds=seeds, steps=args.steps,
-        collapse_fraction=args.collapse_fraction, **extra,
+        collapse_fraction=args.collapse_fraction, staleness=args.staleness, **extra,
     )  # fmt: skip
 
 
@@ -399,6 +402,10 @@ def build_parser() -> argparse.ArgumentParser:
         "seq_tis,seq_mis,m2po; also version_gap)",
     )  # fmt: skip
     p.add_argument("--lrs", help="ablation: comma-separated trainer.lr values (default: the config's)")
+    p.add_argument(
+        "--staleness", default="fixed", help="ablation: fixed (controller.fixed_lag = each lag, the default) or "
+        "bounded (ordinary asynchronous training, controller.max_staleness = each lag)",
+    )  # fmt: skip
     p.add_argument(
         "--collapse-fraction", type=float, default=0.5,
         help="ablation: a run whose final accuracy is below this x its starting accuracy counts as collapsed",

@@ -40,6 +40,16 @@ def test_every_objective_is_a_valid_config_at_every_lag() -> None:
         arm_overrides("ppo2", 0, 1e-4, 0, None, [])
 
 
+def test_bounded_staleness_is_ordinary_async_training_under_the_bound() -> None:
+    cfg = load_config(None, arm_overrides("naive", 4, 1e-4, 1, 5, [], "bounded"))
+    assert cfg.controller.fixed_lag is None and cfg.controller.max_staleness == 4
+    assert cfg.algo.prox_mode == "behav" and not cfg.algo.filter_equal_rewards and cfg.run.seed == 1
+    fixed = load_config(None, arm_overrides("naive", 4, 1e-4, 1, 5, []))
+    assert fixed.controller.fixed_lag == 4  # the default stays the controlled lag
+    with pytest.raises(ValueError, match="unknown staleness mode"):
+        arm_overrides("naive", 4, 1e-4, 1, 5, [], "random")  # type: ignore[arg-type]
+
+
 def test_t_interval() -> None:
     assert t_quantile_975(1) == 12.706 and t_quantile_975(30) == 2.042
     assert t_quantile_975(31) == pytest.approx(2.040, abs=2e-3)
@@ -109,6 +119,24 @@ def test_tiny_grid_runs_with_the_controlled_lag(tiny_policy_dir, tmp_path) -> No
     assert _reusable(arm_overrides("decoupled", 1, 1e-3, 0, 2, user), decoupled_dir)
     assert not _reusable(arm_overrides("naive", 1, 1e-3, 0, 2, user), decoupled_dir)
     assert not _reusable(arm_overrides("decoupled", 1, 1e-3, 0, 3, user), decoupled_dir)
+    assert not _reusable(arm_overrides("decoupled", 1, 1e-3, 0, 2, user, "bounded"), decoupled_dir)
+
+
+def test_tiny_grid_under_bounded_staleness(tiny_policy_dir, tmp_path) -> None:
+    user = [
+        f"model.path={tiny_policy_dir}", "controller.trainer_process=false", "controller.batch_size=2",
+        "rollout.group_size=2", "rollout.max_new_tokens=12", "eval.max_new_tokens=12", "task.eval_size=4",
+        "task.train_size=100", "eval.samples_per_prompt=1", "eval.report_greedy=false",
+    ]  # fmt: skip
+    out = run_ablation(
+        None, overrides=user, objectives=("naive",), lags=(2,), lrs=(1e-3,), seeds=(0,), steps=3,
+        out_dir=str(tmp_path / "runs"), staleness="bounded",
+    )  # fmt: skip
+    (row,) = out["rows"]
+    assert out["staleness"] == "bounded" and "/bounded-s0-" in row["run_dir"] and row["steps"] == 3
+    trained = [x for x in read_jsonl(f"{row['run_dir']}/trajectories.jsonl") if x["status"] == "trained"]
+    assert trained and all(x["trained_step"] - x["min_version"] <= 2 for x in trained)
+    assert row["max_staleness_seen"] <= 2
 
 
 def test_paired_differences_are_seed_by_seed_against_decoupled() -> None:

@@ -6,6 +6,11 @@ samples generated entirely by version max(0, i - k), whatever the machine's spee
 not the load decides staleness. Every group generated is trained (``algo.filter_equal_rewards=false``),
 so all arms at the same seed train the same prompts in the same order, at every lag.
 
+``--staleness bounded`` (``STALENESS_MODES``) runs the same grid as ordinary asynchronous training instead:
+no fixed lag, ``controller.max_staleness = k``, so each batch mixes versions and the load decides how
+stale it is within the bound (its ``staleness_mean`` is in the row); arms no longer see the same
+staleness, and a lag-0 arm is synchronous training. Run directories are then named ``bounded-...``.
+
 Grid: objectives (``OBJECTIVES``) x lags x learning rates x seeds, run seed-major (then lr, lag,
 objective), so that load drift over the sweep hits every arm alike. Objectives:
 
@@ -39,14 +44,18 @@ import math
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from asyncrl.bench.stats import t95 as t_quantile_975  # the one t table (bench/stats.py)
 
 __all__ = [
-    "CURVE_KEYS", "OBJECTIVES", "STEP_STATS", "collapse_reason", "paired_differences", "plot_ablation", "reanalyse",
+    "CURVE_KEYS", "OBJECTIVES", "STALENESS_MODES", "STEP_STATS", "StalenessMode",
+    "collapse_reason", "paired_differences", "plot_ablation", "reanalyse",
     "run_ablation", "summarize", "t_interval",
 ]  # fmt: skip
+
+StalenessMode = Literal["fixed", "bounded"]
+STALENESS_MODES: tuple[str, ...] = get_args(StalenessMode)
 
 OBJECTIVES: dict[str, list[str]] = {
     "decoupled": ["algo.prox_mode=recompute"],
@@ -171,15 +180,25 @@ def _run(overrides: list[str], run_dir: Path, collapse_fraction: float, reuse: P
     return _row(run_dir, collapse_fraction)
 
 
-def arm_overrides(objective: str, lag: int, lr: float, seed: int, steps: int | None, user: list[str]) -> list[str]:
-    """The config overrides of one arm: the controlled-staleness setting, the objective's own keys,
-    then the user's ``--set`` (which wins)."""
+def arm_overrides(
+    objective: str, lag: int, lr: float, seed: int, steps: int | None, user: list[str],
+    staleness: StalenessMode = "fixed",
+) -> list[str]:
+    """The config overrides of one arm: the staleness setting (``fixed``: ``controller.fixed_lag = lag``;
+    ``bounded``: ordinary asynchronous training with ``controller.max_staleness = lag``), the objective's
+    own keys, then the user's ``--set`` (which wins)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r} (available: {', '.join(OBJECTIVES)})")
-    out = [
-        f"controller.fixed_lag={lag}", f"controller.max_staleness={lag}", "algo.filter_equal_rewards=false",
-        "controller.eval_every=0", "controller.checkpoint_every=0", f"trainer.lr={lr}", f"run.seed={seed}",
-        *OBJECTIVES[objective],
+    match staleness:
+        case "fixed":
+            out = [f"controller.fixed_lag={lag}", f"controller.max_staleness={lag}"]
+        case "bounded":
+            out = ["controller.fixed_lag=null", f"controller.max_staleness={lag}"]
+        case other:
+            raise ValueError(f"unknown staleness mode {other!r} (available: {', '.join(STALENESS_MODES)})")
+    out += [
+        "algo.filter_equal_rewards=false", "controller.eval_every=0", "controller.checkpoint_every=0",
+        f"trainer.lr={lr}", f"run.seed={seed}", *OBJECTIVES[objective],
     ]  # fmt: skip
     if steps is not None:
         out.append(f"controller.total_steps={steps}")
@@ -293,11 +312,13 @@ def run_ablation(
     collapse_fraction: float = 0.5,
     out_dir: str = "runs/bench-ablation",
     reuse: str | None = None,
+    staleness: StalenessMode = "fixed",
 ) -> dict[str, Any]:
     """The grid (module docstring); prints the rows and the summary and, with ``json_path``, writes
     ``{"bench": "ablation", "rows", "summary", ...}``. ``lrs`` None: the config's ``trainer.lr``.
     ``reuse``: the run directory of an earlier, interrupted invocation (``<out>/<timestamp>``): its
-    finished arms with the same config are read, not run again (their rows say ``reused``)."""
+    finished arms with the same config are read, not run again (their rows say ``reused``).
+    ``staleness``: ``fixed`` (a controlled lag) or ``bounded`` (ordinary asynchronous training, module docstring)."""
     from asyncrl.config import load_config
     from asyncrl.controller.rundir import fresh_subdir
 
@@ -308,7 +329,7 @@ def run_ablation(
     if lrs is None:
         lrs = (load_config(None, user).trainer.lr,)
     for lag in lags:  # fail before the first run on a bad combination
-        load_config(None, arm_overrides(objectives[0], lag, lrs[0], seeds[0], steps, user))
+        load_config(None, arm_overrides(objectives[0], lag, lrs[0], seeds[0], steps, user, staleness))
     out = fresh_subdir(out_dir)
     print(f"bench ablation: run directories under {out}", flush=True)
     rows: list[dict[str, Any]] = []
@@ -316,9 +337,11 @@ def run_ablation(
         for lr in lrs:
             for lag in lags:
                 for objective in objectives:
-                    print(f"\n=== bench ablation: seed {seed}, lr {lr:g}, lag {lag}, {objective} ===", flush=True)
-                    arm = arm_overrides(objective, lag, lr, seed, steps, user)
-                    run_dir = out / f"s{seed}-lr{lr:g}-lag{lag}-{objective}"
+                    title = f"bench ablation ({staleness}): seed {seed}, lr {lr:g}, lag {lag}, {objective}"
+                    print(f"\n=== {title} ===", flush=True)
+                    arm = arm_overrides(objective, lag, lr, seed, steps, user, staleness)
+                    prefix = "bounded-" if staleness == "bounded" else ""
+                    run_dir = out / f"{prefix}s{seed}-lr{lr:g}-lag{lag}-{objective}"
                     row = {"objective": objective, "lag": lag, "lr": lr, "seed": seed}
                     row.update(_run(arm, run_dir, collapse_fraction, Path(reuse) if reuse else None))
                     rows.append(row)
@@ -326,7 +349,8 @@ def run_ablation(
             "behav_weight_mean", "behav_weight_sq_mean", "clip_frac", "dropped_frac", "rl_wall_s"]  # fmt: skip
     _print_table("bench ablation: runs", rows, keys)
     payload = {
-        "bench": "ablation", "overrides": user, "objectives": {o: OBJECTIVES[o] for o in objectives},
+        "bench": "ablation", "staleness": staleness, "overrides": user,
+        "objectives": {o: OBJECTIVES[o] for o in objectives},
         "lags": list(lags), "lrs": list(lrs), "seeds": list(seeds), "steps": steps,
         "collapse_fraction": collapse_fraction, "rows": rows, "out_dir": str(out), "reused_from": reuse,
     }  # fmt: skip
