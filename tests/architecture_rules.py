@@ -18,6 +18,7 @@ ALIASES: dict[str, str] = {
     "config_agent": "config",
     # the CLI's error presentation, split off cli.py (module size): one unit with it.
     "cli_errors": "cli",
+    "cli_bench": "cli",
 }
 
 # The foundation every stage may meet in (DESIGN: "they meet in types and models").

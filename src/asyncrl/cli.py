@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import get_args
 
 from asyncrl.choices import InterruptMode, LaunchKind
+from asyncrl.cli_bench import cmd_bench
 from asyncrl.cli_errors import known_error
 from asyncrl.config import Config, ConfigError, RewardConfig, RolloutConfig, dump_yaml, load_config, with_values
 from asyncrl.controller.rundir import RunDirError
@@ -160,128 +161,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    match args.name:
-        case "engine":
-            from asyncrl.bench.engine import run_engine_bench
-
-            run_engine_bench(args.json, model_dir=args.model)
-        case "decode":
-            from asyncrl.bench.decode import run_decode_sweep
-
-            sizes = {}
-            try:
-                if args.contexts:
-                    sizes["contexts"] = tuple(int(x) for x in args.contexts.split(","))
-                if args.running:
-                    sizes["running"] = tuple(int(x) for x in args.running.split(","))
-                run_decode_sweep(args.json, model_dir=args.model, **sizes)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from exc
-        case "train":
-            from asyncrl.bench.train import run_train_bench
-
-            run_train_bench(args.json)
-        case "ablation":
-            _bench_ablation(args)
-        case "async" | "interrupt":
-            from asyncrl.bench import async_bench
-
-            overrides = _bench_overrides(args)
-            common = dict(overrides=overrides, steps=args.steps)
-            if args.out:
-                common["out_dir"] = args.out
-            if args.name == "async":
-                etas = tuple(int(x) for x in args.etas.split(",")) if args.etas else (0, 1, 2, 4, 8)
-                workloads = tuple(args.workload.split(",")) if args.workload else ("task", "long")
-                unknown = set(workloads) - set(async_bench.WORKLOADS) - set(async_bench.WORKLOAD_ALIASES)
-                if unknown:
-                    available = ", ".join(async_bench.WORKLOADS)
-                    raise ConfigError(f"unknown workload(s) {sorted(unknown)} (available: {available})")
-                seeds = tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (0,)
-                marks = tuple(int(x) for x in args.high_water.split(",")) if args.high_water else None
-                async_bench.run_async_bench(
-                    args.json, etas=etas, workloads=workloads, seeds=seeds, warmup_s=args.warmup_s,
-                    high_waters=marks, calibrate_s=args.calibrate, **common,
-                )  # fmt: skip
-            else:
-                async_bench.run_interrupt_bench(args.json, **common)
-        case "headline":
-            _bench_headline(args)
-        case "profile":  # this machine's cost profile for asyncrl simulate
-            from asyncrl.sim.command import bench_profile
-
-            bench_profile(args.json, args.from_runs)
-        case other:
-            raise ConfigError(
-                f"unknown benchmark {other!r} (available: engine, decode, train, async, interrupt, ablation, headline, "
-                "profile)"
-            )
-    return 0
-
-
-def _bench_overrides(args: argparse.Namespace) -> list[str]:
-    """The config overrides of every run of a bench (``--set``, then ``--model``), checked now."""
-    overrides = [*args.overrides, *([f"model.path={args.model}"] if args.model else [])]
-    load_config(None, overrides)  # fail fast on a bad override
-    return overrides
-
-
-def _bench_headline(args: argparse.Namespace) -> None:
-    """``asyncrl bench headline``: time to a target accuracy, asynchronous arms against the best
-    synchronous arm (``bench/headline.py``)."""
-    from asyncrl.bench import async_bench, headline
-
-    if args.reanalyse:
-        headline.reanalyse(args.reanalyse)
-        return
-    overrides = _bench_overrides(args)
-    workload = args.workload or "reason"
-    if async_bench.WORKLOAD_ALIASES.get(workload, workload) not in async_bench.WORKLOADS:
-        raise ConfigError(f"unknown workload {workload!r} (available: {', '.join(async_bench.WORKLOADS)})")
-    if args.snapshot_every <= 0:
-        raise ConfigError("--snapshot-every must be > 0: the accuracy curves are evaluated from the snapshots")
-    if args.sync_setting and args.sync_setting not in headline.SYNC_CANDIDATES:
-        raise ConfigError(f"--sync-setting {args.sync_setting!r}: one of {', '.join(headline.SYNC_CANDIDATES)}")
-    headline.run_headline_bench(
-        args.json, overrides=overrides, workload=workload, steps=args.steps,
-        etas=tuple(int(x) for x in args.etas.split(",")) if args.etas else (0, 2, 4, 8),
-        seeds=tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (0, 1, 2),
-        snapshot_every_s=args.snapshot_every, warmup_s=args.warmup_s, target_fraction=args.target_fraction,
-        probe_steps=args.probe_steps, sync_setting=args.sync_setting, out_dir=args.out or "runs/bench-headline",
-    )  # fmt: skip
-
-
-def _bench_ablation(args: argparse.Namespace) -> None:
-    """``asyncrl bench ablation``: objectives x lags x lrs x seeds under controlled staleness."""
-    from asyncrl.bench import ablation
-
-    if args.reanalyse:
-        ablation.reanalyse(args.reanalyse)
-        return
-    overrides = _bench_overrides(args)
-    objectives = tuple(args.objectives.split(",")) if args.objectives else ablation.DEFAULT_OBJECTIVES
-    unknown = [o for o in objectives if o not in ablation.OBJECTIVES]
-    if unknown:
-        raise ConfigError(f"unknown objective(s) {unknown} (available: {', '.join(ablation.OBJECTIVES)})")
-    try:
-        lags = tuple(int(x) for x in args.lags.split(",")) if args.lags else ablation.DEFAULT_LAGS
-        lrs = tuple(float(x) for x in args.lrs.split(",")) if args.lrs else None
-        seeds = tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (0, 1, 2)
-    except ValueError as exc:
-        raise ConfigError(f"bench ablation: --lags/--seeds take integers, --lrs numbers: {exc}") from exc
-    extra = {"out_dir": args.out} if args.out else {}
-    if args.reuse:
-        extra["reuse"] = args.reuse
-    if args.staleness not in ablation.STALENESS_MODES:
-        available = ", ".join(ablation.STALENESS_MODES)
-        raise ConfigError(f"bench ablation: --staleness {args.staleness!r} (available: {available})")
-    ablation.run_ablation(
-        args.json, overrides=overrides, objectives=objectives, lags=lags, lrs=lrs, seeds=seeds, steps=args.steps,
-        collapse_fraction=args.collapse_fraction, staleness=args.staleness, **extra,
-    )  # fmt: skip
-
-
 def cmd_report(args: argparse.Namespace) -> int:
     from asyncrl.controller.report import make_report
 
@@ -384,7 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
-    p.add_argument("name", help="engine | decode | train | async | interrupt | ablation | headline | profile")
+    p.add_argument(
+        "name", help="engine | decode | train | async | interrupt | ablation | headline | profile | sim-validate"
+    )
     p.add_argument("--json", help="write the result rows and ratios here")
     p.add_argument(
         "--model", help="engine|decode|async|interrupt|ablation|headline: model directory (default: the tiny "
@@ -414,7 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--workload", help="async: comma-separated workloads (task, long, reason); headline: one (default reason)"
     )
     p.add_argument(
-        "--seeds", help="async|ablation|headline: comma-separated run.seed values (default 0 | 0,1,2 | 0,1,2)"
+        "--seeds", help="async|ablation|headline: comma-separated run.seed values (default 0 | 0,1,2 | 0,1,2); "
+        "sim-validate: simulator seeds (default 0,1,2)"
     )
     p.add_argument(
         "--warmup-s", type=float, default=60.0,
@@ -444,7 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--contexts", help="decode: comma-separated prompt lengths (default 50,600,1200)")
     p.add_argument("--running", help="decode: comma-separated numbers of sequences running (default 1,4,16,64,128)")
-    p.add_argument("--from-runs", help="profile: comma-separated run directories to refine the trainer/sync fit")
+    p.add_argument(
+        "--from-runs", help="profile|sim-validate: comma-separated run directories to refine the trainer/sync fit"
+    )
+    p.add_argument("--runs", help="sim-validate: comma-separated measured run directories to predict")
+    p.add_argument("--profile", help="sim-validate: a cost profile name or file (default: this machine's)")
     p.set_defaults(func=cmd_bench)
 
     from asyncrl.sim.command import add_simulate_parser  # its flags live beside the simulator

@@ -103,3 +103,40 @@ def bench_profile(json_path: str | None, from_runs: str | None) -> int:
     else:
         print(text)
     return 0
+
+
+def bench_sim_validate(
+    json_path: str | None, runs: str | None, from_runs: str | None, profile: str | None, seeds: str | None
+) -> int:
+    """``asyncrl bench sim-validate --runs DIR,... [--from-runs CAL,...] [--profile P]``: the
+    simulator's throughput, staleness and occupancy against measured runs (``sim/validate.py``)."""
+    from asyncrl.sim.calibrate import machine_profile
+    from asyncrl.sim.profile import load_profile
+    from asyncrl.sim.validate import FIGURES, validate_runs
+
+    targets = [r for r in (runs or "").split(",") if r]
+    calibration = [r for r in (from_runs or "").split(",") if r]
+    if not targets:
+        raise ConfigError("bench sim-validate: --runs DIR[,DIR...] names the measured runs to predict")
+    if profile and calibration:
+        raise ConfigError("bench sim-validate: give --profile or --from-runs (a profile refined from runs), not both")
+    try:
+        cost = load_profile(profile) if profile else machine_profile(runs=calibration)
+        chosen = tuple(int(x) for x in seeds.split(",")) if seeds else (0, 1, 2)
+        out = validate_runs(targets, cost, seeds=chosen, calibration_runs=calibration)
+    except (ValueError, KeyError, FileNotFoundError) as exc:
+        raise ConfigError(f"bench sim-validate: {exc}") from exc
+    print(f"profile {out['profile']}, simulator seeds {out['seeds']}: predicted / measured (error)")
+    for row in out["rows"]:
+        cells = [
+            f"{f} {row['predicted'][f]:,.3g} / {row['measured'][f]:,.3g} "
+            f"({'n/a' if row['error'][f] is None else format(row['error'][f], '+.1%')})"
+            for f in FIGURES
+        ]
+        setting = f"eta={row['max_staleness']} {row['interrupt_mode']} task={row['task']}"
+        print(f"  {Path(row['run_dir']).name:<24} {setting:<28} " + "; ".join(cells) + ("" if row["within"] else "  X"))
+    print(f"{out['runs_within']}/{out['runs']} runs within {out['tolerance']:.0%} on every figure")
+    if json_path:
+        Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
+        print(f"written to {json_path}")
+    return 0

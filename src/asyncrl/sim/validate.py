@@ -1,0 +1,156 @@
+"""``asyncrl bench sim-validate``: the simulator's predictions against measured runs (issue 19, item 3).
+
+Owns the comparison. For each real run directory, the prediction is ``simulate(from_run(run))``
+(the run's own config, its ledger's lengths replayed, its filter rate and prompt length) under one
+cost profile, averaged over simulator seeds; the measurement is read from the run's files with the
+same definitions the simulator reports:
+
+- **effective throughput**: ``bench.throughput.measure_throughput`` (generated tokens in the
+  steady-state window x trained per generated), the window opening at the end of the same step
+  on both sides (``sim.output.warmup_s``: a tenth of the steps unless the scenario says);
+- **mean staleness**: over trained groups, ``step - the group's oldest version`` (the per-step
+  ``staleness_hist`` of ``metrics.jsonl``; the simulator's recorder uses the same definition);
+- **engine occupancy**: the time average of the engine's running sequences over its slots
+  (``timeline.jsonl``'s ``engine_running``, held constant between samples, up to the last step).
+
+Calibration and validation are kept apart: a profile refined from runs (``--from-runs``) may not
+be refined from a run it is then asked to predict. The error of a figure is
+``(predicted - measured) / measured``; a run passes when every figure is within ``tolerance``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from asyncrl.bench.throughput import measure_throughput
+from asyncrl.config import load_config
+from asyncrl.sim.output import warmup_s
+from asyncrl.sim.profile import CostProfile
+from asyncrl.sim.run import simulate
+from asyncrl.sim.scenario import Scenario, from_run
+
+__all__ = ["FIGURES", "Figures", "measured_figures", "predicted_figures", "validate_runs"]
+
+FIGURES = ("throughput", "staleness_mean", "engine_occupancy")
+"""The figures compared, in the order of the table."""
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The three compared figures of one run (measured) or one simulation (predicted)."""
+
+    throughput: float
+    """Steady-state effective throughput, trained tokens per second."""
+    staleness_mean: float
+    """Mean over trained groups of ``step - oldest version``."""
+    engine_occupancy: float
+    """Mean running sequences over the engine's slots (all engines)."""
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _occupancy(timeline: Sequence[dict[str, Any]], end_s: float, slots: int) -> float:
+    """Time average of ``engine_running / slots`` over ``[0, end_s]``, each sample held until the next."""
+    points = sorted((float(s["t"]), float(s.get("engine_running", 0.0))) for s in timeline)
+    area = 0.0
+    for (t0, running), (t1, _) in zip(points, [*points[1:], (end_s, 0.0)], strict=True):
+        lo, hi = max(t0, 0.0), min(t1, end_s)
+        if hi > lo:
+            area += running * (hi - lo)
+    return area / (end_s * slots) if end_s > 0 and slots > 0 else 0.0
+
+
+def measured_figures(run_dir: str | Path, scenario: Scenario) -> Figures:
+    """The figures of a finished real run (module docstring); ``scenario`` is its ``from_run``
+    scenario, which fixes the warm-up rule and the slot count."""
+    run = Path(run_dir)
+    metrics = _jsonl(run / "metrics.jsonl")
+    if not metrics:
+        raise ValueError(f"{run}: no training step in metrics.jsonl")
+    ledger = _jsonl(run / "trajectories.jsonl")
+    timeline = _jsonl(run / "timeline.jsonl")
+    window = warmup_s({"metrics": metrics}, scenario)
+    throughput = measure_throughput(metrics, ledger, timeline, warmup_s=window).steady_state_tokens_per_s
+    hist: Counter[int] = Counter()
+    for m in metrics:
+        hist.update({int(k): int(v) for k, v in (m.get("staleness_hist") or {}).items()})
+    groups = sum(hist.values())
+    staleness = sum(k * v for k, v in hist.items()) / groups if groups else 0.0
+    end = float(metrics[-1]["time_s"])
+    occupancy = _occupancy(timeline, end, scenario.slots * scenario.engines)
+    return Figures(throughput, staleness, occupancy)
+
+
+def predicted_figures(scenario: Scenario, profile: CostProfile, seeds: Sequence[int]) -> Figures:
+    """The simulator's figures for ``scenario`` under ``profile``, each the mean over ``seeds``."""
+    results = [simulate(replace(scenario, seed=seed), profile).result for seed in seeds]
+    return Figures(
+        statistics.fmean(r.steady_state_tokens_per_s for r in results),
+        statistics.fmean(r.staleness_mean for r in results),
+        statistics.fmean(r.engine_occupancy for r in results),
+    )
+
+
+def _setting(run_dir: Path) -> dict[str, Any]:
+    """What distinguishes the run: η, the interrupt mode, the mark, the batch, the task."""
+    cfg = load_config(run_dir / "config.yaml")
+    c, r = cfg.controller, cfg.rollout
+    return {
+        "task": cfg.task.name, "max_staleness": c.max_staleness, "interrupt_mode": r.interrupt_mode,
+        "high_water_batches": c.high_water_batches, "batch_size": c.batch_size, "group_size": r.group_size,
+        "max_new_tokens": r.max_new_tokens, "steps": c.total_steps,
+    }  # fmt: skip
+
+
+def _error(predicted: float, measured: float) -> float | None:
+    """Relative error; 0 when both are 0 (η = 0's staleness), None when only the measurement is."""
+    if measured:
+        return (predicted - measured) / measured
+    return 0.0 if predicted == 0 else None
+
+
+def validate_runs(
+    runs: Sequence[str | Path],
+    profile: CostProfile,
+    *,
+    seeds: Sequence[int] = (0, 1, 2),
+    tolerance: float = 0.15,
+    calibration_runs: Sequence[str | Path] = (),
+) -> dict[str, Any]:
+    """Predicted against measured for every run: rows (setting, both figures, relative errors, pass),
+    the worst error per figure, and the share of runs within ``tolerance`` on every figure."""
+    calibration = {Path(r).resolve() for r in calibration_runs}
+    shared = [str(r) for r in runs if Path(r).resolve() in calibration]
+    if shared:
+        raise ValueError(f"a run cannot both calibrate the profile and validate it: {shared}")
+    rows = []
+    for run in runs:
+        run_dir = Path(run)
+        scenario = from_run(run_dir, profile=profile.name)
+        measured = measured_figures(run_dir, scenario)
+        predicted = predicted_figures(scenario, profile, seeds)
+        errors = {f: _error(getattr(predicted, f), getattr(measured, f)) for f in FIGURES}
+        rows.append({
+            "run_dir": str(run_dir), **_setting(run_dir),
+            "measured": vars(measured), "predicted": vars(predicted), "error": errors,
+            "within": all(e is not None and abs(e) <= tolerance for e in errors.values()),
+        })  # fmt: skip
+    worst = {}
+    for figure in FIGURES:
+        candidates = [(abs(r["error"][figure]), r) for r in rows if r["error"][figure] is not None]
+        if candidates:
+            size, row = max(candidates, key=lambda c: c[0])
+            worst[figure] = {"abs_error": size, "run_dir": row["run_dir"]}
+    return {
+        "bench": "sim-validate", "profile": profile.name, "seeds": list(seeds), "tolerance": tolerance,
+        "calibration_runs": [str(r) for r in calibration_runs], "rows": rows, "worst": worst,
+        "runs_within": sum(r["within"] for r in rows), "runs": len(rows),
+    }  # fmt: skip
