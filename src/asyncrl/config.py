@@ -317,6 +317,8 @@ class ControllerConfig:
     do not keep the engine half empty: for generation-bound, long-tailed workloads (``asyncrl bench
     async --workload long``). Per-sample completion comes from ``LocalEngine``; with other engines a
     group's samples are counted done when the engine returns the group, as with ``groups``."""
+    adaptive: bool = False
+    """Set the mark and η_t <= max_staleness online from measurements (docs/controller.md §1.1; not with fixed_lag)."""
     total_steps: int = 120
     """Training steps of the run (each publishes one policy version)."""
     eval_every: int = 0

@@ -161,6 +161,8 @@ def validate_fixed_lag(cfg: Config) -> None:
         ("controller.eval_every", cfg.controller.eval_every == 0, "=0 (an evaluation between steps would swap the "
          "engine's weights while the next batch generates)", cfg.controller.eval_every),
     ]  # fmt: skip
+    if cfg.controller.adaptive:
+        needs.append(("controller.adaptive", False, "=false (the lag sets staleness itself)", True))
     for key, ok, wanted, got in needs:
         if not ok:
             raise ConfigError(f"controller.fixed_lag={k} needs {key}{wanted}, got {got!r}")

@@ -149,6 +149,8 @@ class ScriptedTrainer:
     """The step at which ``train_step`` raises ``Crash``."""
     batches: list[TrainBatch] = field(default_factory=list)
     saved: list[str] = field(default_factory=list)
+    step_metrics: dict[str, float] = field(default_factory=dict)
+    """Extra metrics of every step (e.g. off-policy statistics that adaptive admission reads)."""
 
     def train_step(self, batch: TrainBatch) -> StepDone:
         assert batch.version == self.version, (batch.version, self.version)
@@ -158,7 +160,7 @@ class ScriptedTrainer:
         self.batches.append(batch)
         applied = batch.version not in self.non_finite
         self.version += 1
-        return StepDone(self.version, applied, {"loss": 0.5 if applied else math.nan})
+        return StepDone(self.version, applied, {"loss": 0.5 if applied else math.nan, **self.step_metrics})
 
     def export_weights(self) -> WeightUpdate:
         return WeightUpdate(version=self.version, tensors={})

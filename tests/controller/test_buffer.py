@@ -86,3 +86,17 @@ def test_multi_turn_completion_trains_model_tokens_only() -> None:
     assert s0.versions == (-1, -1, 2, 2, -1, -1, 3)
     assert (s0.min_version, s0.max_version) == (2, 3) and (s1.min_version, s1.max_version) == (3, 4)
     assert group.min_version == 2
+
+
+def test_a_groups_own_bound_is_checked_below_the_runs() -> None:
+    """Adaptive admission puts each group with the η in force when it was admitted: a group admitted
+    under η = 1 is dropped at staleness 2 even where the run's bound (4) and a later η allow it."""
+    buf = GroupBuffer()
+    buf.put(_group("tight", [0, 1], [3, 3]), 1)
+    buf.put(_group("loose", [0, 1], [3, 3]), 3)
+    buf.put(_group("above", [0, 1], [0, 0]), 9)  # its own bound above the run's: the run's (4) holds
+    buf.put(_group("plain", [0, 1], [3, 3]))
+    batch, stale = buf.take_fresh(step=5, max_staleness=4, count=2)
+    assert [g.prompt.prompt_id for g in stale] == ["tight", "above"]
+    assert [g.prompt.prompt_id for g in batch] == ["loose", "plain"]
+    assert buf.drain() == []

@@ -71,3 +71,23 @@ def test_a_resume_must_readmit_what_was_open(tmp_path: Path) -> None:
     assert report.lost and "p1" in " ".join(report.lost)
     with pytest.raises(LedgerViolation, match="lost"):
         report.require()
+
+
+def test_the_eta_of_each_admission_is_the_bound_under_adaptive_admission(tmp_path: Path) -> None:
+    """``controller.adaptive``: an admitted line carries the η in force for it; the budget replay and the
+    trained samples are checked against it, and an η above the run's bound is itself a finding."""
+
+    def admit(pid: str, index: int, version: int, eta: int) -> dict[str, Any]:
+        return _admit(pid, index, version) | {"max_staleness": eta}
+
+    tight = [admit("p0", 0, 0, 0), *_trained("p0", 0, 0), admit("p1", 1, 0, 0), *_trained("p1", 1, 0)]
+    found = check_ledger(_write(tmp_path / "a", tight), LIMITS).over_bound
+    assert sum("(η 0)" in f for f in found) == 2  # p1's samples: staleness 1 > its η 0
+    assert sum("admission past the staleness budget" in f for f in found) == 1  # η 0: one group per version
+    assert check_ledger(
+        _write(tmp_path / "b", [admit("p0", 0, 0, 0), admit("p1", 1, 0, 0)], 0), LIMITS, ended=False
+    ).over_bound  # fmt: skip  (η 0: one group per version)
+    above = [admit("p0", 0, 0, 3), *_trained("p0", 0, 0)]
+    assert "above the bound 1" in check_ledger(_write(tmp_path / "c", above, 1), LIMITS).over_bound[0]
+    good = [admit("p0", 0, 0, 1), *_trained("p0", 0, 0), admit("p1", 1, 0, 1), *_trained("p1", 1, 0)]
+    check_ledger(_write(tmp_path / "d", good), LIMITS, total_steps=2).require()

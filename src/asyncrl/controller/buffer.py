@@ -2,8 +2,9 @@
 
 - ``GroupBuffer``: FIFO of accepted groups, in the order they finished. ``take_fresh`` at
   training step i takes the oldest ``batch_size`` groups whose samples obey the staleness bound
-  (``i - min_version <= max_staleness``), or none while fewer are buffered, and removes (and
-  returns, for the ledger) the older ones.
+  (``i - min_version <= max_staleness``, or the group's own lower bound: with
+  ``controller.adaptive`` each group is put with the η in force when it was admitted), or none
+  while fewer are buffered, and removes (and returns, for the ledger) the older ones.
 - ``groups_to_samples``: groups into ``TrainSample``s with per-token advantages from the group
   estimator of ``algo`` (rewards scaled and biased first, then DAPO's overlong penalty added when
   ``algo.overlong_buffer > 0``).
@@ -25,27 +26,37 @@ class GroupBuffer:
     """Accepted groups waiting to be trained (oldest first)."""
 
     def __init__(self) -> None:
-        self._groups: deque[Group] = deque()
+        self._groups: deque[tuple[Group, int | None]] = deque()
 
     def __len__(self) -> int:
         return len(self._groups)
 
-    def put(self, group: Group) -> None:
-        self._groups.append(group)
+    def put(self, group: Group, max_staleness: int | None = None) -> None:
+        """Buffer ``group``; ``max_staleness``: its own bound (the η in force when it was admitted),
+        None: only the bound ``take_fresh`` is given."""
+        self._groups.append((group, max_staleness))
 
     def drain(self) -> list[Group]:
         """Remove and return everything (shutdown / checkpoint)."""
-        out = list(self._groups)
+        out = [g for g, _ in self._groups]
         self._groups.clear()
         return out
 
     def take_fresh(self, step: int, max_staleness: int, count: int) -> tuple[list[Group], list[Group]]:
         """``(batch, stale)``: the ``count`` oldest groups fresh enough for training step ``step``,
         removed, or ``[]`` while fewer are buffered (they stay, in order); and every stale group
-        (``step - min_version > max_staleness``), removed: the caller records them as dropped."""
-        stale = [g for g in self._groups if step - g.min_version > max_staleness]
-        fresh = deque(g for g in self._groups if step - g.min_version <= max_staleness)
-        batch = [fresh.popleft() for _ in range(count)] if len(fresh) >= count else []
+        (``step - min_version`` above ``max_staleness`` or above its own bound), removed: the caller
+        records them as dropped."""
+        stale: list[Group] = []
+        fresh: deque[tuple[Group, int | None]] = deque()
+        for entry in self._groups:
+            group, own = entry
+            bound = max_staleness if own is None or own > max_staleness else own
+            if step - group.min_version > bound:
+                stale.append(group)
+            else:
+                fresh.append(entry)
+        batch = [fresh.popleft()[0] for _ in range(count)] if len(fresh) >= count else []
         self._groups = fresh
         return batch, stale
 

@@ -10,11 +10,12 @@ Owns ``check_ledger``, the one implementation of the ledger checks that the inva
 - every ``resumed`` marker re-admits exactly what was admitted and had no fate at that point
   (its ``readmit`` count), and nothing else;
 - the staleness budget, replayed in ledger order: at every admission at version v, the groups
-  admitted and not given back fit ``(max_staleness + v + 1) * batch_size``;
+  admitted and not given back fit ``(η + v + 1) * batch_size``, η the one in force for that admission
+  (its line's ``max_staleness`` under ``controller.adaptive``, never above the config's; else the config's);
 - every admitted prompt has one fate (status), its samples each once, after its last admission.
   A run that ended (finished or stopped) must have a fate for every prompt; a killed one may have
   prompts in flight (admitted after its last resume) or waiting to be re-admitted;
-- no (prompt, sample) trained twice; ``trained_step - min_version <= max_staleness``;
+- no (prompt, sample) trained twice; ``trained_step - min_version <= η`` of its last admission;
 - every training step once, in order, in ``metrics.jsonl``, each with ``batch_size`` groups of
   ``group_size`` samples (trained, or skipped by a non-finite step). In a killed run the ledger may
   hold part of the one step whose metrics line the kill prevented.
@@ -183,7 +184,8 @@ def _check_admission_budget(ledger: list[Line], limits: LedgerLimits, report: Le
         match r["status"]:
             case "admitted":
                 live += 1
-                if live > (limits.max_staleness + r["start_version"] + 1) * limits.batch_size:
+                eta = _admitted_bound(r, limits, report)
+                if live > (eta + r["start_version"] + 1) * limits.batch_size:
                     report.over_bound.append(f"admission past the staleness budget ({live} groups live): {r}")
             case "resumed":
                 live = counted_groups
@@ -193,6 +195,16 @@ def _check_admission_budget(ledger: list[Line], limits: LedgerLimits, report: Le
                 live -= 1
             case "trained" | "skipped" if r["sample_idx"] == 0:
                 counted_groups += 1
+
+
+def _admitted_bound(admitted: Line, limits: LedgerLimits, report: LedgerReport) -> int:
+    """The η in force for an admission: its line's (adaptive admission), else the config's."""
+    eta = admitted.get("max_staleness")
+    if eta is None:
+        return limits.max_staleness
+    if eta > limits.max_staleness:
+        report.over_bound.append(f"admitted under η = {eta}, above the bound {limits.max_staleness}: {admitted}")
+    return min(int(eta), limits.max_staleness)
 
 
 def _check_fates(ledger: list[Line], limits: LedgerLimits, ended: bool, report: LedgerReport) -> None:
@@ -234,12 +246,15 @@ def _check_training(
 ) -> None:  # fmt: skip
     """No sample trained twice or past the bound; every step once with a full batch."""
     trained = [r for r in ledger if r["status"] == "trained"]
+    bound_of = {r["prompt_id"]: r.get("max_staleness") for r in ledger if r["status"] == "admitted"}  # the last
     report.trained = len(trained)
     twice = [k for k, n in Counter((r["prompt_id"], r["sample_idx"]) for r in trained).items() if n > 1]
     report.trained_twice.extend(f"{pid} sample {idx}" for pid, idx in twice)
     for r in trained:
-        if r["trained_step"] - r["min_version"] > limits.max_staleness:
-            report.over_bound.append(f"trained {r['trained_step'] - r['min_version']} versions stale: {r}")
+        own = bound_of.get(r["prompt_id"])
+        bound = limits.max_staleness if own is None else min(own, limits.max_staleness)
+        if r["trained_step"] - r["min_version"] > bound:
+            report.over_bound.append(f"trained {r['trained_step'] - r['min_version']} versions stale (η {bound}): {r}")
         if not r["min_version"] <= r["max_version"] <= r["trained_step"]:
             report.problems.append(f"versions out of order: {r}")
     steps = [m["step"] for m in metrics]

@@ -46,6 +46,7 @@ episode tasks)                                                           ``Episo
                                                                          dropped (the buffer shrank)
                                                                          ``_publish``: version v+1 is live (a new
                                                                          staleness budget; a drain is over)
+                                                                         ``_train_loop``: a new adaptive setting
                                                                          ``run``: the run is stopping
 ``_next_batch``    ``_wake_train``     ``take_fresh`` gives a whole      ``_episode``: a group entered the buffer
 (train loop:                           batch, an episode failed, or a    ``_fail``: an episode task raised, or too many
@@ -69,6 +70,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asyncrl.config import Config
+from asyncrl.controller.adaptive import adaptive_admission
 from asyncrl.controller.buffer import GroupBuffer, groups_to_samples
 from asyncrl.controller.fixed_lag import LaggedWeights
 from asyncrl.controller.recorder import RunRecorder
@@ -136,6 +138,7 @@ class Controller:
             high_water_unit=c.high_water_unit,
             group_size=cfg.rollout.group_size,
         )
+        self.adaptive = adaptive_admission(c, self.gate)  # None unless controller.adaptive: η_t and mark per step
         self.buffer = GroupBuffer()
         LaggedWeights.check_resume(c.fixed_lag, resume is not None)
         self.lag = LaggedWeights(c.fixed_lag) if c.fixed_lag is not None else None
@@ -184,6 +187,8 @@ class Controller:
         state.resumes += 1
         state.stop_reason = None
         self.gate.load_state_dict(snap["gate"])
+        if self.adaptive is not None and snap.get("adaptive"):
+            self.adaptive.load_state_dict(snap["adaptive"])
         self.source.load_state_dict(snap["source"])
         self._readmit = deque(int(i) for i in snap["readmit"])
         self._last_checkpoint_step = step
@@ -211,6 +216,7 @@ class Controller:
             "step": self.state.step,
             "state": state,
             "gate": {"accepted": self.gate.accepted - len(self.buffer)},
+            "adaptive": self.adaptive.state_dict() if self.adaptive is not None else None,
             "source": self.source.state_dict(),
             "readmit": list(self._readmit) + self.recorder.open_indices(),
             "offsets": self.rundir.offsets(),
@@ -246,8 +252,9 @@ class Controller:
                 prompt, index, readmitted = self._next_prompt()
                 self.gate.on_admit()
                 version = self.published_version
-                self.recorder.admitted(prompt, index, version, readmitted)
-                task = asyncio.create_task(self._episode(prompt, version))
+                bound = self.gate.max_staleness if self.adaptive is not None else None  # η_t, trained within it
+                self.recorder.admitted(prompt, index, version, readmitted, bound)
+                task = asyncio.create_task(self._episode(prompt, version, bound))
                 self._in_flight[task] = (prompt, version)
                 task.add_done_callback(self._in_flight_done)
             self._wake_admit.clear()
@@ -284,7 +291,8 @@ class Controller:
         timeout = self.cfg.controller.episode_timeout_s
         return await (asyncio.wait_for(episode, timeout) if timeout > 0 else episode)
 
-    async def _episode(self, prompt: Prompt, version: int) -> None:
+    async def _episode(self, prompt: Prompt, version: int, bound: int | None = None) -> None:
+        """One admitted prompt to its fate; ``bound``: its own staleness bound (adaptive admission)."""
         c = self.cfg.controller
         group: Group | None = None
         error: BaseException | None = None
@@ -315,7 +323,7 @@ class Controller:
         self._note_scoring(reason)
         if reason is None:
             self.gate.on_finish(accepted=True)
-            self.buffer.put(group)
+            self.buffer.put(group, bound)
             self._wake_train.set()
         else:
             self.gate.on_finish(accepted=False)
@@ -375,6 +383,9 @@ class Controller:
                 await self._publish(executor, result.version)
             await self._snapshot_policy(executor)
             metrics = record.step_trained(step, groups, samples, result)
+            if self.adaptive is not None:  # the setting for the next admissions, from what this step measured
+                metrics.update(self.adaptive.step(metrics))
+                self._wake_admit.set()
             if self._evaluation_due():
                 metrics.update(await self._evaluate())
             record.log_step(metrics)

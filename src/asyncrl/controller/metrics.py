@@ -93,7 +93,9 @@ def step_metrics(record: StepRecord) -> dict[str, Any]:
         "engine_busy_frac": min(1.0, (after["busy_s"] - before["busy_s"]) / wall)
         if "busy_s" in after and "busy_s" in before
         else None,  # an engine that does not report its busy time (an SGLang server)
+        "engine_slot_occupancy": slot_occupancy(before, after),
         "trainer_busy_frac": min(1.0, (times.train_s + times.sync_s) / wall),
+        "step_wall_s": wall,
         "wait_for_batch_s": times.wait_s,
         "train_step_s": times.train_s,
         "weight_sync_s": times.sync_s,
@@ -119,6 +121,21 @@ def step_metrics(record: StepRecord) -> dict[str, Any]:
     if not math.isfinite(metrics.get("loss", 0.0)):
         metrics["loss"] = None
     return metrics
+
+
+def slot_occupancy(before: dict[str, float], after: dict[str, float]) -> float | None:
+    """Share of the engine's decode slots busy in its decode steps between two ``stats()``: tokens
+    decoded / (slots x decode steps); None when the engine reports no decode counters or did not decode.
+    A pool (``rollout.pool.EnginePool``) sums its engines' counters and slots and says how many
+    ``engines`` it has: slots per engine x the decode steps of all engines."""
+    keys = ("decode_tokens", "decode_steps", "max_slots")
+    if not all(k in before and k in after for k in keys):
+        return None
+    steps = after["decode_steps"] - before["decode_steps"]
+    slots = after["max_slots"] / max(1.0, after.get("engines", 1.0))
+    if steps <= 0 or slots <= 0:
+        return None
+    return min(1.0, (after["decode_tokens"] - before["decode_tokens"]) / (slots * steps))
 
 
 def episode_metrics(groups: list[Group]) -> dict[str, float]:

@@ -101,11 +101,14 @@ class RunRecorder:
             self._bar.close()
 
     # ------------------------------------------------------------------ the ledger: each prompt's fate
-    def admitted(self, prompt: Prompt, stream_index: int, version: int, readmitted: bool) -> None:
+    def admitted(
+        self, prompt: Prompt, stream_index: int, version: int, readmitted: bool, max_staleness: int | None = None
+    ) -> None:
+        """``max_staleness``: the η in force for this admission when it changes (``controller.adaptive``)."""
         self._open[prompt.prompt_id] = stream_index
         self.state.admitted += 1
         self.state.readmitted += int(readmitted)
-        self.rundir.log_admitted(prompt.prompt_id, stream_index, version, readmitted)
+        self.rundir.log_admitted(prompt.prompt_id, stream_index, version, readmitted, max_staleness)
 
     def open_indices(self) -> list[int]:
         """Stream indices of the prompts admitted whose fate is not recorded yet (re-admitted on resume)."""

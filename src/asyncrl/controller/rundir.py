@@ -402,18 +402,16 @@ class RunDir:
             lines.append(json.dumps(self._stamp(line)) + "\n")
         self._append(self._ledger, "".join(lines))  # one write: a group is recorded whole or not at all
 
-    def log_admitted(self, prompt_id: str, stream_index: int, start_version: int, readmitted: bool) -> None:
-        """A prompt was admitted (``stream_index``: its position in the prompt stream)."""
-        self._write_ledger(
-            {
-                "prompt_id": prompt_id,
-                "sample_idx": None,
-                "status": "admitted",
-                "stream_index": stream_index,
-                "start_version": start_version,
-                "readmitted": readmitted,
-            }
-        )
+    def log_admitted(
+        self, prompt_id: str, stream_index: int, start_version: int, readmitted: bool, max_staleness: int | None = None
+    ) -> None:
+        """A prompt was admitted (``stream_index``: its position in the prompt stream; ``max_staleness``:
+        the η in force for it, written when admission sets it per step, ``controller.adaptive``)."""
+        line = {"prompt_id": prompt_id, "sample_idx": None, "status": "admitted", "stream_index": stream_index,
+                "start_version": start_version, "readmitted": readmitted}  # fmt: skip
+        if max_staleness is not None:
+            line["max_staleness"] = max_staleness
+        self._write_ledger(line)
 
     def log_resumed(self, step: int, readmit: int) -> None:
         """A marker: the run resumed here, at training step ``step``, with ``readmit`` prompts to

@@ -1,0 +1,156 @@
+"""``controller.adaptive.AdaptivePolicy`` on scripted observations: it raises admission when the trainer
+starves and the engine has room, lowers η when off-policy statistics degrade or the trainer never waits,
+never leaves the user's bound, and changes slowly (dwell, hysteresis band, backoff of failed probes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from asyncrl.controller.adaptive import (
+    DWELL_STEPS,
+    PROBE_STEPS,
+    RELAX_STEPS,
+    AdaptiveLimits,
+    AdaptivePolicy,
+    AdmissionSetting,
+    StepObservation,
+)
+
+STARVING = StepObservation(wait_s=0.5, wall_s=1.0, engine_occupancy=0.3)
+NEVER_WAITS = StepObservation(wait_s=0.0, wall_s=1.0, engine_occupancy=0.3)
+
+
+def _drive(
+    policy: AdaptivePolicy, obs: Callable[[AdmissionSetting], StepObservation], steps: int
+) -> list[AdmissionSetting]:
+    """``steps`` updates, each observation a function of the setting in force (a scripted plant)."""
+    out = []
+    for _ in range(steps):
+        out.append(policy.update(obs(policy.setting)))
+    return out
+
+
+def _changes(settings: list[AdmissionSetting]) -> list[int]:
+    return [i for i in range(1, len(settings)) if settings[i] != settings[i - 1]]
+
+
+def _check_bounds(settings: list[AdmissionSetting], bound: int) -> None:
+    for s in settings:
+        assert 0 <= s.max_staleness <= bound
+        assert 1 <= s.high_water_batches <= s.max_staleness + 1
+
+
+def test_a_starving_trainer_raises_the_mark_and_eta_slowly_up_to_the_bound() -> None:
+    policy = AdaptivePolicy(AdaptiveLimits(bound=4))
+    assert policy.setting == AdmissionSetting(1, 2)
+    settings = _drive(policy, lambda s: STARVING, 30)
+    _check_bounds(settings, 4)
+    assert settings[-1] == AdmissionSetting(4, 5)
+    etas = [s.max_staleness for s in settings]
+    assert etas == sorted(etas) and etas[0] == 1  # only up, one at a time
+    assert all(b - a >= DWELL_STEPS for a, b in zip(_changes(settings), _changes(settings)[1:], strict=False))
+    assert policy.last_reason == "hold"
+
+
+def test_a_starving_trainer_with_a_full_engine_holds() -> None:
+    policy = AdaptivePolicy(AdaptiveLimits(bound=8))
+    full = StepObservation(wait_s=0.5, wall_s=1.0, engine_occupancy=0.97)
+    assert set(_drive(policy, lambda s: full, 20)) == {AdmissionSetting(1, 2)}
+
+
+def test_a_trainer_that_never_waits_lowers_eta_and_the_mark_to_synchronous() -> None:
+    policy = AdaptivePolicy(AdaptiveLimits(bound=8))
+    _drive(policy, lambda s: STARVING, 12)
+    high = policy.setting
+    assert high.max_staleness >= 4
+    settings = _drive(policy, lambda s: NEVER_WAITS, 60)
+    _check_bounds(settings, 8)
+    assert settings[-1] == AdmissionSetting(0, 1)
+    etas = [s.max_staleness for s in settings]
+    assert etas == sorted(etas, reverse=True) and etas[0] <= high.max_staleness
+    assert all(b - a >= PROBE_STEPS for a, b in zip(_changes(settings), _changes(settings)[1:], strict=False))
+
+
+def test_a_wait_inside_the_hysteresis_band_changes_nothing() -> None:
+    policy = AdaptivePolicy(AdaptiveLimits(bound=8, wait_target=0.1))
+    band = StepObservation(wait_s=0.05, wall_s=1.0, engine_occupancy=0.5)  # between target / 4 and target
+    assert set(_drive(policy, lambda s: band, 50)) == {AdmissionSetting(1, 2)}
+
+
+def test_degraded_off_policy_statistics_lower_eta_below_what_starvation_asks_and_cap_it() -> None:
+    policy = AdaptivePolicy(AdaptiveLimits(bound=8, weight_sq_limit=2.0))
+    _drive(policy, lambda s: STARVING, 12)
+    assert policy.setting.max_staleness >= 4
+
+    def plant(s: AdmissionSetting) -> StepObservation:  # E[w²] grows with η: too off-policy above 2
+        return StepObservation(0.5, 1.0, 0.3, weight_sq_mean=1.0 + 0.6 * s.max_staleness, capped_frac=0.0)
+
+    settings = _drive(policy, plant, 20)
+    assert policy.ceiling <= 2 and settings[-1].max_staleness == policy.ceiling
+    assert max(s.max_staleness for s in settings[-8:]) <= 2  # starving, but held under the ceiling
+    assert "offpolicy" in {policy.last_reason} or settings[-1] == settings[-2]
+
+
+def test_the_capped_share_degrades_too_and_the_ceiling_relaxes_when_it_is_gone() -> None:
+    policy = AdaptivePolicy(AdaptiveLimits(bound=6, capped_limit=0.02))
+    _drive(policy, lambda s: STARVING, 12)
+    capped = StepObservation(0.5, 1.0, 0.3, weight_sq_mean=1.1, capped_frac=0.2)
+    _drive(policy, lambda s: capped, 30)
+    low = policy.ceiling
+    assert low < 6 and policy.setting.max_staleness <= low
+    clean = StepObservation(0.5, 1.0, 0.3, weight_sq_mean=1.1, capped_frac=0.0)
+    _drive(policy, lambda s: clean, RELAX_STEPS + 5)
+    assert policy.ceiling == low + 1
+
+
+def test_groups_dropped_as_stale_give_a_starving_trainer_slack_in_eta_not_in_the_mark() -> None:
+    policy = AdaptivePolicy(AdaptiveLimits(bound=8))
+    stale = StepObservation(0.5, 1.0, 0.3, stale_groups=4, batch_groups=8)
+    settings = _drive(policy, lambda s: stale, DWELL_STEPS)
+    assert settings[-1] == AdmissionSetting(2, 2) and policy.last_reason == "stale"
+
+
+def test_failed_probes_down_back_off() -> None:
+    """At the setting that is just enough (mark 3 here) every probe down starves the trainer: probes
+    become rarer (doubling), so the run spends almost all its steps at the right setting."""
+    policy = AdaptivePolicy(AdaptiveLimits(bound=8))
+
+    def plant(s: AdmissionSetting) -> StepObservation:
+        return NEVER_WAITS if s.high_water_batches >= 3 else STARVING
+
+    settings = _drive(policy, plant, 300)
+    _check_bounds(settings, 8)
+    probes = sum(1 for a, b in zip(settings, settings[1:], strict=False) if b.high_water_batches < a.high_water_batches)
+    assert 3 <= probes <= 8
+    assert sum(s.high_water_batches == 3 for s in settings[50:]) / len(settings[50:]) > 0.9
+
+
+@pytest.mark.parametrize("bound", [0, 1, 3])
+def test_never_above_the_bound_whatever_is_observed(bound: int) -> None:
+    policy = AdaptivePolicy(AdaptiveLimits(bound=bound))
+    script = [STARVING, NEVER_WAITS, StepObservation(0.9, 1.0, None, 9.0, 0.5, 3, 2), STARVING] * 20
+    it = iter(script)
+    _check_bounds(_drive(policy, lambda s: next(it), len(script)), bound)
+
+
+def test_state_dict_round_trip_and_a_lower_bound_on_resume() -> None:
+    policy = AdaptivePolicy(AdaptiveLimits(bound=8))
+    _drive(policy, lambda s: STARVING, 9)
+    again = AdaptivePolicy(AdaptiveLimits(bound=8))
+    again.load_state_dict(policy.state_dict())
+    assert again.setting == policy.setting and again.state_dict() == policy.state_dict()
+    assert again.update(STARVING) == policy.update(STARVING)
+    lower = AdaptivePolicy(AdaptiveLimits(bound=2))
+    lower.load_state_dict(policy.state_dict())
+    assert lower.setting.max_staleness <= 2 and lower.setting.high_water_batches <= 3
+
+
+def test_limits_are_checked() -> None:
+    with pytest.raises(ValueError):
+        AdaptiveLimits(bound=-1)
+    with pytest.raises(ValueError):
+        AdaptiveLimits(bound=2, wait_target=0.0)
+    with pytest.raises(ValueError):
+        AdaptiveLimits(bound=2, weight_sq_limit=1.0)
