@@ -16,6 +16,9 @@ shapes follow SGLang's native API (``sglang/srt/entrypoints/http_server.py``, v0
 - ``POST /continue_generation``; ``POST /update_weights_from_disk`` {model_path, weight_version,
   abort_all_requests}; ``GET /health``, ``GET /model_info`` (and ``/get_model_info``),
   ``GET /get_weight_version``, ``GET /stats`` (engine counters; ours).
+- The OpenAI-compatible door (``rollout.openai_door``, docs/agent.md): ``POST /v1/chat/completions``,
+  ``GET /v1/models``, and the same under ``/sessions/<id>/v1/...`` (recorded token for token),
+  ``POST /sessions/<id>/end``, ``GET /sessions/<id>``. Errors are answered as on every other route.
 
 Robustness: malformed JSON (invalid UTF-8 included), wrong types, unknown or unsupported sampling
 options, out-of-vocab ids and over-long inputs get a 4xx with a message (SGLang's error object); a body
@@ -45,7 +48,9 @@ from asyncrl.auth import ApiKeyAuth, PathOutsideRoot, check_bind, confine_path, 
 from asyncrl.choices import InterruptMode
 from asyncrl.rollout.engine import LocalEngine
 from asyncrl.rollout.http import HTTPError, Request, encode_response, read_request
+from asyncrl.rollout.openai_door import ChatDoor
 from asyncrl.rollout.protocol import GenerateRequest, bad_request, parse_generate
+from asyncrl.rollout.tools import ToolFormat
 from asyncrl.types import WeightUpdate
 
 __all__ = ["EngineServer", "GenerateRequest", "ServerThread", "serve_engine", "parse_generate"]
@@ -87,7 +92,9 @@ class EngineServer:
         weights_root: str | Path | None = None,
         request_timeout_s: float = 30.0,
         idle_timeout_s: float = 60.0,
+        tool_format: ToolFormat = "hermes",
     ) -> None:
+        """``tool_format``: how the door's ``/v1/chat/completions`` reads tool calls in model text."""
         self.engine = engine
         self.request_timeout_s = request_timeout_s
         self.idle_timeout_s = idle_timeout_s
@@ -102,6 +109,10 @@ class EngineServer:
         self.requests_served = 0
         self.errors_4xx = 0
         self.errors_5xx = 0
+        self.door = ChatDoor(
+            engine, engine.tokenizer, model_name=model_path or "asyncrl", tool_format=tool_format,
+            end_of_turn_ids=eos_ids, max_slots=engine.max_slots, max_seq_len=engine.max_seq_len,
+        )  # fmt: skip
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen; returns the bound port (``port=0`` picks a free one). Raises
@@ -166,7 +177,8 @@ class EngineServer:
     async def _dispatch(self, req: Request) -> tuple[int, Any]:
         name = self.ROUTES.get((req.method, req.path))
         try:
-            if name is None:
+            door = self.door.route(req.method, req.path) if name is None else None
+            if name is None and door is None:
                 if any(path == req.path for _, path in self.ROUTES):
                     raise HTTPError(405, f"method {req.method} not allowed on {req.path}")
                 raise HTTPError(404, f"no route {req.path}")
@@ -176,7 +188,7 @@ class EngineServer:
                     body = json.loads(req.body)
                 except (json.JSONDecodeError, UnicodeDecodeError) as e:
                     raise HTTPError(400, f"malformed JSON body: {e}") from None
-            result = await getattr(self, name)(body)
+            result = await (door(body) if door is not None else getattr(self, name)(body))
             self.requests_served += 1
             return 200, result
         except HTTPError as e:
@@ -363,10 +375,11 @@ def serve_engine(
     version: int = 0,
     api_key: str | None = None,
     weights_root: str | None = None,
+    tool_format: ToolFormat = "hermes",
 ) -> None:
     """Load ``model`` (a local HF checkpoint dir), start a LocalEngine and serve it until interrupted.
 
-    ``api_key`` and ``weights_root``: see :class:`EngineServer` (checked before the model loads)."""
+    ``api_key``, ``weights_root`` and ``tool_format``: see :class:`EngineServer` (checked before the model loads)."""
     from asyncrl.models import load_policy, stop_token_ids
 
     check_bind(host, bool(api_key), "engine server")
@@ -384,7 +397,7 @@ def serve_engine(
     )
     server = EngineServer(
         engine, model_path=str(model), eos_ids=stop_token_ids(tokenizer, policy), api_key=api_key,
-        weights_root=weights_root,
+        weights_root=weights_root, tool_format=tool_format,
     )  # fmt: skip
 
     async def main() -> None:

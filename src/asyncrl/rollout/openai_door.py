@@ -1,0 +1,345 @@
+"""The OpenAI-compatible door of an engine: ``/v1/chat/completions`` over any ``RolloutEngine``, with sessions.
+
+Owns the routes and what each one does; the shapes are ``rollout.openai_chat``'s, the session record
+``rollout.openai_session``'s. ``ChatDoor`` serves them for ``asyncrl serve engine`` (a thin route in
+``rollout.server``) and for ``DoorServer``, the loopback server an in-process engine gets (bound to
+127.0.0.1 with a generated key; the ``openai_agent`` workflow starts one per group):
+
+=========================================  ==============================================================
+``POST /v1/chat/completions``              a completion of the messages (``n`` choices); not recorded
+``GET /v1/models``                         the one model served
+``POST /sessions/<id>/v1/chat/completions`` the same, recorded in session ``<id>`` (``n`` = 1; a server
+                                           opens the session on its first call, a workflow beforehand)
+``GET /sessions/<id>/v1/models``           as ``/v1/models`` (an ``openai`` client's ``base_url`` is
+                                           ``.../sessions/<id>/v1``)
+``POST /sessions/<id>/end``                ends the session; body ``{"reward": float}`` (optional)
+``GET /sessions/<id>``                     the record: ids, loss mask, behaviour log-probs, versions
+=========================================  ==============================================================
+
+A turn ends at the chat template's end-of-turn tokens, at a request's single-token ``stop`` strings, or
+at its budget: ``max_tokens`` (a session's own cap: its sampling's ``max_new_tokens``), the session's
+tokens left, the engine's context. In a session opened with sampling (a training workflow's), that
+sampling governs (temperature, top-p, top-k, seed) whatever the request says: the behaviour log-probs
+are then those the trainer expects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+from asyncrl.auth import ApiKeyAuth, check_bind, peer_name
+from asyncrl.rollout.api import RolloutEngine
+from asyncrl.rollout.chat import ChatRenderer
+from asyncrl.rollout.http import HTTPError, Request, encode_response, read_request
+from asyncrl.rollout.interruptible import generate_group
+from asyncrl.rollout.openai_chat import (
+    ChatRequest,
+    assistant_reply,
+    completion_response,
+    models_response,
+    parse_chat_request,
+    template_messages,
+    token_logprobs,
+    tool_tags,
+)
+from asyncrl.rollout.openai_session import ChatSession, SessionStore
+from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.rollout.tools import ToolFormat, parse_tool_calls
+from asyncrl.types import Completion, ModelSegment
+
+__all__ = ["ChatDoor", "DoorServer", "SESSION_ID"]
+
+log = logging.getLogger(__name__)
+
+SESSION_ID = re.compile(r"[A-Za-z0-9_.@:-]{1,160}")
+_SESSION_PATH = re.compile(r"/sessions/([^/]+)(/v1/chat/completions|/v1/models|/end|)")
+_ROUTES: dict[str, tuple[str, ...]] = {
+    "/v1/chat/completions": ("POST",),
+    "/v1/models": ("GET",),
+    "": ("GET",),
+    "/end": ("POST",),
+}
+Handler = Callable[[Any], Awaitable[Any]]
+
+
+class ChatDoor:
+    """The door's routes over ``engine`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tokenizer: Any,
+        *,
+        model_name: str = "asyncrl",
+        tool_format: ToolFormat = "hermes",
+        end_of_turn_ids: tuple[int, ...] = (),
+        max_slots: int = 64,
+        max_seq_len: int | None = None,
+        default_max_tokens: int = 512,
+        open_sessions_on_call: bool = True,
+    ) -> None:
+        """``end_of_turn_ids``: the tokens that end a model turn (default: the EOS); ``max_seq_len``:
+        the engine's context (None: not checked here); ``open_sessions_on_call``: a call to an unknown
+        session opens it (a server) or is refused with 404 (a workflow opens its sessions itself)."""
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.tool_format: ToolFormat = tool_format
+        self.max_slots = max_slots
+        self.max_seq_len = max_seq_len
+        self.default_max_tokens = default_max_tokens
+        self.open_sessions_on_call = open_sessions_on_call
+        self.store = SessionStore()
+        self._renderer: ChatRenderer | None = None
+        self._end_of_turn_ids = end_of_turn_ids
+
+    @property
+    def renderer(self) -> ChatRenderer:
+        if self._renderer is None:
+            try:
+                self._renderer = ChatRenderer(self.tokenizer, self._end_of_turn_ids)
+            except ValueError as e:
+                raise HTTPError(400, f"this model cannot serve chat completions: {e}") from None
+        return self._renderer
+
+    # ------------------------------------------------------------------------------- routing
+    def route(self, method: str, path: str) -> Handler | None:
+        """The handler of ``method path``; None when the path is not the door's; 405/400 for a wrong
+        method or a malformed session id."""
+        session_id: str | None = None
+        if path in ("/v1/chat/completions", "/v1/models"):
+            sub = path
+        else:
+            m = _SESSION_PATH.fullmatch(path)
+            if m is None:
+                return None
+            session_id, sub = m.group(1), m.group(2)
+            if not SESSION_ID.fullmatch(session_id):
+                raise HTTPError(400, f"a session id is 1-160 characters of [A-Za-z0-9_.@:-], got {session_id[:40]!r}")
+        if method not in _ROUTES[sub]:
+            raise HTTPError(405, f"method {method} not allowed on {path}")
+        match sub:
+            case "/v1/chat/completions":
+                return lambda body: self.chat(body, session_id)
+            case "/v1/models":
+                return lambda body: self.models()
+            case "/end":
+                return lambda body: self.end_session(str(session_id), body)
+            case _:
+                return lambda body: self.session_record(str(session_id))
+
+    async def models(self) -> dict[str, Any]:
+        return models_response(self.model_name)
+
+    def open_session(
+        self, session_id: str, sampling: SamplingParams | None = None, max_tokens: int | None = None
+    ) -> ChatSession:
+        """Open session ``session_id`` (``sampling``: what every call of it samples with)."""
+        if not SESSION_ID.fullmatch(session_id):
+            raise ValueError(f"bad session id {session_id!r}")
+        session = ChatSession(session_id, self.renderer, self.tool_format, sampling=sampling, max_tokens=max_tokens)
+        return self.store.add(session)
+
+    async def end_session(self, session_id: str, body: Any) -> dict[str, Any]:
+        reward = None
+        if body is not None:
+            if not isinstance(body, dict) or set(body) - {"reward"}:
+                raise HTTPError(400, "the body of /end is {} or {'reward': number}")
+            reward = body.get("reward")
+            if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
+                raise HTTPError(400, "'reward' must be a number")
+        session = self.store.end(session_id, None if reward is None else float(reward))
+        return session.summary()
+
+    async def session_record(self, session_id: str) -> dict[str, Any]:
+        session = self.store.get(session_id)
+        if session is None:
+            raise HTTPError(404, f"no session {session_id}")
+        return session.summary()
+
+    # ------------------------------------------------------------------------------- completions
+    async def chat(self, body: Any, session_id: str | None) -> dict[str, Any]:
+        req = parse_chat_request(body, tokenizer=self.tokenizer, max_slots=self.max_slots)
+        if session_id is None:
+            return await self._unrecorded(req)
+        session = self.store.open.get(session_id)
+        if session is None:
+            if self.store.get(session_id) is not None:
+                raise HTTPError(400, f"session {session_id} has ended")
+            if not self.open_sessions_on_call:
+                raise HTTPError(404, f"no session {session_id} (this door's sessions are opened by its workflow)")
+            session = self.open_session(session_id)
+        if session.busy:
+            raise HTTPError(400, f"session {session_id}: another call of it is running (a session is one conversation)")
+        plan = session.plan(req)
+        session.busy = True
+        try:
+            sampling = self._sampling(req, session.sampling, len(plan.input_ids), plan.budget)
+            (c,) = await generate_group(self.engine, plan.input_ids, sampling, 1)
+        finally:
+            session.busy = False
+        seg = ModelSegment(c.output_ids, c.behav_logprobs, c.versions, c.finish_reason, c.num_interruptions)
+        tags = tool_tags(req.tools)
+        text, closed_by = self._turn_text(c, sampling)
+        parsed = parse_tool_calls(self.tool_format, text, tags)
+        reply = assistant_reply(text, parsed, c.finish_reason == "length", self.tool_format, tags)
+        session.record(req, plan, seg, reply, text, parsed, closed_by)
+        return completion_response(
+            req.model or self.model_name,
+            [self._choice(0, reply, c, req.logprobs)],
+            len(plan.input_ids),
+            len(seg.token_ids),
+        )
+
+    async def _unrecorded(self, req: ChatRequest) -> dict[str, Any]:
+        tags = tool_tags(req.tools)
+        ids = self.renderer.opening_ids(template_messages(req.messages, self.tool_format, tags), req.tools)
+        sampling = self._sampling(req, None, len(ids), 1 << 30)
+        completions = await generate_group(self.engine, ids, sampling, req.n)
+        choices = []
+        for i, c in enumerate(completions):
+            text, _ = self._turn_text(c, sampling)
+            parsed = parse_tool_calls(self.tool_format, text, tags)
+            reply = assistant_reply(text, parsed, c.finish_reason == "length", self.tool_format, tags)
+            choices.append(self._choice(i, reply, c, req.logprobs))
+        produced = sum(len(c.output_ids) for c in completions)
+        return completion_response(req.model or self.model_name, choices, len(ids), produced)
+
+    def _sampling(self, req: ChatRequest, own: SamplingParams | None, prompt_len: int, budget: int) -> SamplingParams:
+        """The call's sampling: the session's (a workflow's) or the request's, within every budget."""
+        cap = req.max_tokens or (own.max_new_tokens if own is not None else self.default_max_tokens)
+        if self.max_seq_len is not None:
+            room = self.max_seq_len - prompt_len
+            if room < 1:
+                raise HTTPError(
+                    400, f"the conversation is {prompt_len} tokens; the engine's context is {self.max_seq_len}"
+                )
+            cap = min(cap, room)
+        stops = tuple(
+            dict.fromkeys((*self.renderer.end_of_turn_ids, *req.stop_ids, *(own.stop_token_ids if own else ())))
+        )
+        if own is not None:
+            return replace(own, max_new_tokens=min(cap, budget), stop_token_ids=stops)
+        return SamplingParams(
+            max_new_tokens=min(cap, budget), temperature=req.temperature, top_p=req.top_p,
+            greedy=req.temperature == 0, stop_token_ids=stops, seed=req.seed,
+        )  # fmt: skip
+
+    def _turn_text(self, c: Completion, sampling: SamplingParams) -> tuple[str, int | None]:
+        """(the turn's text without the stop token it ended at, that token when it ends a turn)."""
+        ids = c.output_ids
+        stopped = c.finish_reason == "stop" and bool(ids) and ids[-1] in sampling.stop_token_ids
+        own = ids[:-1] if stopped else ids
+        closed_by = ids[-1] if stopped and ids[-1] in self.renderer.end_of_turn_ids else None
+        return self.tokenizer.decode(list(own), skip_special_tokens=False), closed_by
+
+    def _choice(self, index: int, reply: Any, c: Completion, logprobs: bool) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": index, "message": reply.message, "finish_reason": reply.finish_reason}
+        if logprobs:
+            n = len(c.output_ids) - int(c.finish_reason == "stop")
+            choice["logprobs"] = token_logprobs(self.tokenizer, c.output_ids[:n], c.behav_logprobs[:n])
+        else:
+            choice["logprobs"] = None
+        return choice
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    """OpenAI's error object."""
+    kind = "authentication_error" if status == 401 else "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+class DoorServer:
+    """A loopback HTTP server of one ``ChatDoor`` with a bearer key (an in-process engine's door)."""
+
+    def __init__(self, door: ChatDoor, api_key: str, *, max_body_bytes: int = 8 * 1024 * 1024) -> None:
+        self.door = door
+        self.api_key = api_key
+        self.auth = ApiKeyAuth(api_key, "openai door")
+        self.max_body_bytes = max_body_bytes
+        self.port = 0
+        self._server: asyncio.base_events.Server | None = None
+        self._conns: set[asyncio.Task] = set()
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        check_bind(host, True, "openai door")
+        self._server = await asyncio.start_server(self._handle, host, port, limit=2 * 1024 * 1024)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    def base_url(self, session_id: str | None = None) -> str:
+        """What an ``openai`` client takes as ``base_url`` (of a session, or unrecorded)."""
+        root = f"http://127.0.0.1:{self.port}"
+        return f"{root}/sessions/{session_id}/v1" if session_id else f"{root}/v1"
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        tasks = [t for t in self._conns if not t.done()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._conns.add(task)
+        peer = peer_name(writer.get_extra_info("peername"))
+        try:
+            while True:
+                try:
+                    req = await read_request(
+                        reader, self.max_body_bytes,
+                        lambda m, p, h: self.auth.allows(m, p, h.get("authorization"), peer),
+                        idle_timeout_s=300.0, timeout_s=60.0,
+                    )  # fmt: skip
+                except HTTPError as e:
+                    writer.write(encode_response(e.status, error_body(e.status, e.message), False))
+                    await writer.drain()
+                    return
+                if req is None:
+                    return
+                status, payload = await self._dispatch(req)
+                writer.write(encode_response(status, payload, req.keep_alive))
+                await writer.drain()
+                if not req.keep_alive:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # a cancelled connection (``stop``) ends quietly
+        except Exception:
+            log.exception("openai door: connection handler failed")
+        finally:
+            if task is not None:
+                self._conns.discard(task)
+            writer.close()
+
+    async def _dispatch(self, req: Request) -> tuple[int, Any]:
+        try:
+            handler = self.door.route(req.method, req.path)
+            if handler is None:
+                raise HTTPError(404, f"no route {req.path}")
+            return 200, await handler(parse_json(req.body))
+        except HTTPError as e:
+            return e.status, error_body(e.status, e.message)
+        except ValueError as e:  # engine-side validation (e.g. a prompt longer than the context)
+            return 400, error_body(400, str(e))
+        except Exception as e:
+            log.exception("openai door: %s %s failed", req.method, req.path)
+            return 500, error_body(500, f"{type(e).__name__}: {e}")
+
+
+def parse_json(body: bytes) -> Any:
+    """A request body as JSON (None when empty); 400 when malformed."""
+    if not body:
+        return None
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HTTPError(400, f"malformed JSON body: {e}") from None

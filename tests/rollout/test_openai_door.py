@@ -1,0 +1,132 @@
+"""The door over HTTP: an unmodified ``openai`` client against ``DoorServer`` (tool calls round trip in
+the Hermes format, the example's tool agent, the bearer key), and ``asyncrl serve engine``'s routes on
+the tiny ``LocalEngine`` (plain and session calls, the record, end with a reward, 4xx rules)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from asyncrl.rollout.engine import LocalEngine
+from asyncrl.rollout.openai_door import ChatDoor, DoorServer
+from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.rollout.server import ServerThread
+from tests.rollout.chat_templates import qwen_tokenizer
+from tests.rollout.scripted_engine import ScriptedEngine, Turn, exactness
+
+REPO = Path(__file__).resolve().parents[2]
+CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "48213*379"}}</tool_call>'
+
+
+def test_an_openai_client_round_trips_tool_calls(monkeypatch) -> None:
+    openai = pytest.importorskip("openai")
+    monkeypatch.syspath_prepend(str(REPO))
+    from examples.openai_agent.agent import solve_with_tools
+
+    tok = qwen_tokenizer()
+    ids = lambda text: tuple(tok.encode(text, add_special_tokens=False)) + (tok.eos_token_id,)  # noqa: E731
+    engine = ScriptedEngine({7: [Turn(ids(CALL)), Turn(ids("#18272727"))]})
+    door = ChatDoor(engine, tok, end_of_turn_ids=(tok.eos_token_id,), open_sessions_on_call=False)
+    server = DoorServer(door, "secret")
+
+    async def main() -> None:
+        await server.start()
+        door.open_session("ep-0", SamplingParams(max_new_tokens=64, seed=7), 256)
+        try:
+            result = await asyncio.to_thread(
+                solve_with_tools, server.base_url("ep-0"), "secret", {"question": "48213*379?"}
+            )
+            assert result is None
+
+            def wrong_key() -> None:
+                client = openai.OpenAI(base_url=server.base_url(), api_key="wrong", max_retries=0)
+                with pytest.raises(openai.AuthenticationError):
+                    client.models.list()
+                good = openai.OpenAI(base_url=server.base_url("ep-0"), api_key="secret", max_retries=0)
+                assert [m.id for m in good.models.list()] == ["asyncrl"]
+                with pytest.raises(openai.BadRequestError, match="differs from the recorded conversation"):
+                    good.chat.completions.create(model="m", messages=[{"role": "user", "content": "other"}])
+
+            await asyncio.to_thread(wrong_key)
+        finally:
+            await server.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    session = door.store.end("ep-0", None)
+    traj = session.trajectory()
+    report = exactness(traj, engine.calls)
+    assert report["mismatches"] == 0 and report["mask_errors"] == 0 and report["logprob_errors"] == 0, report
+    assert len(engine.calls) == 2 and traj.turns[0].tool_calls == ("calculator",)
+    glue = tok.decode(list(traj.segments[1].token_ids))
+    assert "<tool_response>\n18272727\n</tool_response>" in glue  # the example's calculator ran
+    assert traj.end == "answer"
+
+
+def _http(url: str, body: object | None = None, key: str | None = "k", method: str | None = None) -> tuple[int, dict]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"))
+    req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def test_the_engine_server_serves_the_door(load_tiny) -> None:
+    model, tok = load_tiny()
+    engine = LocalEngine(model, tok, max_slots=8, max_seq_len=256)
+    try:
+        with ServerThread(engine, api_key="k", eos_ids=(tok.eos_token_id,), model_path="tiny") as srv:
+            base = srv.url
+            status, models = _http(f"{base}/v1/models")
+            assert status == 200 and models["data"][0]["id"] == "tiny"
+            ask = {
+                "messages": [{"role": "user", "content": "1+2"}],
+                "max_tokens": 8,
+                "n": 2,
+                "seed": 1,
+                "logprobs": True,
+            }
+            status, r = _http(f"{base}/v1/chat/completions", ask)
+            assert status == 200 and len(r["choices"]) == 2 and r["object"] == "chat.completion"
+            assert all(c["finish_reason"] in ("stop", "length") for c in r["choices"])
+            assert r["usage"]["completion_tokens"] >= 2
+
+            sid = f"{base}/sessions/run1-0"
+            first = {"messages": [{"role": "user", "content": "1+2"}], "max_tokens": 6, "seed": 3, "logprobs": True}
+            status, r1 = _http(f"{sid}/v1/chat/completions", first)
+            assert status == 200, r1
+            reply = r1["choices"][0]["message"]
+            then = {**first, "messages": [*first["messages"], reply, {"role": "user", "content": "again"}]}
+            status, r2 = _http(f"{sid}/v1/chat/completions", then)
+            assert status == 200, r2
+            status, record = _http(f"{sid}/end", {"reward": 1.0})
+            assert status == 200 and record["ended"] and record["reward"] == 1.0 and record["calls"] == 2
+            n1 = r1["usage"]["completion_tokens"]
+            prompt1 = r1["usage"]["prompt_tokens"]
+            assert record["prompt_ids"] and len(record["prompt_ids"]) == prompt1
+            # the second call was given the first call's ids as sampled, then the glue
+            assert r2["usage"]["prompt_tokens"] == prompt1 + n1 + record["turns"][0]["env_tokens"]
+            assert record["loss_mask"][:n1] == [1] * n1 and 0 in record["loss_mask"]
+            shown = [c["logprob"] for c in r1["choices"][0]["logprobs"]["content"]]
+            assert record["behav_logprobs"][: len(shown)] == shown  # the reply's log-probs are the recorded ones
+            assert _http(f"{sid}")[1]["session_id"] == "run1-0"
+
+            assert _http(f"{base}/v1/models", key=None)[0] == 401
+            assert _http(f"{base}/v1/chat/completions", {"messages": []})[0] == 400
+            assert _http(f"{base}/v1/chat/completions", method="GET")[0] == 405
+            assert _http(f"{sid}/v1/chat/completions", first)[0] == 400  # ended
+            assert _http(f"{base}/sessions/nobody/end", {})[0] == 404
+            assert _http(f"{base}/sessions/bad%20id/v1/models")[0] == 400
+            assert _http(f"{base}/v1/embeddings", {"input": "x"})[0] == 404
+            assert _http(f"{base}/health", key=None)[0] == 200  # the other routes are unchanged
+    finally:
+        engine.close()
