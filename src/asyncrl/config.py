@@ -159,6 +159,10 @@ class RolloutConfig:
     """Engine concurrency (decode slots)."""
     interrupt_mode: InterruptMode = "abort"
     """abort (AReaL: stop, re-prefill under new weights) | keep (swap weights, keep KV cache)."""
+    prefix_reuse: bool = False
+    """Keep a finished sample's KV in its slot (until the slot is needed) so that a prompt extending that
+    sequence, the next turn of a multi-turn episode, prefills only its new tokens (LocalEngine; dropped
+    at every weight update; docs/engine.md "Prefix reuse across turns")."""
     num_engines: int = 1
     """N: engine instances (launch.kind=ray; the local launcher runs one). Requests go to the engine
     with the fewest tokens in flight."""

@@ -259,16 +259,18 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return build_tiny_policy(tmp_path_factory.mktemp("tiny_token_exact"))
 
 
-def test_local_engine_episodes_are_exact_and_match_the_trainer(tiny_dir: Any) -> None:
+@pytest.mark.parametrize("prefix_reuse", [False, True])
+def test_local_engine_episodes_are_exact_and_match_the_trainer(tiny_dir: Any, prefix_reuse: bool) -> None:
     """η = 0 (weights never change; one update republishes them): exact ids, and trainer log-probs
-    of every model token equal the engine's behaviour log-probs to 1e-4, across turns."""
+    of every model token equal the engine's behaviour log-probs to 1e-4, across turns; with prefix
+    reuse the later turns prefill only their new tokens (until the update drops the retained KV)."""
     from asyncrl.rollout.engine import LocalEngine
     from asyncrl.trainer.trainer import Trainer
 
     model, tok = load_policy(tiny_dir)
     ref, _ = load_policy(tiny_dir)
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    engine = LocalEngine(model, tok, max_slots=8, max_seq_len=512)
+    engine = LocalEngine(model, tok, max_slots=8, max_seq_len=512, prefix_reuse=prefix_reuse)
     rec = _Recording(engine)
     # short turns from a random model: a few frequent characters also end a turn
     stops = (tok.eos_token_id, *tok.convert_tokens_to_ids(list("aeiou")))
@@ -289,8 +291,10 @@ def test_local_engine_episodes_are_exact_and_match_the_trainer(tiny_dir: Any) ->
 
     try:
         group = asyncio.run(asyncio.wait_for(go(), 120))
+        stats = engine.stats()
     finally:
         engine.close()
+    assert (stats["prefix_hits"] > 0) == prefix_reuse  # later turns reused the conversation's KV
     for i, traj in enumerate(group.trajectories):
         own = [c for c in rec.calls if c.sampling.seed == (3 + i)]
         _assert_exact(traj, _as_engine(own))

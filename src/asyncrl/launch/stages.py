@@ -122,7 +122,7 @@ def engine_max_seq_len(cfg: Config) -> int:
 
 
 def build_engine(cfg: Config, model: Any, tokenizer: Any, *, device: str | None = None) -> LocalEngine:
-    """The ``LocalEngine`` of ``model`` with the run's slots, context and interrupt mode, on ``device``
+    """The ``LocalEngine`` of ``model`` with the run's slots, context, interrupt mode and prefix reuse, on ``device``
     (default ``model.device``: the engine's tensors go where its weights are)."""
     from asyncrl.rollout.engine import LocalEngine
 
@@ -133,6 +133,7 @@ def build_engine(cfg: Config, model: Any, tokenizer: Any, *, device: str | None 
         max_seq_len=engine_max_seq_len(cfg),
         interrupt_mode=cfg.rollout.interrupt_mode,
         device=device or cfg.model.device,
+        prefix_reuse=cfg.rollout.prefix_reuse,
     )
 
 

@@ -10,6 +10,13 @@ modes: ``abort`` (running samples return their partial output with ``finish_reas
 ``interruptible.generate_group`` for the resubmission loop) or ``keep`` (the samples go on with their
 KV cache, computed partly under the old weights).
 
+Prefix reuse across turns (``prefix_reuse=True``, ``rollout.prefix_reuse``): a finished sample's slot keeps
+its KV until a slot is needed; a prompt that extends that sequence (the next turn of a multi-turn
+episode: the conversation so far, the environment's reply appended) is placed in it and only its new
+tokens are prefilled (see ``scheduler``). No key is needed: the match is on the token ids, so it works
+behind the engine server and the pool too (when the next turn reaches the same engine). A weight
+update drops every retained sequence, so a prefilled token's KV is always of the current weights.
+
 One step is vLLM v1's ``EngineCore.step``::
 
     admission = scheduler.admit()            which waiting samples take which free slots (no sampling)
@@ -66,9 +73,11 @@ class LocalEngine:
         device: str = "cpu",
         version: int = 0,
         prefill_token_budget: int = 8192,
+        prefix_reuse: bool = False,
     ) -> None:
         """``max_slots`` and ``max_seq_len`` (the KV cache's size) have no default: a run sizes the engine from
-        ``rollout.max_slots`` and ``rollout.max_prompt_len + rollout.max_new_tokens``."""
+        ``rollout.max_slots`` and ``rollout.max_prompt_len + rollout.max_new_tokens``. ``prefix_reuse``: keep a
+        finished sample's KV for a prompt that extends it (module docstring)."""
         check_choice(interrupt_mode, InterruptMode, "interrupt_mode")
         if max_slots < 1 or max_seq_len < 2:
             raise ValueError("max_slots must be >= 1 and max_seq_len >= 2")
@@ -94,7 +103,7 @@ class LocalEngine:
         # engine-thread state
         self.scheduler = Scheduler(
             max_slots=max_slots, max_seq_len=max_seq_len, prefill_token_budget=prefill_token_budget,
-            scratch_slot=self.forward.scratch,
+            scratch_slot=self.forward.scratch, prefix_reuse=prefix_reuse,
         )  # fmt: skip
         self._decode_params: tuple[int, SlotParams] | None = None  # (scheduler revision, decode rows' parameters)
         self._stats: dict[str, float] = dict.fromkeys(
@@ -102,7 +111,7 @@ class LocalEngine:
                 "generated_tokens", "decode_tokens", "decode_steps", "busy_s", "decode_s", "prefill_s",
                 "prefill_tokens", "prefill_padded_tokens", "prefill_batches", "kv_copied_tokens",
                 "aborted_requests", "aborted_samples", "finished_samples", "requests", "weight_updates",
-                "update_s", "keep_interrupted_samples",
+                "update_s", "keep_interrupted_samples", "prefix_reused_tokens", "prefix_hits",
             ),
             0.0,
         )  # fmt: skip
@@ -184,8 +193,14 @@ class LocalEngine:
 
     def stats(self) -> dict[str, float]:
         """Cumulative counters. ``slot_utilisation`` = tokens sampled by decode steps /
-        (max_slots x decode steps); ``generated_tokens`` also counts first tokens sampled at prefill."""
+        (max_slots x decode steps); ``generated_tokens`` also counts first tokens sampled at prefill.
+        ``prefill_tokens`` are the prompt tokens computed; ``prefix_reused_tokens`` those taken from a
+        retained sequence instead (``prefix_hits`` prompts); ``retained_slots`` hold a finished sample's KV
+        now, ``retained_evicted`` were taken for other work, ``retained_dropped`` dropped by weight updates."""
         s = dict(self._stats)
+        s["retained_slots"] = float(len(self.scheduler.retained))
+        s["retained_evicted"] = float(self.scheduler.retained_evicted)
+        s["retained_dropped"] = float(self.scheduler.retained_dropped)
         steps = s["decode_steps"]
         s["slot_utilisation"] = s["decode_tokens"] / (self.max_slots * steps) if steps else 0.0
         s["running_samples"] = float(self.scheduler.num_running)
@@ -373,12 +388,14 @@ class LocalEngine:
             self._stats["decode_tokens"] += plan.num_decode
             self._stats["generated_tokens"] += plan.num_decode
         if plan.prefills:
-            prompt_lens = [len(p.request.prompt) for p in plan.prefills]
-            self._stats["prefill_tokens"] += sum(prompt_lens)
-            self._stats["prefill_padded_tokens"] += len(prompt_lens) * max(prompt_lens)
+            computed = [len(p.request.prompt) - p.reused for p in plan.prefills]
+            self._stats["prefill_tokens"] += sum(computed)
+            self._stats["prefill_padded_tokens"] += len(computed) * max(computed)
             self._stats["prefill_batches"] += 1
-            for prefill, prompt_len in zip(plan.prefills, prompt_lens, strict=True):
-                self._stats["kv_copied_tokens"] += prompt_len * (len(prefill.slots) - 1)
+            for prefill in plan.prefills:
+                self._stats["kv_copied_tokens"] += len(prefill.request.prompt) * (len(prefill.slots) - 1)
+                self._stats["prefix_reused_tokens"] += prefill.reused
+                self._stats["prefix_hits"] += prefill.reused > 0
             self._stats["generated_tokens"] += sum(len(p.slots) for p in plan.prefills)
 
     def _charge_time(self, plan: StepPlan, schedule_s: float, run_s: float) -> None:

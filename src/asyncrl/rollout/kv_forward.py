@@ -9,6 +9,8 @@ own rotary module, with a preallocated cache ``[layers, slots, kv_heads, max_seq
   token each: its K/V is written at its position, attention covers positions ``<= position`` of its
   own slot) and the prompts of newly admitted requests (causal attention, K/V written into their
   slots); the linear layers run once over all rows. ``prefill(slots, prompts)`` is the prompt-only case.
+  A prompt may start past position 0 (``ForwardBatch.prefill_starts``): its slot already holds the KV
+  of the tokens before it (prefix reuse across the turns of an episode), which it attends to.
 - ``copy_prefix(src, dsts, length)``: share a prompt's KV between the samples of one group.
 
 Numerics follow Hugging Face's eager path in fp32 (same op order for rotary and attention), so the
@@ -52,6 +54,13 @@ class ForwardBatch:
     """Prompt b's K/V go into this slot, from position 0."""
     prefill_prompts: list[list[int]] = field(default_factory=list)
     """The token ids of each prompt to prefill (causal attention within the prompt)."""
+    prefill_starts: list[int] = field(default_factory=list)
+    """Prompt b's first position (empty: every prompt starts at 0). Positions ``[0, start)`` of its slot
+    already hold the KV of the tokens before it; the prompt attends to them and writes from ``start``."""
+
+    def starts(self) -> list[int]:
+        """Each prompt's first position."""
+        return self.prefill_starts or [0] * len(self.prefill_prompts)
 
 
 @dataclass(frozen=True)
@@ -85,6 +94,7 @@ class _PrefillAttention:
     lens: list[int]
     starts: list[int]  # first row of each prompt
     causal: torch.Tensor  # [pmax, pmax] additive mask
+    offsets: list[int]  # first position of each prompt in its slot (> 0: a reused prefix before it)
     padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     """(slots, [B, pmax] row index with pads, index of the real rows) of the padded batch; None: prompt by prompt."""
 
@@ -265,9 +275,10 @@ class SlotKVForward:
         Linear layers run once over all rows (prefill rides along with decode instead of a forward of its
         own). Returns (decode logits [rows, V] or None, logits after each prompt [B, V] or None)."""
         num_decode, lens = len(batch.decode_positions), [len(p) for p in batch.prefill_prompts]
-        rows = self._rows(batch, lens)
+        offsets = batch.starts()
+        rows = self._rows(batch, lens, offsets)
         decode = self._decode_attention(batch.decode_positions, rows.positions[:num_decode]) if num_decode else None
-        prefill = self._prefill_attention(batch.prefill_slots, lens, num_decode) if lens else None
+        prefill = self._prefill_attention(batch.prefill_slots, lens, num_decode, offsets) if lens else None
         x = F.embedding(rows.tokens, self.embed)  # [R, H]
         for li, ly in enumerate(self.layers):
             h = F.rms_norm(x, (x.shape[-1],), ly.in_norm, self.eps)
@@ -291,10 +302,10 @@ class SlotKVForward:
             prompt_logits = self._logits(x[last]).float()
         return decode_logits, prompt_logits
 
-    def _rows(self, batch: ForwardBatch, lens: list[int]) -> _Rows:
+    def _rows(self, batch: ForwardBatch, lens: list[int], offsets: list[int]) -> _Rows:
         """The row tensors of a step: decode rows first, then every prompt's tokens."""
         dev = self.device
-        prompt_positions = [t for n in lens for t in range(n)]
+        prompt_positions = [t for n, start in zip(lens, offsets, strict=True) for t in range(start, start + n)]
         prompt_tokens = [t for p in batch.prefill_prompts for t in p]
         prompt_writes = [s for s, n in zip(batch.prefill_slots, lens, strict=True) for _ in range(n)]
         tokens = torch.tensor(batch.decode_tokens + prompt_tokens, dtype=torch.long, device=dev)
@@ -316,21 +327,24 @@ class SlotKVForward:
         index = slice(lo, up) if up - lo == len(long_rows) else torch.as_tensor(long_rows, device=self.device)
         return _DecodeAttention(len(decode_positions), short, mask, index, length, self._mask(positions[index], length))
 
-    def _prefill_attention(self, slots: list[int], lens: list[int], first_row: int) -> _PrefillAttention:
-        """The layout of the prompt rows: one prompt at a time, or one padded ``[B, pmax]`` batch."""
+    def _prefill_attention(
+        self, slots: list[int], lens: list[int], first_row: int, offsets: list[int]
+    ) -> _PrefillAttention:
+        """The layout of the prompt rows: one prompt at a time, or one padded ``[B, pmax]`` batch (only
+        when every prompt starts at position 0)."""
         dev, count, pmax = self.device, len(lens), max(lens)
         starts = [first_row + sum(lens[:b]) for b in range(count)]
         causal = torch.full((pmax, pmax), float("-inf"), dtype=self.dtype, device=dev).triu_(1)
         # A padded batch materialises B x heads x P x P scores: above ~64 MiB go prompt by prompt.
-        if count == 1 or count * pmax * pmax * self.num_heads > self.max_batched_scores:
-            return _PrefillAttention(slots, lens, starts, causal)
+        if count == 1 or any(offsets) or count * pmax * pmax * self.num_heads > self.max_batched_scores:
+            return _PrefillAttention(slots, lens, starts, causal, offsets)
         slots_t = torch.as_tensor(slots, dtype=torch.long, device=dev)
         # padded [B, pmax] view of the prompt rows (pads point at any real row; their output is dropped)
         pad_index = torch.tensor(
             [[st + min(t, n - 1) for t in range(pmax)] for st, n in zip(starts, lens, strict=True)], device=dev
         )
         keep = torch.tensor([b * pmax + t for b, n in enumerate(lens) for t in range(n)], device=dev)
-        return _PrefillAttention(slots, lens, starts, causal, (slots_t, pad_index, keep))
+        return _PrefillAttention(slots, lens, starts, causal, offsets, (slots_t, pad_index, keep))
 
     def _decode_rows_attention(
         self, decode: _DecodeAttention, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
@@ -351,11 +365,11 @@ class SlotKVForward:
         per prompt, or one for the padded batch)."""
         if prefill.padded is None:  # one new prompt (the common case), or long ones: views, one at a time
             outs = []
-            for slot, plen, st in zip(prefill.slots, prefill.lens, prefill.starts, strict=True):
+            for slot, plen, st, off in zip(prefill.slots, prefill.lens, prefill.starts, prefill.offsets, strict=True):
                 qp = q[st : st + plen].permute(1, 2, 0, 3)  # [KVH, G, P, D]
-                kp = k_cache[slot, :, :plen].unsqueeze(1)  # [KVH, 1, P, D]
-                vp = v_cache[slot, :, :plen].unsqueeze(1)
-                op = self._attend(qp, kp, vp, prefill.causal[:plen, :plen])
+                kp = k_cache[slot, :, : off + plen].unsqueeze(1)  # [KVH, 1, off + P, D]
+                vp = v_cache[slot, :, : off + plen].unsqueeze(1)
+                op = self._attend(qp, kp, vp, self._causal(prefill.causal, plen, off))
                 outs.append(op.permute(2, 0, 1, 3).reshape(plen, -1))
             return outs
         slots_t, pad_index, keep = prefill.padded
@@ -365,6 +379,14 @@ class SlotKVForward:
         vp = v_cache[slots_t, :, :pmax].unsqueeze(2)
         op = self._attend(qp, kp, vp, prefill.causal)  # [B, KVH, G, P, D]
         return [op.permute(0, 3, 1, 2, 4).reshape(len(prefill.lens) * pmax, -1)[keep]]
+
+    def _causal(self, causal: torch.Tensor, length: int, offset: int) -> torch.Tensor:
+        """The additive mask [length, offset + length] of a prompt starting at ``offset``: row t sees keys
+        ``<= offset + t`` (the reused prefix and the prompt so far)."""
+        if not offset:
+            return causal[:length, :length]
+        full = torch.full((length, offset + length), float("-inf"), dtype=self.dtype, device=self.device)
+        return full.triu_(offset + 1)
 
     # ----------------------------------------------------------------------------------- decode
     def plan_split(self, pos_list: list[int]) -> tuple[int, list[int]]:

@@ -17,6 +17,16 @@ from the logits cached after the group's prefill (``Request.prompt_logits``); af
 those logits are stale (``new_weights``) and the prompt is prefilled again. Prompts to prefill in
 one step are capped by ``prefill_token_budget`` (the first always goes).
 
+Prefix reuse (``prefix_reuse=True``): a sample that ends (``stop``/``length``) leaves its slot *retained*:
+free, but remembered with the ids whose KV it holds (prompt + output but the last token, which was never
+fed). A new prompt that extends a retained sequence (the next turn of an episode: the conversation so
+far + the environment's reply) takes that slot and prefills only the tokens after it
+(``Placement.reused``). Retained slots are the least wanted free slots: a sample without a match takes
+an empty slot first and evicts the least recently retained one only when none is left, so admission
+never waits on retained KV; the bound is the free slots themselves (at most ``max_slots - running``).
+A weight update drops every retained slot (their KV is of the old weights). Aborted and cancelled
+samples retain nothing.
+
 It holds no tensor of its own and runs no model: ``tests/rollout/test_scheduler.py`` drives it with a
 fake forward.
 """
@@ -24,7 +34,7 @@ fake forward.
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -49,6 +59,14 @@ class Placement:
     kv_source: int | None
     """A join: the slot of a running sibling whose prompt KV the slots copy, their first token taken from
     the cached prompt logits. None: the prompt is prefilled this step into ``slots[0]``."""
+    reused: int = 0
+    """Positions ``[0, reused)`` of ``slots[0]`` already hold the prompt's KV (a retained sequence it
+    extends): only ``prompt[reused:]`` is prefilled."""
+
+    @property
+    def prefill_ids(self) -> list[int]:
+        """The prompt tokens this placement computes."""
+        return self.request.prompt[self.reused :]
 
 
 @dataclass(frozen=True)
@@ -77,7 +95,8 @@ class StepPlan:
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(len(p.request.prompt) for p in self.prefills)
+        """Prompt tokens computed by this step (reused prefixes excluded)."""
+        return sum(len(p.request.prompt) - p.reused for p in self.prefills)
 
 
 @dataclass(frozen=True)
@@ -107,8 +126,12 @@ class Finished:
 class Scheduler:
     """Slots, the waiting queue and the step plan of ``LocalEngine`` (see the module docstring)."""
 
-    def __init__(self, *, max_slots: int, max_seq_len: int, prefill_token_budget: int, scratch_slot: int) -> None:
+    def __init__(
+        self, *, max_slots: int, max_seq_len: int, prefill_token_budget: int, scratch_slot: int,
+        prefix_reuse: bool = False,
+    ) -> None:  # fmt: skip
         self.max_slots = max_slots
+        self.prefix_reuse = prefix_reuse
         self.max_seq_len = max_seq_len
         self.prefill_token_budget = prefill_token_budget
         self.scratch_slot = scratch_slot
@@ -122,6 +145,13 @@ class Scheduler:
         """Bumps at every weight update (``Request.prompt_logits`` of an older epoch are stale)."""
         self._free = list(range(max_slots))  # a heap: lowest slot first keeps the batch prefix dense
         self._end = 0  # slots [0, end) hold every running sample
+        self.retained: OrderedDict[int, list[int]] = OrderedDict()
+        """Free slots that still hold an ended sample's KV: slot -> the ids at positions ``[0, len)``, least
+        recently retained first (not in the ``_free`` heap)."""
+        self.retained_evicted = 0
+        """Retained slots taken by samples that did not extend them (slot pressure)."""
+        self.retained_dropped = 0
+        """Retained slots dropped by weight updates and resets."""
 
     # ------------------------------------------------------------------ queue and slots
     @property
@@ -142,12 +172,22 @@ class Scheduler:
         found.update({id(r): r for r in self.waiting})
         return list(found.values())
 
-    def release(self, slot: int) -> Sample:
-        """Free a slot; returns the sample that ran in it."""
+    @property
+    def num_free(self) -> int:
+        """Slots a sample can take now (empty or retained)."""
+        return len(self._free) + len(self.retained)
+
+    def release(self, slot: int, retain: bool = False) -> Sample:
+        """Free a slot; returns the sample that ran in it. ``retain`` (with ``prefix_reuse``): keep the
+        slot's KV for a prompt that extends the sample's sequence."""
         sample = self.slots[slot]
         assert sample is not None
         self.slots[slot] = None
-        heapq.heappush(self._free, slot)
+        if retain and self.prefix_reuse:
+            prompt = sample.request.prompt  # the last output token's KV was never computed
+            self.retained[slot] = prompt + sample.output_ids[: sample.position - len(prompt)]
+        else:
+            heapq.heappush(self._free, slot)
         sample.request.live_slots.discard(slot)
         self.num_running -= 1
         while self._end and self.slots[self._end - 1] is None:
@@ -171,12 +211,39 @@ class Scheduler:
         self.waiting.clear()
         self.slots = [None] * self.max_slots
         self._free = list(range(self.max_slots))
+        self.retained_dropped += len(self.retained)
+        self.retained.clear()
         self._end = self.num_running = 0
         self.revision += 1
 
     def new_weights(self) -> None:
-        """A weight update: cached prompt logits are stale from now on."""
+        """A weight update: cached prompt logits and retained KV are stale from now on."""
         self.weights_epoch += 1
+        self.drop_retained()
+
+    def drop_retained(self) -> None:
+        """Free every retained slot (its KV is forgotten)."""
+        self.retained_dropped += len(self.retained)
+        for slot in self.retained:
+            heapq.heappush(self._free, slot)
+        self.retained.clear()
+
+    def _take_slot(self) -> int:
+        """An empty slot (lowest first), else the least recently retained one (evicted)."""
+        if self._free:
+            return heapq.heappop(self._free)
+        slot, _ = self.retained.popitem(last=False)
+        self.retained_evicted += 1
+        return slot
+
+    def _match(self, prompt: list[int]) -> tuple[int, int] | None:
+        """(slot, length) of the longest retained sequence that ``prompt`` extends by at least one token."""
+        best: tuple[int, int] | None = None
+        for slot, ids in self.retained.items():
+            n = len(ids)
+            if n < len(prompt) and (best is None or n > best[1]) and prompt[n - 1] == ids[-1] and prompt[:n] == ids:
+                best = (slot, n)
+        return best
 
     # ------------------------------------------------------------------ the step
     def admit(self) -> Admission:
@@ -184,25 +251,30 @@ class Scheduler:
         joins: list[Placement] = []
         prefills: list[Placement] = []
         budget = self.prefill_token_budget
-        while self.waiting and self._free:
+        while self.waiting and self.num_free:
             request = self.waiting[0]
             if request.cancelled:
                 self.waiting.popleft()
                 continue
             needs_prefill = request.prompt_logits_epoch != self.weights_epoch or not request.live_slots
-            if needs_prefill and (joins or prefills) and budget < len(request.prompt):
+            match = self._match(request.prompt) if needs_prefill and self.retained else None
+            reused = match[1] if match is not None else 0
+            if needs_prefill and (joins or prefills) and budget < len(request.prompt) - reused:
                 break  # enough prefill work for this step; the rest joins at the next one
-            count = min(len(self._free), len(request.pending))
-            slots = tuple(heapq.heappop(self._free) for _ in range(count))
+            count = min(self.num_free, len(request.pending))
+            first = () if match is None else (match[0],)
+            if match is not None:
+                del self.retained[match[0]]
+            slots = first + tuple(self._take_slot() for _ in range(count - len(first)))
             indices = tuple(request.pending.popleft() for _ in range(count))
             if not request.pending:
                 self.waiting.popleft()
             kv_source = None if needs_prefill else min(request.live_slots)
-            placement = Placement(request, slots, indices, kv_source)
+            placement = Placement(request, slots, indices, kv_source, reused)
             self._place(placement)
             if needs_prefill:
                 prefills.append(placement)
-                budget -= len(request.prompt)
+                budget -= len(request.prompt) - reused
             else:
                 joins.append(placement)
         return Admission(tuple(joins), tuple(prefills))
@@ -242,8 +314,9 @@ class Scheduler:
                 return None
             samples, tokens, positions, write_slots = [], [], [], []
         batch = ForwardBatch(
-            tokens, positions, write_slots, [p.slots[0] for p in prefills], [p.request.prompt for p in prefills]
-        )
+            tokens, positions, write_slots, [p.slots[0] for p in prefills], [p.prefill_ids for p in prefills],
+            [p.reused for p in prefills] if any(p.reused for p in prefills) else [],
+        )  # fmt: skip
         return StepPlan(tuple(samples), num_decode, prefills, batch)
 
     def update(self, plan: StepPlan, output: StepOutput) -> list[Finished]:
@@ -254,7 +327,7 @@ class Scheduler:
             if s is not None:
                 reason = s.append(output.decode_tokens[slot], output.decode_logprobs[slot], output.version)
                 if reason is not None:
-                    finished.append(Finished(self.release(slot), reason))
+                    finished.append(Finished(self.release(slot, retain=True), reason))
         if plan.prefills:
             assert output.prompt_logits is not None
             for b, placement in enumerate(plan.prefills):
@@ -278,7 +351,7 @@ class Scheduler:
                 assert s is not None
                 reason = s.append(tokens[row], logprobs[row], version)
                 if reason is not None:
-                    finished.append(Finished(self.release(slot), reason))
+                    finished.append(Finished(self.release(slot, retain=True), reason))
                 row += 1
         self.revision += 1
         return finished
