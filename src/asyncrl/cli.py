@@ -331,11 +331,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--runs", help="sim-validate: comma-separated measured run directories to predict")
     p.add_argument("--profile", help="sim-validate: a cost profile name or file (default: this machine's)")
+    p.add_argument("--plan", help="plan-check: the plan file to check (asyncrl plan --json PLAN.json)")
+    p.add_argument("--max-settings", type=int, default=6, help="plan-check: settings to run (default 6)")
     p.set_defaults(func=cmd_bench)
 
     from asyncrl.sim.command import add_simulate_parser  # its flags live beside the simulator
 
     add_simulate_parser(sub)
+
+    from asyncrl.sim.plan_command import add_plan_parser
+
+    add_plan_parser(sub)
 
     p = sub.add_parser("report", help="PNG plots of a run directory (reward, throughput, staleness, timeline)")
     p.add_argument("run_dir")

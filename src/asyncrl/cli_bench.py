@@ -71,12 +71,33 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from asyncrl.sim.command import bench_sim_validate
 
             bench_sim_validate(args.json, args.runs, args.from_runs, args.profile, args.seeds)
+        case "plan-check":  # asyncrl plan's recommendation run for real beside a sweep of alternatives
+            _bench_plan_check(args)
         case other:
             raise ConfigError(
                 f"unknown benchmark {other!r} (available: engine, decode, train, async, interrupt, ablation, headline, "
                 "profile, sim-validate)"
             )
     return 0
+
+
+def _bench_plan_check(args: argparse.Namespace) -> None:
+    """``asyncrl bench plan-check --plan PLAN.json``: real runs of a plan's settings (``bench/plan_check.py``)."""
+    from asyncrl.bench.plan_check import PlanCheckError, run_plan_check
+
+    if not args.plan:
+        raise ConfigError("bench plan-check needs --plan PLAN.json (written by asyncrl plan --json)")
+    try:
+        seeds = tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (0, 1)
+    except ValueError as exc:
+        raise ConfigError(f"bench plan-check: --seeds takes integers: {exc}") from exc
+    try:
+        run_plan_check(
+            args.json, args.plan, overrides=_bench_overrides(args), seeds=seeds, steps=args.steps,
+            warmup_s=args.warmup_s, max_settings=args.max_settings, **({"out_dir": args.out} if args.out else {}),
+        )  # fmt: skip
+    except PlanCheckError as exc:
+        raise ConfigError(f"bench plan-check: {exc}") from exc
 
 
 def _bench_overrides(args: argparse.Namespace) -> list[str]:
