@@ -56,7 +56,7 @@ HighWaterUnit = Literal["groups", "samples"]
 """``controller.high_water_unit``: what a running group weighs under the high-water mark (``StalenessGate``)."""
 WeightSyncMode = Literal["inflight", "drain"]
 """``controller.weight_sync``: whether an update waits for running episodes (``controller.loop``)."""
-WorkflowName = Literal["single_turn", "agent"]
+WorkflowName = Literal["single_turn", "agent", "openai_agent"]
 """``rollout.workflow``'s built-in workflows (``launch.stages.build_workflow``); the field also takes a
 ``pkg.module:function`` with ``rollout.workflow.run_episode``'s signature."""
 

@@ -167,7 +167,8 @@ class RolloutConfig:
     """N: engine instances (launch.kind=ray; the local launcher runs one). Requests go to the engine
     with the fewest tokens in flight."""
     workflow: str = "single_turn"
-    """single_turn | agent (multi-turn with tools, ``agent.*``) | pkg.module:function (``run_episode``'s signature)."""
+    """single_turn | agent (multi-turn with tools, ``agent.*``) | openai_agent (``agent.entrypoint``, an agent
+    written against the ``openai`` client, through the door) | pkg.module:function (``run_episode``'s signature)."""
 
 
 @dataclass(frozen=True)

@@ -33,3 +33,7 @@ class AgentConfig:
     """Subtracted from an episode's reward per malformed call."""
     tool_timeout_s: float = 5.0
     """Longest wait on one tool call (a slower one is answered with an error)."""
+    entrypoint: str | None = None
+    """``rollout.workflow=openai_agent``: the agent, ``pkg.module:function`` taking ``(base_url, api_key,
+    task)`` and using only the ``openai`` client (``rollout.openai_workflow``; its budgets: ``max_tokens``,
+    ``max_turn_tokens``; its call format: ``tool_format``)."""

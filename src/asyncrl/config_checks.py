@@ -196,6 +196,9 @@ def validate_workflow(cfg: Config) -> None:
         raise ConfigError(
             f"rollout.workflow must be one of {', '.join(get_args(WorkflowName))} or pkg.module:function, got {name!r}"
         )
+    entry = cfg.agent.entrypoint
+    if name == "openai_agent" and (entry is None or not _WORKFLOW_SPEC.fullmatch(entry)):
+        raise ConfigError(f"rollout.workflow=openai_agent needs agent.entrypoint=pkg.module:function, got {entry!r}")
 
 
 def validate(cfg: Config) -> Config:

@@ -15,7 +15,8 @@ Whoever runs a stage builds it here, so a setting reaches every copy of the stag
 ``build_scoring(...)``         the ``score`` callable (``task.verifier``) and the service it needs, if any
                                (``build_score``: over a service the caller has, e.g. Ray's reward pool)
 ``build_workflow(...)``        what one episode is (``rollout.workflow``): ``run_episode``, an ``AgentWorkflow``
-                               over ``agent.*`` and its environment, or a ``pkg.module:function``
+                               over ``agent.*`` and its environment, an ``OpenAIAgentWorkflow`` over
+                               ``agent.entrypoint``, or a ``pkg.module:function``
 ``build_evaluator(...)``       held-out evaluation with the run's ``eval.*`` settings (``evaluate_once``:
                                scoring built, evaluation run, service closed: ``asyncrl eval``)
 ``stage_device(cfg, gpus)``    where a Ray actor's stage runs (``cuda`` when its bundle holds a GPU)
@@ -114,9 +115,9 @@ def load_model(cfg: Config, model_dir: str | Path, *, device: str | None = None)
 def engine_max_seq_len(cfg: Config) -> int:
     """The context an engine holds per slot: the longest prompt plus the longest response it is asked
     for, in training (``rollout.max_new_tokens``) or in evaluation (``eval.max_new_tokens``); with
-    ``rollout.workflow=agent``, an episode's tokens after its opening (``agent.max_tokens``) too."""
+    ``rollout.workflow=agent`` or ``openai_agent``, an episode's tokens after its opening (``agent.max_tokens``) too."""
     response = max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens)
-    if cfg.rollout.workflow == "agent":
+    if cfg.rollout.workflow in ("agent", "openai_agent"):
         response = max(response, cfg.agent.max_tokens)
     return cfg.rollout.max_prompt_len + response
 
@@ -192,7 +193,8 @@ def build_scoring(cfg: Config, tokenizer: Any) -> tuple[ScoreFn, RewardService |
 def build_workflow(cfg: Config, tokenizer: Any, stop_token_ids: tuple[int, ...]) -> Workflow:
     """What one episode is (``rollout.workflow``): ``single_turn`` -> ``rollout.workflow.run_episode``;
     ``agent`` -> an ``AgentWorkflow`` over ``agent.*`` with a fresh ``agent.env`` environment per episode
-    (its turns end at ``stop_token_ids``); ``pkg.module:function`` -> that callable (imported here)."""
+    (its turns end at ``stop_token_ids``); ``openai_agent`` -> an ``OpenAIAgentWorkflow`` running the agent
+    ``agent.entrypoint`` through the door; ``pkg.module:function`` -> that callable (imported here)."""
     match cfg.rollout.workflow:
         case "single_turn":
             return run_episode
@@ -206,14 +208,27 @@ def build_workflow(cfg: Config, tokenizer: Any, stop_token_ids: tuple[int, ...])
                 malformed_penalty=a.malformed_penalty,
             )  # fmt: skip
             return AgentWorkflow(tokenizer, _env_factory(cfg), settings, end_of_turn_ids=stop_token_ids)
+        case "openai_agent":
+            from asyncrl.rollout.openai_workflow import DoorSettings, OpenAIAgentWorkflow
+
+            a = cfg.agent
+            door = DoorSettings(tool_format=a.tool_format, max_tokens=a.max_tokens, max_turn_tokens=a.max_turn_tokens,
+                                max_seq_len=engine_max_seq_len(cfg))  # fmt: skip
+            agent = _import_callable(str(a.entrypoint), "agent.entrypoint")
+            return OpenAIAgentWorkflow(tokenizer, agent, door, end_of_turn_ids=stop_token_ids)
         case spec:
-            module_name, _, attr_path = spec.partition(":")
-            obj: Any = importlib.import_module(module_name)
-            for attr in attr_path.split("."):
-                obj = getattr(obj, attr)
-            if not callable(obj):
-                raise TypeError(f"rollout.workflow={spec!r} is not callable")
-            return obj  # type: ignore[no-any-return]
+            return _import_callable(spec, "rollout.workflow")  # type: ignore[no-any-return]
+
+
+def _import_callable(spec: str, key: str) -> Any:
+    """The callable ``pkg.module:function`` names (``key``: the config key, for the error)."""
+    module_name, _, attr_path = spec.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for attr in attr_path.split("."):
+        obj = getattr(obj, attr)
+    if not callable(obj):
+        raise TypeError(f"{key}={spec!r} is not callable")
+    return obj
 
 
 def _env_factory(cfg: Config) -> Any:
