@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from asyncrl.rollout.tools import ToolCall, close_tags, parse_tool_calls
+import pytest
+
+from asyncrl.rollout.tools import ToolCall, close_tags, format_tool_call, parse_tool_calls
 
 TAGS = {"calc": ("calculator", "expression"), "python": ("python", "code")}
 
@@ -58,3 +60,13 @@ def test_close_tags() -> None:
     assert close_tags("hermes") == ("</tool_call>",)
     assert close_tags("tag", ("calc",)) == ("</calc>",)
     assert close_tags("json") == ()
+
+
+def test_a_formatted_call_parses_back_to_itself() -> None:
+    call = ToolCall("calculator", {"expression": "48213*379"})
+    for fmt in ("hermes", "tag", "json"):
+        text = format_tool_call(fmt, call, "calc")
+        assert parse_tool_calls(fmt, text, {"calc": ("calculator", "expression")}).calls == (call,), (fmt, text)
+    assert format_tool_call("tag", call, "calc") == "<calc>48213*379</calc>"
+    with pytest.raises(ValueError, match="tag"):
+        format_tool_call("tag", call)

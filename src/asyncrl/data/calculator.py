@@ -67,11 +67,14 @@ def make_calculator_splits(
     return draw("train", train_size, False), draw("eval", eval_size, True)
 
 
-def demonstration(problem: CalculatorProblem, tool_role: str = "tool") -> list[dict[str, str]]:
-    """The worked conversation: the question, the call (``tag`` format), the result, the answer."""
+def demonstration(
+    problem: CalculatorProblem, tool_role: str = "tool", call_text: str | None = None
+) -> list[dict[str, str]]:
+    """The worked conversation: the question, the call, the result, the answer. ``call_text``: the
+    call as the run's tool format writes it (default: the ``tag`` format, ``<calc>...</calc>``)."""
     return [
         {"role": "user", "content": problem.question},
-        {"role": "assistant", "content": f"<calc>{problem.question}</calc>"},
+        {"role": "assistant", "content": call_text or f"<calc>{problem.question}</calc>"},
         {"role": tool_role, "content": problem.answer},
         {"role": "assistant", "content": f"#{problem.answer}"},
     ]

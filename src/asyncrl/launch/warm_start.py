@@ -3,23 +3,38 @@
 ``ensure_policy(cfg)`` returns the model directory a run starts from: ``model.path`` when the
 user gave one; otherwise ``<sft.cache_dir>/tiny-sft-<key>``, built (random-init tiny model +
 ``asyncrl sft`` on the task's demonstrations) the first time and reused afterwards. The key
-hashes everything that changes the result (model shape, task, SFT settings), so a changed
-setting never reuses a stale cache. The directory is written atomically (temp dir + rename).
+hashes everything that changes the result (model shape, task, SFT settings; for ``calculator``
+also the call format and environment), so a changed setting never reuses a stale cache. The
+directory is written atomically (temp dir + rename).
+
+Demonstrations (``warm_start_examples``): single-turn tasks give (question, worked solution) pairs,
+the response learned; ``task.name=calculator`` (multi-turn, ``rollout.workflow=agent``) gives worked
+conversations of its *training* problems (``data.calculator.demonstration``: the call in
+``agent.tool_format``, the tool's result, the answer), opened by the environment's own ``reset`` and
+built by ``rollout.chat.demonstration_ids`` exactly as an episode builds its sequence; the loss
+covers the assistant turns only. Keep ``sft.steps`` short there: a partial warm start teaches the
+format and leaves RL room to improve.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from asyncrl.config import Config
 from asyncrl.data.prompts import build_task, render_prompt
 from asyncrl.models import TinyModelSpec, build_tiny_policy, load_policy
-from asyncrl.trainer.sft import sft_train
+from asyncrl.trainer.sft import SFTExample, prompt_response_example, sft_train
+from asyncrl.types import Prompt
+
+CALCULATOR_DEMO_FORMAT = 1
+"""Bump when the calculator demonstrations change (system message, tool schema, conversation)."""
 
 
 def warm_start_key(cfg: Config, spec: TinyModelSpec) -> str:
@@ -30,6 +45,9 @@ def warm_start_key(cfg: Config, spec: TinyModelSpec) -> str:
         "micro": cfg.trainer.max_tokens_per_micro_batch,
         "format": 3,  # 3: held-out and training split by question hash (data/synthetic.py)
     }
+    if cfg.task.name == "calculator":  # only here, so the single-turn tasks' caches keep their keys
+        payload["agent"] = {"tool_format": cfg.agent.tool_format, "env": cfg.agent.env}
+        payload["calculator_demo_format"] = CALCULATOR_DEMO_FORMAT
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -39,14 +57,7 @@ def run_warm_start(cfg: Config, out_dir: str | Path, spec: TinyModelSpec | None 
     out = Path(out_dir)
     build_tiny_policy(out, spec)
     model, tokenizer = load_policy(out, device=cfg.model.device)
-    _, _, demos = build_task(cfg.task, tokenizer, teacher_slip_rate=cfg.sft.teacher_slip_rate)
-    if not demos:
-        raise ValueError(f"task {cfg.task.name!r} has no demonstrations for a warm start; pass --model DIR")
-    eos = [tokenizer.eos_token_id]
-    examples = [
-        (render_prompt(tokenizer, q), tuple(tokenizer.encode(a, add_special_tokens=False)) + tuple(eos))
-        for q, a in demos
-    ]
+    examples = warm_start_examples(cfg, tokenizer)
     stats = sft_train(
         model,
         examples,
@@ -59,6 +70,46 @@ def run_warm_start(cfg: Config, out_dir: str | Path, spec: TinyModelSpec | None 
     tokenizer.save_pretrained(str(out))
     (out / "warm_start.json").write_text(json.dumps(stats, indent=2))
     return stats
+
+
+def warm_start_examples(cfg: Config, tokenizer: Any) -> list[SFTExample]:
+    """The task's demonstrations as ``(ids, loss mask)`` (see the module docstring)."""
+    if cfg.task.name == "calculator":
+        return calculator_examples(cfg, tokenizer)
+    _, _, demos = build_task(cfg.task, tokenizer, teacher_slip_rate=cfg.sft.teacher_slip_rate)
+    if not demos:
+        raise ValueError(f"task {cfg.task.name!r} has no demonstrations for a warm start; pass --model DIR")
+    eos = (tokenizer.eos_token_id,)
+    return [
+        prompt_response_example(render_prompt(tokenizer, q), tuple(tokenizer.encode(a, add_special_tokens=False)) + eos)
+        for q, a in demos
+    ]
+
+
+def calculator_examples(cfg: Config, tokenizer: Any) -> list[SFTExample]:
+    """Worked conversations of the calculator task's training problems (never its held-out ones), in
+    ``agent.tool_format``, each opened by the calculator environment's ``reset``; turns end at EOS."""
+    from asyncrl.data.calculator import demonstration, make_calculator_splits
+    from asyncrl.rollout.chat import ChatRenderer, demonstration_ids
+    from asyncrl.rollout.envs.base import Message
+    from asyncrl.rollout.envs.calculator import calculator_env, calculator_tool
+    from asyncrl.rollout.tools import ToolCall, format_tool_call
+
+    if cfg.agent.env != "calculator":
+        raise ValueError(f"task.name=calculator warm-starts the calculator env, not agent.env={cfg.agent.env!r}")
+    train, _ = make_calculator_splits(cfg.task.seed, cfg.task.train_size, 0)
+    renderer = ChatRenderer(tokenizer, (tokenizer.eos_token_id,))
+    tool = calculator_tool()
+    env = calculator_env()
+    examples: list[SFTExample] = []
+    for problem in train:
+        prompt = Prompt(problem.problem_id, (), problem.answer, {"question": problem.question})
+        opening = asyncio.run(env.reset(prompt))
+        call = format_tool_call(cfg.agent.tool_format, ToolCall(tool.name, {tool.arg: problem.question}), tool.tag)
+        worked = demonstration(problem, tool_role=env.tool_role, call_text=call)[1:]  # reset opened with the question
+        messages = [*opening.messages, *(Message(m["role"], m["content"]) for m in worked)]
+        examples.append(demonstration_ids(renderer, messages, opening.tools))
+    return examples
 
 
 def ensure_policy(cfg: Config, spec: TinyModelSpec | None = None) -> Path:

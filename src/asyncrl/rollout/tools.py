@@ -25,7 +25,7 @@ from typing import Any
 
 from asyncrl.choices import ToolFormat
 
-__all__ = ["ParsedTurn", "ToolCall", "ToolFormat", "close_tags", "parse_tool_calls"]
+__all__ = ["ParsedTurn", "ToolCall", "ToolFormat", "close_tags", "format_tool_call", "parse_tool_calls"]
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -60,6 +60,22 @@ def close_tags(fmt: ToolFormat, tags: tuple[str, ...] = ()) -> tuple[str, ...]:
             return tuple(f"</{t}>" for t in tags)
         case "json":
             return ()
+
+
+def format_tool_call(fmt: ToolFormat, call: ToolCall, tag: str | None = None) -> str:
+    """The text of ``call`` in ``fmt``, as a demonstration writes it (``parse_tool_calls`` reads it
+    back as ``call``). ``tag``: the tool's short tag (``tag`` format; its single argument is the text)."""
+    match fmt:
+        case "hermes":
+            body = json.dumps({"name": call.name, "arguments": call.arguments})
+            return f"{HERMES_OPEN}{body}{HERMES_CLOSE}"
+        case "tag":
+            if tag is None or len(call.arguments) != 1:
+                raise ValueError(f"the tag format needs a short tag and one argument, got {tag!r}, {call.arguments}")
+            (value,) = call.arguments.values()
+            return f"<{tag}>{value}</{tag}>"
+        case "json":
+            return json.dumps({"name": call.name, "parameters": call.arguments})
 
 
 def parse_tool_calls(fmt: ToolFormat, text: str, tags: dict[str, tuple[str, str]] | None = None) -> ParsedTurn:

@@ -1,8 +1,10 @@
 """Supervised fine-tuning on demonstrations (the warm start before RL).
 
-Packs (prompt, response) pairs padding-free like the RL trainer (varlen attention per sequence,
-see ``trainer.attention``) and minimises the token-mean negative log-likelihood of the response
-tokens (prompt tokens are context only). The model's attention implementation is restored after.
+Packs examples padding-free like the RL trainer (varlen attention per sequence, see
+``trainer.attention``) and minimises the token-mean negative log-likelihood of the tokens under each
+example's loss mask (a single-turn demonstration: its response, ``prompt_response_example``; a
+multi-turn one: the model's turns, environment tokens being context only). The model's attention
+implementation is restored after.
 """
 
 from __future__ import annotations
@@ -19,10 +21,18 @@ from asyncrl.config import SFTConfig
 from asyncrl.trainer.attention import use_packed_attention
 from asyncrl.trainer.packing import pack, split_micro_batches
 
+SFTExample = tuple[Sequence[int], Sequence[int]]
+"""``(token ids, loss mask)`` of one demonstration: mask 1 on the tokens the model must learn to write."""
+
+
+def prompt_response_example(prompt_ids: Sequence[int], response_ids: Sequence[int]) -> SFTExample:
+    """A single-turn demonstration: the prompt is context, the response (EOS included) is learned."""
+    return tuple(prompt_ids) + tuple(response_ids), (0,) * len(prompt_ids) + (1,) * len(response_ids)
+
 
 def sft_train(
     model: Any,
-    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    examples: Sequence[SFTExample],
     cfg: SFTConfig,
     *,
     device: str = "cpu",
@@ -31,10 +41,13 @@ def sft_train(
 ) -> dict[str, float]:
     """Train ``model`` in place for ``cfg.steps`` steps of ``cfg.batch_size`` examples.
 
-    ``examples`` are (prompt_ids, response_ids) with EOS already at the end of the response.
+    ``examples`` are ``(ids, loss_mask)`` (``prompt_response_example`` for single-turn ones).
     Returns the final smoothed loss, the token count and the wall time."""
     if not examples:
         raise ValueError("sft_train needs at least one example")
+    for ids, mask in examples:
+        if len(ids) != len(mask) or not any(mask):
+            raise ValueError("sft_train: each example needs a loss mask as long as its ids, with a 1 in it")
     rng = random.Random(cfg.seed)
     torch.manual_seed(cfg.seed)
     previous_attention = model.config._attn_implementation
@@ -63,14 +76,14 @@ def sft_train(
             cursor = 0
         chosen = [examples[i] for i in order[cursor : cursor + cfg.batch_size]]
         cursor += cfg.batch_size
-        seqs = [list(p) + list(r) for p, r in chosen]
-        n_target = sum(len(r) for _, r in chosen)
+        seqs = [list(ids) for ids, _ in chosen]
+        n_target = sum(sum(mask) for _, mask in chosen)
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
         for group in split_micro_batches([len(s) for s in seqs], max_tokens_per_micro_batch):
             micro = pack([seqs[i] for i in group], group, device=device)
             logp = micro.token_logp(model(**micro.model_inputs()).logits)
-            mask = micro.cat_rows([[0] * len(chosen[i][0]) + [1] * len(chosen[i][1]) for i in group])
+            mask = micro.cat_rows([list(chosen[i][1]) for i in group])
             loss = -(logp * mask).sum() / n_target
             loss.backward()
             total += float(loss.detach())

@@ -1,0 +1,70 @@
+"""The multi-turn warm start of ``task.name=calculator``: worked conversations of the training problems
+only (never a held-out one), built as an episode builds its sequence, the loss on the assistant turns
+only, in the run's call format; a cache key that changes with everything that changes the result; a
+tiny build that runs and is reused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from asyncrl.config import load_config
+from asyncrl.data.calculator import make_calculator_splits
+from asyncrl.launch.warm_start import ensure_policy, warm_start_examples, warm_start_key
+from asyncrl.models import TinyModelSpec, load_policy
+
+CALC = ["task.name=calculator", "rollout.workflow=agent", "agent.tool_format=tag", "task.train_size=64",
+        "task.eval_size=256"]  # fmt: skip
+
+
+def test_examples_learn_the_assistant_turns_only(tiny_policy_dir) -> None:
+    _, tokenizer = load_policy(tiny_policy_dir, device="cpu", dtype="float32")
+    cfg = load_config(None, CALC)
+    examples = warm_start_examples(cfg, tokenizer)
+    train, _ = make_calculator_splits(cfg.task.seed, cfg.task.train_size, 0)
+    assert len(examples) == len(train) == 64
+    eos = tokenizer.eos_token
+    for (ids, mask), problem in zip(examples, train, strict=True):
+        assert len(ids) == len(mask)
+        learned = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+        assert learned == f"<calc>{problem.question}</calc>{eos}#{problem.answer}{eos}"
+        context = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if not m])
+        assert problem.question in context and problem.answer in context  # the question and the tool's result
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "json"])
+def test_examples_write_the_call_in_the_runs_format(tiny_policy_dir, fmt: str) -> None:
+    _, tokenizer = load_policy(tiny_policy_dir, device="cpu", dtype="float32")
+    cfg = load_config(None, [*CALC, f"agent.tool_format={fmt}"])
+    ids, mask = warm_start_examples(cfg, tokenizer)[0]
+    learned = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    assert '"calculator"' in learned and ("<tool_call>" in learned) == (fmt == "hermes")
+
+
+def test_demonstrations_never_hold_a_held_out_problem() -> None:
+    for seed in (0, 1234):
+        train, held_out = make_calculator_splits(seed, 2000, 256)
+        assert not {p.question for p in train} & {p.question for p in held_out}
+        assert len({p.question for p in held_out}) > 200
+
+
+def test_the_key_follows_what_changes_the_result() -> None:
+    spec = TinyModelSpec()
+    base = warm_start_key(load_config(None, CALC), spec)
+    assert warm_start_key(load_config(None, [*CALC, "task.eval_size=512"]), spec) == base  # not in the demos
+    for change in ("agent.tool_format=hermes", "task.train_size=128", "task.seed=7", "sft.steps=10"):
+        assert warm_start_key(load_config(None, [*CALC, change]), spec) != base, change
+    arithmetic = warm_start_key(load_config(None, []), spec)
+    assert warm_start_key(load_config(None, ["agent.tool_format=tag"]), spec) == arithmetic  # single-turn: unchanged
+
+
+def test_a_tiny_calculator_warm_start_is_built_then_reused(tmp_path) -> None:
+    cfg = load_config(None, [*CALC, "task.train_size=8", "sft.steps=2", "sft.batch_size=4", "sft.warmup_steps=1",
+                             f"sft.cache_dir={tmp_path}", "run.progress=false"])  # fmt: skip
+    built = ensure_policy(cfg)
+    stats = json.loads((built / "warm_start.json").read_text())
+    assert stats["sft_tokens"] > 0 and stats["sft_loss"] > 0
+    stamp = (built / "warm_start.json").stat().st_mtime_ns
+    assert ensure_policy(cfg) == built and (built / "warm_start.json").stat().st_mtime_ns == stamp
+    load_policy(built, device="cpu", dtype="float32")

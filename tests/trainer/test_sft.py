@@ -1,0 +1,36 @@
+"""``trainer.sft``: examples are (ids, loss mask); a single-turn one learns its response only; a mask
+that does not fit its ids, or learns nothing, is refused; the loss is the masked tokens' mean NLL."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asyncrl.config import SFTConfig
+from asyncrl.models import load_policy
+from asyncrl.trainer.sft import prompt_response_example, sft_train
+
+
+def test_prompt_response_example() -> None:
+    assert prompt_response_example((1, 2), (3, 4, 5)) == ((1, 2, 3, 4, 5), (0, 0, 1, 1, 1))
+
+
+@pytest.mark.parametrize("bad", [((1, 2, 3), (0, 1)), ((1, 2, 3), (0, 0, 0))])
+def test_a_bad_mask_is_refused(bad) -> None:
+    with pytest.raises(ValueError, match="loss mask"):
+        sft_train(None, [bad], SFTConfig(steps=1), progress=False)
+
+
+def test_the_loss_is_the_masked_tokens_mean_nll(tiny_policy_dir) -> None:
+    """One step on one example whose mask covers its last 3 tokens: the loss reported (computed before
+    the update) is their mean negative log-likelihood under the initial model, not the whole sequence's."""
+    model, tokenizer = load_policy(tiny_policy_dir, device="cpu", dtype="float32")
+    ids = tuple(tokenizer.encode("Q:12*3\nA:#36", add_special_tokens=False))
+    mask = (0,) * (len(ids) - 3) + (1, 1, 1)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1].float(), dim=-1)
+        nll = -logp.gather(1, torch.tensor(ids[1:]).unsqueeze(1)).squeeze(1)
+    masked, whole = float(nll[-3:].mean()), float(nll.mean())
+    stats = sft_train(model, [(ids, mask)], SFTConfig(steps=1, batch_size=1, warmup_steps=1), progress=False)
+    assert stats["sft_tokens"] == len(ids)
+    assert stats["sft_loss"] == pytest.approx(masked, rel=1e-4) and abs(masked - whole) > 1e-3
