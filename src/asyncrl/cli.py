@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import get_args
 
-from asyncrl.choices import InterruptMode, LaunchKind
+from asyncrl.choices import InterruptMode, LaunchKind, ToolFormat
 from asyncrl.cli_bench import cmd_bench
 from asyncrl.cli_errors import known_error
 from asyncrl.config import Config, ConfigError, RewardConfig, RolloutConfig, dump_yaml, load_config, with_values
@@ -149,7 +149,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             serve_engine(
                 args.model, args.host, args.port if args.port is not None else 30000, max_slots=args.max_slots,
                 max_seq_len=args.max_seq_len, interrupt_mode=args.interrupt_mode, device=args.device,
-                api_key=api_key, weights_root=args.weights_root,
+                api_key=api_key, weights_root=args.weights_root, tool_format=args.tool_format,
             )  # fmt: skip
         case "reward":
             from asyncrl.reward.remote import serve_reward
@@ -257,6 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV cache per slot, prompt + output tokens (default: rollout.max_prompt_len + rollout.max_new_tokens)",
     )  # fmt: skip
     p.add_argument("--interrupt-mode", choices=get_args(InterruptMode), default=RolloutConfig.interrupt_mode)
+    p.add_argument(
+        "--tool-format", choices=get_args(ToolFormat), default="hermes",
+        help="engine: how /v1/chat/completions reads tool calls in model text (docs/agent.md, the door)",
+    )  # fmt: skip
     p.add_argument("--device", default="cpu")
     p.add_argument("--workers", type=int, default=RewardConfig.num_workers, help="reward: worker processes")
     p.add_argument("--timeout", type=float, default=RewardConfig.timeout_s, help="reward: per-item timeout in seconds")
