@@ -27,9 +27,9 @@ The search, in two phases when the budget can be split several ways (``docs/simu
 Phases 1-2 simulate ``steps`` training steps per candidate (``auto``: enough steps for ~150,000 samples,
 at least 20, at most 200), one seed: a short horizon, so that a 512-device plan takes a minute or two. A
 short horizon under-states throughput the more inventory a setting holds at the end (in flight, buffered:
-the steady-state measure counts it as generated and not trained, as it does for a real run): at 512
-devices, 20 steps gave 17% less than 80 steps for η = 8 with a mark of 4 batches and 8% less for η = 4
-with a mark of 2 (``docs/simulator.md`` §9). Phase 3's longer horizon is what the rule reads.
+the steady-state measure counts it as generated and not trained, as it does for a real run), so a
+short horizon leans toward small η and small marks (``docs/simulator.md`` §9). Phase 3's longer horizon
+is what the rule reads.
 """
 
 from __future__ import annotations
