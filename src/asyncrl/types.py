@@ -149,6 +149,9 @@ class TurnRecord:
     """Well-formed calls whose tool failed (unknown tool, bad arguments, error, timeout)."""
     malformed: int = 0
     """Calls that could not be parsed (answered with an error message the model sees)."""
+    tool_hits: int | None = None
+    """Successful calls whose result is what the task needed (the calculator: the reference answer);
+    None when the environment cannot tell."""
     tool_latency_s: float = 0.0
     """Wall time of the environment step."""
 

@@ -69,6 +69,23 @@ def test_calculator_episode_steps() -> None:
     assert bad.tool_errors == 1 and [m.content[:6] for m in bad.messages] == ["error:"] * 2  # failed + malformed
     assert "cannot parse" in bad.messages[0].content and "not closed" in bad.messages[1].content
     assert bad.kind == "tool" and last.done and last.reward == 1.0
+    assert first.tool_hits == 1 and bad.tool_hits == 0 and last.tool_hits == 0  # a hit: the result is the answer
+
+
+def test_a_call_that_runs_but_computes_the_wrong_thing_is_no_hit() -> None:
+    async def go():
+        env = calculator_env()
+        await env.reset(PROMPT)
+        return await env.step(turn("<calc>48213*378</calc>"))
+
+    async def unchecked():
+        env = ToolEnv((), judge=calculator_reward)
+        await env.reset(PROMPT)
+        return await env.step(turn("#1"))
+
+    step = run(go())
+    assert step.tool_errors == 0 and step.tool_hits == 0
+    assert run(unchecked()).tool_hits is None  # an environment without a result check cannot tell
 
 
 def test_tool_env_failures_and_timeouts_are_observations() -> None:

@@ -11,11 +11,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from asyncrl.config import Config
+from asyncrl.controller.metrics import trajectory_metrics
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.interruptible import generate_group
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.workflow import ScoreFn, Workflow
-from asyncrl.types import Prompt
+from asyncrl.types import Prompt, Trajectory
 
 
 async def evaluate(
@@ -35,7 +36,8 @@ async def evaluate(
     averaged over ``samples_per_prompt`` samples each (1 when greedy: argmax is deterministic).
     ``greedy``, ``max_new_tokens`` and ``samples_per_prompt`` have no default: a run's are
     ``eval.*``, passed by :func:`eval_kwargs`. ``workflow``: play each prompt's episodes with it (a
-    multi-turn one; response length: every token after the opening)."""
+    multi-turn one; response length: every token after the opening; its episodes' tool use is added,
+    ``controller.metrics.trajectory_metrics``)."""
     n = 1 if greedy else max(1, samples_per_prompt)
     sampling = SamplingParams(
         max_new_tokens=max_new_tokens,
@@ -45,9 +47,12 @@ async def evaluate(
         seed=seed,
     )
 
+    episodes: list[Trajectory] = []
+
     async def one(prompt: Prompt) -> list[tuple[float, int]]:
         if workflow is not None:
             group = await workflow(engine, prompt, sampling, n, score, 0)
+            episodes.extend(group.trajectories)
             return [(r, len(c.output_ids)) for r, c in zip(group.rewards, group.completions, strict=True)]
         completions = await generate_group(engine, prompt.token_ids, sampling, n)
         scored = await asyncio.gather(*(score(prompt, c) for c in completions))
@@ -59,6 +64,7 @@ async def evaluate(
         "accuracy": sum(1 for r, _ in results if r >= 1.0) / total,
         "reward": sum(r for r, _ in results) / total,
         "response_len": sum(n_tok for _, n_tok in results) / total,
+        **trajectory_metrics(episodes),
     }
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.controller.state import ControllerState
 from asyncrl.trainer.api import TrainStepResult
-from asyncrl.types import Group
+from asyncrl.types import Group, Trajectory
 
 
 @dataclass(frozen=True)
@@ -140,8 +141,13 @@ def slot_occupancy(before: dict[str, float], after: dict[str, float]) -> float |
 
 def episode_metrics(groups: list[Group]) -> dict[str, float]:
     """Multi-turn samples of the step (groups with ``trajectories``; none: {}): turns, tool calls, tool
-    errors and malformed calls per episode, tool latency, and the share of environment tokens."""
-    episodes = [t for g in groups for t in g.trajectories]
+    errors and malformed calls per episode, tool latency, the share of environment tokens, and the
+    rates of tool use (``tool_use_rates``)."""
+    return trajectory_metrics([t for g in groups for t in g.trajectories])
+
+
+def trajectory_metrics(episodes: Sequence[Trajectory]) -> dict[str, float]:
+    """``episode_metrics`` of a list of episodes (a step's samples, or a held-out evaluation's)."""
     if not episodes:
         return {}
     turns = [turn for t in episodes for turn in t.turns]
@@ -153,7 +159,33 @@ def episode_metrics(groups: list[Group]) -> dict[str, float]:
         "episode_malformed_mean": sum(turn.malformed for turn in turns) / n,
         "episode_tool_latency_mean_s": sum(turn.tool_latency_s for turn in turns) / max(1, len(turns)),
         "episode_env_token_frac": (tokens - sum(sum(t.loss_mask) for t in episodes)) / max(1, tokens),
+        **tool_use_rates(episodes),
     }
+
+
+def tool_use_rates(episodes: Sequence[Trajectory]) -> dict[str, float]:
+    """Rates over the attempted calls (well-formed + malformed) of ``episodes``; absent when none was
+    attempted (a rate of nothing is not 0):
+
+    - ``tool_call_correct_rate``: calls that parsed, named a known tool and ran without error;
+    - ``tool_call_malformed_rate``: calls that did not parse;
+    - ``tool_call_hit_rate``: correct calls whose result was what the task needed (the calculator: the
+      reference answer), where the environment can tell (``TurnRecord.tool_hits``).
+
+    ``episode_tool_hit_frac``: the share of episodes with at least one hit (same condition)."""
+    turns = [turn for t in episodes for turn in t.turns]
+    calls = sum(len(turn.tool_calls) for turn in turns)
+    malformed = sum(turn.malformed for turn in turns)
+    rates: dict[str, float] = {}
+    if calls + malformed:
+        rates["tool_call_correct_rate"] = (calls - sum(turn.tool_errors for turn in turns)) / (calls + malformed)
+        rates["tool_call_malformed_rate"] = malformed / (calls + malformed)
+    if any(turn.tool_hits is not None for turn in turns):  # the environment tells (a turn cut short cannot)
+        if calls + malformed:
+            rates["tool_call_hit_rate"] = sum(turn.tool_hits or 0 for turn in turns) / (calls + malformed)
+        hit = sum(1 for t in episodes if any(turn.tool_hits for turn in t.turns))
+        rates["episode_tool_hit_frac"] = hit / len(episodes)
+    return rates
 
 
 def timeline_sample(

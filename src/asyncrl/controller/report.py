@@ -10,7 +10,10 @@
   ledger), with the configured bound;
 - ``timeline.png``: engine running samples and waiting requests, trainer step and weight-sync
   spans, rewards in flight, buffer and in-flight groups on one time axis (like the AReaL
-  paper's Figure 1), so the overlap of generation and training shows.
+  paper's Figure 1), so the overlap of generation and training shows;
+- ``tools.png`` (multi-turn runs only): held-out accuracy (before, every ``controller.eval_every``
+  steps, after) above the rates of tool calls (correct, hitting the needed result, malformed) of
+  the rollouts per step and of the held-out episodes, and turns per episode, against RL wall time.
 """
 
 from __future__ import annotations
@@ -112,7 +115,55 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
     written.append(_save(fig, out / "staleness.png"))
 
     written.append(_timeline(plt, metrics, timeline, config, out / "timeline.png"))
+    if any("episode_turns_mean" in m for m in metrics):
+        written.append(_tool_use(plt, metrics, summary, out / "tools.png"))
     return written
+
+
+_TOOL_RATES = (("tool_call_correct_rate", "correct calls", "tab:green"),
+               ("tool_call_hit_rate", "calls hitting the needed result", "tab:blue"),
+               ("tool_call_malformed_rate", "malformed calls", "tab:red"))  # fmt: skip
+
+
+def _tool_use(plt: Any, metrics: list[dict], summary: dict[str, Any], path: Path) -> Path:
+    """Held-out accuracy over the run above the tool-use rates (rollouts per step, held-out points)."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
+    end = metrics[-1]["time_s"]
+    held = [(0.0, before)] if before else []
+    held += [(m["time_s"], {k[5:]: v for k, v in m.items() if k.startswith("eval_")}) for m in metrics
+             if "eval_accuracy" in m]  # fmt: skip
+    held += [(end, after)] if after else []
+    if held:
+        top.plot(
+            [t for t, _ in held], [e["accuracy"] for _, e in held], marker="o", color="k", label="held-out accuracy"
+        )
+    top.plot([m["time_s"] for m in metrics], [m["accuracy"] for m in metrics], color="tab:orange", alpha=0.5,
+             linestyle="--", label="trained-batch accuracy")  # fmt: skip
+    top.set_ylabel("accuracy")
+    top.set_ylim(-0.02, 1.02)
+    top.legend(fontsize=8)
+    for key, label, color in _TOOL_RATES:
+        step = [(m["time_s"], m[key]) for m in metrics if m.get(key) is not None]
+        if step:
+            bottom.plot(*zip(*step, strict=True), color=color, alpha=0.5, label=f"{label} (rollouts)")
+        points = [(t, e[key]) for t, e in held if e.get(key) is not None]
+        if points:
+            bottom.plot(*zip(*points, strict=True), color=color, marker="o", label=f"{label} (held-out)")
+    turns = bottom.twinx()
+    turns.plot([m["time_s"] for m in metrics], [m["episode_turns_mean"] for m in metrics], color="gray",
+               linestyle=":", label="turns per episode (rollouts)")  # fmt: skip
+    turns.set_ylabel("turns per episode")
+    turns.set_ylim(bottom=0)
+    bottom.set_ylabel("fraction of attempted tool calls")
+    bottom.set_ylim(-0.02, 1.02)
+    bottom.set_xlabel("RL wall time (s)")
+    bottom.legend(fontsize=7, loc="center left")
+    turns.legend(fontsize=7, loc="center right")
+    top.set_title("Tool use: held-out accuracy and the rates of tool calls", fontsize=10)
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    return _save(fig, path)
 
 
 def _smooth(points: list[tuple[float, float]], window: int = 5) -> list[tuple[float, float]]:

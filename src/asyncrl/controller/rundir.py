@@ -66,7 +66,7 @@ def episode_entry(traj: Trajectory) -> dict[str, Any]:
         "turns": [
             {"model_tokens": t.model_tokens, "env_tokens": t.env_tokens, "min_version": t.min_version,
              "max_version": t.max_version, "tool_calls": list(t.tool_calls), "tool_errors": t.tool_errors,
-             "malformed": t.malformed, "tool_latency_s": round(t.tool_latency_s, 4)}
+             "malformed": t.malformed, "tool_hits": t.tool_hits, "tool_latency_s": round(t.tool_latency_s, 4)}
             for t in traj.turns
         ],
     }  # fmt: skip

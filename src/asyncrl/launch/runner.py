@@ -154,6 +154,8 @@ async def run_stages(
         "accuracy_greedy_after": after.get("greedy_accuracy") if after else None,
         "response_len_before": before["response_len"],
         "response_len_after": after["response_len"] if after else None,
+        "eval_before": before,
+        "eval_after": after,
         "steps": state.step,
         "stop_reason": state.stop_reason,
         "resumes": state.resumes,

@@ -141,6 +141,7 @@ def _turn_record(
         num_interruptions=seg.num_interruptions,
         tool_calls=tuple(c.name for c in parsed.calls),
         tool_errors=step.tool_errors if step is not None else 0,
+        tool_hits=step.tool_hits if step is not None else None,
         malformed=len(parsed.errors),
         tool_latency_s=latency,
     )

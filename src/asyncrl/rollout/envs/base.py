@@ -79,6 +79,9 @@ class StepResult:
     kind: EnvKind = "tool"
     tool_errors: int = 0
     """Well-formed calls whose tool failed (unknown, bad arguments, raised, timed out)."""
+    tool_hits: int | None = None
+    """Successful calls whose result is what the task needed (the environment's ``result_check``);
+    None when the environment cannot tell."""
 
 
 @runtime_checkable
@@ -141,9 +144,13 @@ class ToolEnv:
         judge: Callable[[Prompt, str], float] | None = None,
         tool_timeout_s: float = 10.0,
         tool_role: str = "tool",
+        result_check: Callable[[Prompt, str], bool] | None = None,
     ) -> None:
         """``system``: an opening system message (none when empty). ``judge(prompt, answer text)``:
-        the reward of the answer turn; None leaves scoring to the workflow's ``score`` callable."""
+        the reward of the answer turn; None leaves scoring to the workflow's ``score`` callable.
+        ``result_check(prompt, result text)``: whether a successful call's result is the one the task
+        needs (counted as ``StepResult.tool_hits``, a metric only, never a reward)."""
+        self.result_check = result_check
         self.tools = {t.name: t for t in tools}
         self.system = system
         self.judge = judge
@@ -169,12 +176,16 @@ class ToolEnv:
             if self.prompt is None:
                 raise RuntimeError("ToolEnv.step before reset")
             reward = self.judge(self.prompt, turn.text) if self.judge is not None else None
-            return StepResult(done=True, reward=reward)
+            return StepResult(done=True, reward=reward, tool_hits=0 if self.result_check is not None else None)
         results = await asyncio.gather(*(self._call(c) for c in turn.parsed.calls))
         messages = [Message(self.tool_role, text) for text, _ in results]
         messages += [Message(self.tool_role, error_text(e)) for e in turn.parsed.errors]
         failed = sum(1 for _, ok in results if not ok)
-        return StepResult(messages=tuple(messages), kind="tool" if turn.parsed.calls else "error", tool_errors=failed)
+        hits = None
+        if self.result_check is not None and self.prompt is not None:
+            hits = sum(1 for text, ok in results if ok and self.result_check(self.prompt, text))
+        kind = "tool" if turn.parsed.calls else "error"
+        return StepResult(messages=tuple(messages), kind=kind, tool_errors=failed, tool_hits=hits)
 
     async def _call(self, call: ToolCall) -> tuple[str, bool]:
         """(text for the model, whether the tool succeeded)."""

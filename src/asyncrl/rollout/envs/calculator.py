@@ -146,5 +146,12 @@ def calculator_reward(prompt: Prompt, answer_text: str) -> float:
 
 
 def calculator_env(*, system: str = CALCULATOR_SYSTEM, tool_timeout_s: float = 5.0) -> ToolEnv:
-    """A fresh calculator environment (one per episode); it scores its episodes itself."""
-    return ToolEnv((calculator_tool(),), system=system, judge=calculator_reward, tool_timeout_s=tool_timeout_s)
+    """A fresh calculator environment (one per episode); it scores its episodes itself, and counts a
+    call whose result is the reference answer as a hit (``StepResult.tool_hits``)."""
+    return ToolEnv(
+        (calculator_tool(),),
+        system=system,
+        judge=calculator_reward,
+        tool_timeout_s=tool_timeout_s,
+        result_check=lambda prompt, result: calculator_reward(prompt, result) == 1.0,
+    )

@@ -1,0 +1,58 @@
+"""Tool-use rates of multi-turn episodes (``controller.metrics.tool_use_rates``): per attempted call,
+correct (parsed, known tool, ran), malformed, and hits (the result the task needed); absent when
+nothing was attempted; the held-out evaluation reports them too."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from asyncrl.controller.evaluate import evaluate
+from asyncrl.controller.metrics import episode_metrics, tool_use_rates
+from asyncrl.types import EnvSegment, Group, ModelSegment, Prompt, Trajectory, TurnRecord
+
+
+def _turn(calls: int = 0, errors: int = 0, malformed: int = 0, hits: int | None = None) -> TurnRecord:
+    return TurnRecord(1, 1, 0, 0, "stop", tool_calls=("calculator",) * calls, tool_errors=errors,
+                      malformed=malformed, tool_hits=hits)  # fmt: skip
+
+
+def _episode(*turns: TurnRecord) -> Trajectory:
+    segments = (ModelSegment((5,), (-0.1,), (0,), "stop"), EnvSegment((6,), "tool"))
+    return Trajectory(prompt_ids=(1, 2), segments=segments, turns=turns, end="answer", env_reward=0.0)
+
+
+def test_rates_count_attempted_calls() -> None:
+    episodes = [
+        _episode(_turn(calls=1, hits=1), _turn(hits=0)),  # a call whose result was the answer, then the answer
+        _episode(_turn(calls=2, errors=1, hits=0), _turn(malformed=1, hits=0)),  # one failed, one malformed
+        _episode(_turn(calls=1, hits=0)),  # ran, but computed the wrong thing
+    ]
+    rates = tool_use_rates(episodes)
+    assert rates["tool_call_correct_rate"] == pytest.approx(3 / 5)  # 4 well-formed, 1 failed, of 5 attempts
+    assert rates["tool_call_malformed_rate"] == pytest.approx(1 / 5)
+    assert rates["tool_call_hit_rate"] == pytest.approx(1 / 5)
+    assert rates["episode_tool_hit_frac"] == pytest.approx(1 / 3)
+
+
+def test_no_attempt_and_no_check_leave_the_rates_out() -> None:
+    answered = [_episode(_turn(hits=0))]
+    assert tool_use_rates(answered) == {"episode_tool_hit_frac": 0.0}  # the environment tells: no hit
+    assert tool_use_rates([_episode(_turn(calls=1))]).keys() == {"tool_call_correct_rate", "tool_call_malformed_rate"}
+    prompt = Prompt("p", (1, 2), "3")
+    group = Group(prompt, (answered[0].to_completion(),), (0.0,), 0, trajectories=tuple(answered))
+    assert episode_metrics([group])["episode_turns_mean"] == 1.0
+
+
+def test_the_held_out_evaluation_reports_tool_use() -> None:
+    episode = _episode(_turn(calls=1, hits=1), _turn(hits=0))
+
+    async def workflow(engine, prompt, sampling, n, score, start_version, on_sample_done=None):
+        completions = tuple(episode.to_completion() for _ in range(n))
+        return Group(prompt, completions, (1.0,) * n, 0, trajectories=(episode,) * n)
+
+    prompts = [Prompt(f"p{i}", (1, 2), "3") for i in range(4)]
+    result = asyncio.run(evaluate(None, prompts, None, greedy=True, max_new_tokens=4, samples_per_prompt=1,
+                                  workflow=workflow))  # type: ignore[arg-type]  # fmt: skip
+    assert result["accuracy"] == 1.0 and result["tool_call_hit_rate"] == 1.0 and result["episode_turns_mean"] == 2.0
