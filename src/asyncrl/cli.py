@@ -280,7 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="async|interrupt|ablation|headline: config override applied to every run (repeatable)",
     )  # fmt: skip
     p.add_argument("--steps", type=int, help="async|interrupt|ablation|headline: training steps per run")
-    p.add_argument("--etas", help="async|headline: comma-separated max_staleness values (default 0,1,2,4,8 | 0,2,4,8)")
+    p.add_argument(
+        "--etas", help="async|headline|adaptive: comma-separated max_staleness values (default 0,1,2,4,8 | 0,2,4,8; "
+        "adaptive: the fixed arms, the largest is the adaptive arm's bound)",
+    )  # fmt: skip
     p.add_argument("--lags", help="ablation: comma-separated controller.fixed_lag values (default 0,1,2,4,8,16)")
     p.add_argument(
         "--objectives", help="ablation: comma-separated objectives (default decoupled,loglinear,naive,uncorrected,"
@@ -334,7 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--from-runs", help="profile|sim-validate: comma-separated run directories to refine the trainer/sync fit"
     )
     p.add_argument("--runs", help="sim-validate: comma-separated measured run directories to predict")
-    p.add_argument("--profile", help="sim-validate: a cost profile name or file (default: this machine's)")
+    p.add_argument(
+        "--profile", help="sim-validate: a cost profile name or file (default: this machine's); adaptive: "
+        "comma-separated profiles to simulate under instead of real runs",
+    )  # fmt: skip
     p.add_argument("--plan", help="plan-check: the plan file to check (asyncrl plan --json PLAN.json)")
     p.add_argument("--max-settings", type=int, default=6, help="plan-check: settings to run (default 6)")
     p.set_defaults(func=cmd_bench)

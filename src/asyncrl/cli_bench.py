@@ -63,6 +63,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 async_bench.run_interrupt_bench(args.json, **common)
         case "headline":
             _bench_headline(args)
+        case "adaptive":  # controller.adaptive against fixed max_staleness, real or simulated (--profile)
+            _bench_adaptive(args)
         case "profile":  # this machine's cost profile for asyncrl simulate
             from asyncrl.sim.command import bench_profile
 
@@ -98,6 +100,39 @@ def _bench_plan_check(args: argparse.Namespace) -> None:
         )  # fmt: skip
     except PlanCheckError as exc:
         raise ConfigError(f"bench plan-check: {exc}") from exc
+
+
+def _bench_adaptive(args: argparse.Namespace) -> None:
+    """``asyncrl bench adaptive``: its options checked, then real runs or, with ``--profile``,
+    simulated ones (``bench/adaptive.py``, ``sim/compare.py``)."""
+    from asyncrl.bench import adaptive, async_bench
+
+    try:
+        etas = tuple(int(x) for x in args.etas.split(",")) if args.etas else (0, 2, 4, 8)
+        seeds = tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (0, 1, 2)
+        adaptive.arms(etas)
+    except ValueError as exc:
+        raise ConfigError(f"bench adaptive: {exc}") from exc
+    workloads = tuple(async_bench.WORKLOAD_ALIASES.get(w, w) for w in (args.workload or "task,long").split(","))
+    out_dir = args.out or "runs/bench-adaptive"
+    common = dict(etas=etas, seeds=seeds, steps=args.steps, warmup_s=args.warmup_s, out_dir=out_dir)
+    if not args.profile:
+        unknown = sorted(set(workloads) - set(async_bench.WORKLOADS))
+        if unknown:
+            raise ConfigError(f"bench adaptive: unknown workload(s) {unknown} (available: task, long, reason)")
+        adaptive.run_adaptive_bench(args.json, workloads=workloads, overrides=_bench_overrides(args), **common)
+        return
+    from asyncrl.sim.compare import SIM_WORKLOADS, simulated_runner
+
+    if set(workloads) - set(SIM_WORKLOADS):
+        raise ConfigError(f"bench adaptive: unknown workload(s) {sorted(set(workloads) - set(SIM_WORKLOADS))} "
+                          f"(simulated: {', '.join(SIM_WORKLOADS)})")  # fmt: skip
+    profiles = tuple(args.profile.split(","))
+    keys = tuple(f"{p}/{w}" for p in profiles for w in workloads)
+    adaptive.run_adaptive_bench(
+        args.json, workloads=keys, run_one=simulated_runner(args.steps or 100), mode="simulated", profiles=profiles,
+        **common,
+    )  # fmt: skip
 
 
 def _bench_overrides(args: argparse.Namespace) -> list[str]:

@@ -44,12 +44,12 @@ def _check_bounds(settings: list[AdmissionSetting], bound: int) -> None:
 
 def test_a_starving_trainer_raises_the_mark_and_eta_slowly_up_to_the_bound() -> None:
     policy = AdaptivePolicy(AdaptiveLimits(bound=4))
-    assert policy.setting == AdmissionSetting(1, 2)
+    assert policy.setting == AdmissionSetting(2, 2)
     settings = _drive(policy, lambda s: STARVING, 30)
     _check_bounds(settings, 4)
     assert settings[-1] == AdmissionSetting(4, 5)
     etas = [s.max_staleness for s in settings]
-    assert etas == sorted(etas) and etas[0] == 1  # only up, one at a time
+    assert etas == sorted(etas) and etas[0] == 2  # only up, one at a time
     assert all(b - a >= DWELL_STEPS for a, b in zip(_changes(settings), _changes(settings)[1:], strict=False))
     assert policy.last_reason == "hold"
 
@@ -57,7 +57,7 @@ def test_a_starving_trainer_raises_the_mark_and_eta_slowly_up_to_the_bound() -> 
 def test_a_starving_trainer_with_a_full_engine_holds() -> None:
     policy = AdaptivePolicy(AdaptiveLimits(bound=8))
     full = StepObservation(wait_s=0.5, wall_s=1.0, engine_occupancy=0.97)
-    assert set(_drive(policy, lambda s: full, 20)) == {AdmissionSetting(1, 2)}
+    assert set(_drive(policy, lambda s: full, 20)) == {AdmissionSetting(2, 2)}
 
 
 def test_a_trainer_that_never_waits_lowers_eta_and_the_mark_to_synchronous() -> None:
@@ -65,7 +65,7 @@ def test_a_trainer_that_never_waits_lowers_eta_and_the_mark_to_synchronous() -> 
     _drive(policy, lambda s: STARVING, 12)
     high = policy.setting
     assert high.max_staleness >= 4
-    settings = _drive(policy, lambda s: NEVER_WAITS, 60)
+    settings = _drive(policy, lambda s: NEVER_WAITS, 100)
     _check_bounds(settings, 8)
     assert settings[-1] == AdmissionSetting(0, 1)
     etas = [s.max_staleness for s in settings]
@@ -76,7 +76,7 @@ def test_a_trainer_that_never_waits_lowers_eta_and_the_mark_to_synchronous() -> 
 def test_a_wait_inside_the_hysteresis_band_changes_nothing() -> None:
     policy = AdaptivePolicy(AdaptiveLimits(bound=8, wait_target=0.1))
     band = StepObservation(wait_s=0.05, wall_s=1.0, engine_occupancy=0.5)  # between target / 4 and target
-    assert set(_drive(policy, lambda s: band, 50)) == {AdmissionSetting(1, 2)}
+    assert set(_drive(policy, lambda s: band, 50)) == {AdmissionSetting(2, 2)}
 
 
 def test_degraded_off_policy_statistics_lower_eta_below_what_starvation_asks_and_cap_it() -> None:
@@ -109,7 +109,12 @@ def test_groups_dropped_as_stale_give_a_starving_trainer_slack_in_eta_not_in_the
     policy = AdaptivePolicy(AdaptiveLimits(bound=8))
     stale = StepObservation(0.5, 1.0, 0.3, stale_groups=4, batch_groups=8)
     settings = _drive(policy, lambda s: stale, DWELL_STEPS)
-    assert settings[-1] == AdmissionSetting(2, 2) and policy.last_reason == "stale"
+    assert settings[-1] == AdmissionSetting(3, 2) and policy.last_reason == "stale"
+    full = AdaptivePolicy(AdaptiveLimits(bound=8))  # a full engine too: the drops are lost throughput
+    stale_full = StepObservation(0.5, 1.0, 0.99, stale_groups=4, batch_groups=8)
+    assert _drive(full, lambda s: stale_full, DWELL_STEPS)[-1] == AdmissionSetting(3, 2)
+    capped = AdaptivePolicy(AdaptiveLimits(bound=2))  # η_t at the bound: less run-ahead instead
+    assert _drive(capped, lambda s: stale, DWELL_STEPS)[-1] == AdmissionSetting(2, 1)
 
 
 def test_failed_probes_down_back_off() -> None:

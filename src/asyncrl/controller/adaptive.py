@@ -11,8 +11,10 @@ The setting has two levers, both within the user's bound η_max (``controller.ma
   throughput the trainer sees and the staleness of what it trains.
 - ``max_staleness`` (η_t, ≥ mark − 1, so that the mark is what binds admission): the staleness
   budget of new admissions and the bound each admitted group is checked against when trained
-  (``GroupBuffer.put(group, η_t)``). η_t above mark − 1 is slack for stragglers (a group whose one
-  long sample finishes late is trained instead of dropped).
+  (``GroupBuffer.put(group, η_t)``). The slack η_t − (mark − 1) is for stragglers: with none, a
+  group admitted last under a full mark is trained exactly η_t versions later if nothing finishes
+  out of order, and dropped otherwise. The start is η_t = 2, mark 2 (a slack of 1); the slack
+  grows where groups are dropped and moves with the mark otherwise.
 
 What it measures (``StepObservation``, one per step): the share of the step the trainer waited for a
 batch, the engine's slot occupancy while it decoded, the importance-weight second moment E[w²] and
@@ -26,13 +28,16 @@ checked in this order at most once per step:
 1. **Off-policy degrades** (E[w²] or the capped share above its limit): η_t is lowered by one and
    a ceiling is set there (the mark follows: ≤ η_t + 1); the ceiling rises by one again after
    ``RELAX_STEPS`` steps without degradation. Acts at most every ``DWELL_STEPS``.
-2. **The trainer starves** (wait share above ``wait_target``) and the engine has free slots
-   (occupancy below ``FULL_OCCUPANCY``, or unknown): if groups were dropped as stale since the last
-   change, η_t + 1 (more slack, the mark unchanged); else the mark + 1 (η_t follows to mark − 1).
-   A starving trainer with a full engine is generation-bound at capacity: running further ahead
-   would raise staleness, not throughput, so the setting holds. Acts at most every ``DWELL_STEPS``.
-3. **The trainer never waits** (wait share below a quarter of the target, the hysteresis band):
-   a probe down, the mark − 1 and η_t − 1 (not below mark − 1). If the next change is a raise for
+2. **Groups are dropped as stale** (share above ``STALE_SHARE`` since the last change): η_t + 1,
+   more slack for stragglers with the mark unchanged (generation thrown away costs throughput as
+   soon as the trainer waits for its replacement); at the ceiling, if the trainer starves, the
+   mark − 1 instead (less run-ahead, fewer stragglers). Acts at most every ``DWELL_STEPS``.
+3. **The trainer starves** (wait share above ``wait_target``): if the engine has free slots
+   (occupancy below ``FULL_OCCUPANCY``, or unknown), the mark + 1 and η_t + 1 (the slack kept). A
+   starving trainer with a full engine is generation-bound at capacity: running further ahead would
+   raise staleness, not throughput, so the mark holds. Acts at most every ``DWELL_STEPS``.
+4. **The trainer never waits** (wait share below a quarter of the target, the hysteresis band):
+   a probe down, η_t − 1 and the mark − 1 (not below 1: the slack then shrinks). If the next change is a raise for
    starvation, the probe was too low and the next one waits twice as long (from ``PROBE_STEPS``
    to at most ``MAX_PROBE_STEPS``), so a setting that is just enough is left alone.
 
@@ -59,7 +64,7 @@ FULL_OCCUPANCY = 0.9
 """Slot occupancy at which the engine counts as full (running further ahead adds no throughput)."""
 DWELL_STEPS = 2
 """Steps after any change before a raise or an off-policy cut (the new setting must reach a batch)."""
-PROBE_STEPS = 4
+PROBE_STEPS = 8
 """Steps after any change before the first probe down."""
 MAX_PROBE_STEPS = 64
 """Longest wait between probes down (after repeated probes that made the trainer starve)."""
@@ -133,8 +138,8 @@ class AdaptivePolicy:
         self.limits = limits
         self.ceiling = limits.bound
         """η_t's ceiling (η_max, lowered where off-policy statistics degraded)."""
-        self.mark = min(2, limits.bound + 1)
-        self.eta = self.mark - 1
+        self.eta = min(2, limits.bound)
+        self.mark = min(2, self.eta + 1)
         self.wait_share: float | None = None
         self.occupancy: float | None = None
         self.weight_sq: float | None = None
@@ -154,7 +159,7 @@ class AdaptivePolicy:
 
     def update(self, obs: StepObservation) -> AdmissionSetting:
         """One step measured: the setting for the admissions until the next step."""
-        self._smooth(obs)
+        self._smooth(obs, settled=self.since_change > 0)
         self.since_change += 1
         self.since_degraded += 1
         self.last_reason = self._decide()
@@ -163,13 +168,17 @@ class AdaptivePolicy:
             self.wait_share, self.occupancy, self.stale_share = None, None, 0.0
         return self.setting
 
-    def _smooth(self, obs: StepObservation) -> None:
+    def _smooth(self, obs: StepObservation, settled: bool) -> None:
+        """Fold ``obs`` into the averages; the first step after a change (or the run's first: the
+        pipeline filling) is a transition and counts only for the off-policy statistics."""
+        self.weight_sq = _ema(self.weight_sq, obs.weight_sq_mean)
+        self.capped = _ema(self.capped, obs.capped_frac)
+        if not settled:
+            return
         wait = min(1.0, max(0.0, obs.wait_s / obs.wall_s)) if obs.wall_s > 0 else 0.0
         stale = obs.stale_groups / max(1, obs.stale_groups + obs.batch_groups)
         self.wait_share = _ema(self.wait_share, wait)
         self.occupancy = _ema(self.occupancy, obs.engine_occupancy)
-        self.weight_sq = _ema(self.weight_sq, obs.weight_sq_mean)
-        self.capped = _ema(self.capped, obs.capped_frac)
         self.stale_share = SMOOTHING * stale + (1 - SMOOTHING) * self.stale_share
 
     def _degraded(self) -> bool:
@@ -192,19 +201,24 @@ class AdaptivePolicy:
             self.ceiling += 1
             self.since_degraded = 0
         full = self.occupancy is not None and self.occupancy >= FULL_OCCUPANCY
-        if wait > lim.wait_target and not full and self.since_change >= DWELL_STEPS:
-            if self.probed:  # the probe down went too low: wait longer before the next one
+        starving = wait > lim.wait_target
+        if self.since_change >= DWELL_STEPS:
+            if starving and self.probed:  # the probe down went too low: wait longer before the next one
                 self.probe_steps = min(MAX_PROBE_STEPS, 2 * self.probe_steps)
-            if self.stale_share > STALE_SHARE and self.eta < self.ceiling:
-                self._set(self.eta + 1, self.mark)
-                return "stale"
-            if self.mark < self.ceiling + 1:
-                self._set(max(self.eta, self.mark), self.mark + 1)
+            if self.stale_share > STALE_SHARE:  # generation thrown away: more slack, or less run-ahead
+                if self.eta < self.ceiling:
+                    self._set(self.eta + 1, self.mark)
+                    return "stale"
+                if starving and self.mark > 1:
+                    self._set(self.eta, self.mark - 1)
+                    return "stale"
+            if starving and not full and self.mark < self.ceiling + 1:
+                self._set(self.eta + 1, self.mark + 1)  # the slack η_t - (mark - 1) kept
                 return "starving"
+        if starving:
             return "hold"
-        if wait < lim.wait_target / 4 and self.since_change >= self.probe_steps and self.mark > 1:
-            mark = self.mark - 1
-            self._set(max(mark - 1, self.eta - 1), mark)
+        if wait < lim.wait_target / 4 and self.since_change >= self.probe_steps and self.eta > 0:
+            self._set(self.eta - 1, self.mark - 1)  # the slack kept while the mark can go lower
             self.probed = True
             return "surplus"
         return "hold"

@@ -62,12 +62,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     s = sim.scenario
     print(f"profile {r.profile}: {s.engines} engines x {s.slots} slots, {s.trainer_ranks} trainer ranks, "
           f"B={s.batch_size}x{s.group_size}, max_staleness={s.max_staleness}, high_water_batches="
-          f"{s.high_water_batches} ({s.high_water_unit}), {s.interrupt_mode}, {s.weight_sync}")  # fmt: skip
+          f"{'adaptive' if s.adaptive else s.high_water_batches} ({s.high_water_unit}), {s.interrupt_mode}, "
+          f"{s.weight_sync}")  # fmt: skip
     rows = [
         ("steps", f"{r.steps} in {r.sim_time_s:,.1f} simulated s"),
         ("effective throughput", f"{r.steady_state_tokens_per_s:,.0f} trained tokens/s steady state "
                                  f"(from {r.window_start_s:,.1f} s), {r.whole_run_tokens_per_s:,.0f} whole run"),
         ("staleness", f"mean {r.staleness_mean:.2f}, max {r.max_staleness_seen}, by groups {r.staleness_hist}"),
+        ("admission", f"eta {r.eta_mean:.2f}, mark {r.high_water_mean:.2f} batches (means over steps"
+                      f"{', adaptive' if s.adaptive else ''})"),
         ("engines", f"busy {r.engine_busy_frac:.1%} (decoding {r.engine_decode_frac:.1%}), occupancy "
                     f"{r.engine_occupancy:.1%} ({r.mean_engine_running:,.1f} running), slot utilisation "
                     f"{r.slot_utilisation:.1%}"),

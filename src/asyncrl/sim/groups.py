@@ -18,7 +18,7 @@ class SimGroup:
 
     __slots__ = (
         "gid", "prompt_len", "lengths", "left", "pending", "last_end", "admit_version", "min_version",
-        "max_version", "engine", "report", "live", "interrupts", "finish_t", "samples", "status",
+        "max_version", "engine", "report", "live", "interrupts", "finish_t", "samples", "status", "bound",
     )  # fmt: skip
 
     def __init__(self, gid: int, prompt_len: int, lengths: list[int], admit_version: int) -> None:
@@ -46,6 +46,8 @@ class SimGroup:
         self.samples: list[tuple[int, int, int]] | None = None
         """(length, interruptions, version at its end) of each ended sample, kept for the ledger."""
         self.status = "running"
+        self.bound: int | None = None
+        """Its own staleness bound: the η_t in force when it was admitted (adaptive admission), else None."""
 
     @property
     def tokens(self) -> int:

@@ -15,7 +15,10 @@ What decides *what* happens is the controller's own code, imported and driven as
   that would drop exactly it);
 - the step: train, then publish (``inflight``: export, then every engine loads the weights between
   two steps, in ``abort`` or ``keep`` mode; ``drain``: stop admitting and wait until no group runs);
-  version v + 1 is published at the end of step v and the next step begins.
+  version v + 1 is published at the end of step v and the next step begins;
+- adaptive admission (``scenario.adaptive``): ``controller.adaptive.AdaptiveAdmission`` itself, given
+  each simulated step's metrics line, sets the gate's η_t and mark for the next admissions, and each
+  group is buffered with the η_t of its admission (``GroupBuffer.put(group, bound)``), as in the loop.
 
 What is modelled and what is not: ``docs/simulator.md``.
 """
@@ -28,6 +31,7 @@ import random
 import time
 from typing import Any
 
+from asyncrl.controller.adaptive import AdaptiveAdmission, AdaptiveLimits
 from asyncrl.controller.buffer import GroupBuffer
 from asyncrl.controller.staleness import EpisodeSamples, StalenessGate
 from asyncrl.sim.engine import EngineTotals, Router, SimEngine
@@ -53,6 +57,9 @@ class Simulator:
             s.batch_size, s.max_staleness, s.max_concurrent, high_water=s.high_water_batches * s.batch_size,
             high_water_unit=s.high_water_unit, group_size=s.group_size,
         )  # fmt: skip
+        self.adaptive = (
+            AdaptiveAdmission(AdaptiveLimits(s.max_staleness), self.gate, s.batch_size) if s.adaptive else None
+        )
         self.buffer = GroupBuffer()
         self.reports = s.per_sample_reports
         self.totals = EngineTotals()
@@ -161,6 +168,8 @@ class Simulator:
             self.gid += 1
             lengths = self.lengths.next_group()
             grp = SimGroup(self.gid, s.prompt_len, lengths, self.published)
+            if self.adaptive is not None:
+                grp.bound = gate.max_staleness
             grp.live = EpisodeSamples(gate)
             if self.reports:
                 grp.report = grp.live.attempt()
@@ -202,7 +211,7 @@ class Simulator:
             self.gate.on_finish(accepted=False)
             grp.status = "filtered"
             self.rec.finished(grp)
-        elif self.trainer == IDLE and self.step - grp.min_version > self.s.max_staleness:
+        elif self.trainer == IDLE and self.step - grp.min_version > self._bound(grp):
             # The waiting trainer's take_fresh would drop it at once (nothing else buffered is stale
             # at this step: the step's first take_fresh dropped the rest), so skip the O(buffer) call.
             self.gate.on_finish(accepted=True)
@@ -211,11 +220,15 @@ class Simulator:
             self.rec.finished(grp, step=self.step)
         else:
             self.gate.on_finish(accepted=True)
-            self.buffer.put(buffer_record(grp))
+            self.buffer.put(buffer_record(grp), grp.bound)
             if self.trainer == IDLE and len(self.buffer) >= self.s.batch_size:
                 self._next_batch()
         if self.waiting_drain and self.gate.running == 0:
             self._export()
+
+    def _bound(self, grp: SimGroup) -> int:
+        """The staleness bound ``grp`` is trained within (its admission's η_t under adaptive admission)."""
+        return self.s.max_staleness if grp.bound is None else min(grp.bound, self.s.max_staleness)
 
     # ------------------------------------------------------------------ training and weight sync
     def _next_batch(self) -> None:
@@ -271,6 +284,9 @@ class Simulator:
         for grp in groups:
             grp.status = "trained"
         self.rec.step_end(self.now, self.step, groups)
+        if self.adaptive is not None:  # the next admissions' setting, from this step's line
+            line = self.rec.metrics[-1]
+            line.update(self.adaptive.step(line))
         self.step += 1
         self.trainer = IDLE
         self._next_batch()

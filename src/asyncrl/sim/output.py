@@ -62,6 +62,10 @@ class SimResult:
     """CPU seconds of this process during the simulation (what a busy machine does not inflate)."""
     events: int
     events_per_s: float
+    eta_mean: float = 0.0
+    """η in force, averaged over the steps (``max_staleness``, or adaptive admission's η_t after each step)."""
+    high_water_mean: float = 0.0
+    """The mark in batches in force, averaged over the steps (adaptive admission's, or the scenario's)."""
 
     def as_row(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,7 +108,14 @@ def summarise(raw: dict[str, Any], scenario: Scenario, profile: str) -> SimResul
         trainer_ranks=scenario.trainer_ranks, slots=scenario.slots, wall_s=raw["wall_s"], cpu_s=raw.get("cpu_s", 0.0),
         events=raw["events"],
         events_per_s=raw["events"] / max(raw["wall_s"], 1e-9),
+        eta_mean=_mean_of(metrics, "adaptive_max_staleness", scenario.max_staleness),
+        high_water_mean=_mean_of(metrics, "adaptive_high_water_batches", scenario.high_water_batches),
     )  # fmt: skip
+
+
+def _mean_of(metrics: list[dict[str, Any]], key: str, fixed: float) -> float:
+    """The mean of ``key`` over the steps' lines (``fixed`` where a line has none: a fixed setting)."""
+    return sum(float(m.get(key, fixed)) for m in metrics) / len(metrics) if metrics else float(fixed)
 
 
 def _config_view(scenario: Scenario) -> dict[str, Any]:

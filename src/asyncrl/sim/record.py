@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.controller.metrics import timeline_sample
+from asyncrl.controller.metrics import slot_occupancy, timeline_sample
 from asyncrl.sim.groups import SimGroup, simulated
 
 if TYPE_CHECKING:
@@ -72,6 +72,7 @@ class Recorder:
             "prefill_tokens": float(tot.prefill_tokens), "update_s": tot.update_s,
             "busy_s": max(0.0, tot.decode_s + tot.prefill_s + tot.update_s - ahead),
             "running_samples": float(tot.running), "waiting_requests": float(tot.waiting),
+            "max_slots": float(sim.s.slots * len(sim.engines)), "engines": float(len(sim.engines)),
         }  # fmt: skip
 
     def sample(self, t: float, exact: bool = False) -> None:
@@ -108,6 +109,7 @@ class Recorder:
                 "start_version": grp.admit_version, "min_version": grp.min_version, "max_version": version,
                 "response_len": length, "num_interruptions": intr,
                 "trained_step": step if trained else None, "dropped": dropped,
+                **({} if grp.bound is None else {"max_staleness": grp.bound}),
             })  # fmt: skip
 
     def train_start(self, now: float, tokens: int) -> None:
@@ -148,7 +150,8 @@ class Recorder:
             "trained_tokens_per_s_step": self._tokens / wall,
             "generated_tokens_per_s": (engine["generated_tokens"] - self._last_engine["generated_tokens"]) / wall,
             "engine_busy_frac": min(1.0, busy / (wall * len(sim.engines))),
-            "trainer_busy_frac": min(1.0, (train_s + sync_s) / wall),
+            "engine_slot_occupancy": slot_occupancy(self._last_engine, engine),
+            "trainer_busy_frac": min(1.0, (train_s + sync_s) / wall), "step_wall_s": wall,
             "wait_for_batch_s": max(0.0, self._train_start - self._last_time),
             "train_step_s": train_s, "weight_sync_s": sync_s, "checkpoint_s": 0.0,
             "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),

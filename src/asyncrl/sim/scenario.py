@@ -44,6 +44,11 @@ class Scenario:
     max_concurrent: int = 64
     high_water_batches: int = 2
     high_water_unit: HighWaterUnit = "groups"
+    adaptive: bool = False
+    """``controller.adaptive``: the controller's own policy (``controller.adaptive.AdaptiveAdmission``)
+    sets η_t <= max_staleness and the mark after every simulated step from the simulated trainer wait
+    and slot occupancy (a simulation trains no policy: no off-policy statistics, so that rule never fires);
+    high_water_batches is then not used."""
     weight_sync: WeightSyncMode = "inflight"
     interrupt_mode: InterruptMode = "abort"
     total_steps: int = 100
@@ -127,6 +132,10 @@ def _parse(field_type: str, text: str) -> Any:
             return int(text)
         case "float":
             return float(text)
+        case "bool":
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(f"not a boolean: {text!r} (true or false)")
+            return text.lower() in ("true", "1", "yes")
         case _:
             return text
 
@@ -172,7 +181,8 @@ def from_config(cfg: Config, **extra: Any) -> Scenario:
     base = Scenario(
         engines=engines, slots=r.max_slots, trainer_ranks=cfg.launch.trainer_ranks, batch_size=c.batch_size,
         group_size=r.group_size, max_staleness=c.max_staleness, max_concurrent=c.max_concurrent,
-        high_water_batches=c.high_water_batches, high_water_unit=c.high_water_unit, weight_sync=c.weight_sync,
+        high_water_batches=c.high_water_batches, high_water_unit=c.high_water_unit, adaptive=c.adaptive,
+        weight_sync=c.weight_sync,
         interrupt_mode=r.interrupt_mode, total_steps=c.total_steps, max_new_tokens=r.max_new_tokens,
     )  # fmt: skip
     return with_overrides(base, extra)
