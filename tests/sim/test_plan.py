@@ -165,6 +165,20 @@ def test_plan_command_prints_writes_json_and_plot(tmp_path: Path, capsys: pytest
     assert sum(r["recommended"] for r in data["candidates"]) == 1 and data["recommended"]["qualifies"]
     load_config(None, data["recommended"]["overrides"])
     assert png.stat().st_size > 10_000
+    assert data["command_line"].startswith("asyncrl plan --profile cpu-2core-tiny --workload ")
+
+
+def test_a_run_directory_is_a_workload_replayed_from_its_ledger(tmp_path: Path) -> None:
+    from tests.sim.test_scenario import _write_run
+
+    run = tmp_path / "run"
+    _write_run(run)
+    w = resolve_workload(str(run))
+    assert w.scenario["lengths"] == "ledger" and w.scenario["batch_size"] == 2 and "max_staleness" not in w.scenario
+    assert w.config_file == str(run / "config.yaml") and not w.bench_workload
+    request = PlanRequest(load_profile("cpu-2core-tiny"), w, 2, max_staleness=1, marks=(0,), modes=("keep",), steps=20)
+    chosen = plan(request, progress=False)
+    assert {p.setting.max_staleness for p in chosen.predictions} == {0, 1}
 
 
 @pytest.mark.parametrize(

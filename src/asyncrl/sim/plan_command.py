@@ -86,7 +86,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         result = plan(request, progress=not args.no_progress)
     except ValueError as exc:
         raise ConfigError(f"plan: {exc}") from exc
-    payload = plan_payload(result)
+    payload = {"command_line": command_line(args), **plan_payload(result)}
     print_plan(payload)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -96,6 +96,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plot_plan(payload, args.plot)
         print(f"trade-off plot written to {args.plot}")
     return 0
+
+
+def command_line(args: argparse.Namespace) -> str:
+    """The ``asyncrl plan`` command that reproduces a plan (every search flag spelled out)."""
+    flags = ["profile", "workload", "devices", "max_staleness", "target", "max_mean_staleness", "etas", "marks",
+             "modes", "splits", "refine_splits", "confirm", "steps", "seed"]  # fmt: skip
+    words = ["asyncrl", "plan"]
+    for name in flags:
+        value = getattr(args, name)
+        if value is not None:
+            words += [f"--{name.replace('_', '-')}", str(value)]
+    return shlex.join(words)
 
 
 def plan_payload(p: Any) -> dict[str, Any]:
@@ -112,11 +124,12 @@ def plan_payload(p: Any) -> dict[str, Any]:
     rec = next(row for row in rows if row["recommended"])
     planned = {o.split("=", 1)[0] for o in rec["overrides"]}
     workload_sets = [o for o in w.config_overrides if o.split("=", 1)[0] not in planned]
-    train = ["asyncrl", "train", *(a for o in [*workload_sets, *rec["overrides"]] for a in ("--set", o))]
+    config = ["--config", w.config_file] if w.config_file else []
+    train = ["asyncrl", "train", *config, *(a for o in [*workload_sets, *rec["overrides"]] for a in ("--set", o))]
     return {
         "command": "asyncrl plan", "profile": r.profile.name, "devices": r.devices,
         "workload": {"name": w.name, "scenario": w.scenario, "config_overrides": list(w.config_overrides),
-                     "bench_workload": w.bench_workload, "source": w.source},
+                     "bench_workload": w.bench_workload, "config_file": w.config_file, "source": w.source},
         "max_staleness": r.max_staleness, "target_fraction": r.target_fraction,
         "max_mean_staleness": r.max_mean_staleness, "rule": p.rule, "steps_per_candidate": p.steps,
         "seed": r.seed, "candidates_simulated": len(rows), "wall_s": round(p.wall_s, 2),

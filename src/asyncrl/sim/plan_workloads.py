@@ -49,6 +49,8 @@ class PlanWorkload:
     """Where its numbers come from."""
     bench_workload: str = ""
     """The ``asyncrl bench async`` workload name that runs it for real (``bench plan-check``), if any."""
+    config_file: str = ""
+    """A training config that runs it (a replayed run's ``config.yaml``), for ``asyncrl train --config``."""
     notes: dict[str, Any] = field(default_factory=dict)
 
 
@@ -133,7 +135,10 @@ def resolve_workload(spec: str) -> PlanWorkload:
     path = Path(spec)
     if path.is_dir():
         s = from_run(path)
-        return PlanWorkload(f"run:{path.name}", _workload_keys(s), (), f"replayed from the ledger of {path}")
+        return PlanWorkload(
+            f"run:{path.name}", _workload_keys(s), (), f"replayed from the ledger of {path}",
+            config_file=str(path / "config.yaml"),
+        )  # fmt: skip
     if path.is_file():
         s = load_scenario(path)
         return PlanWorkload(f"scenario:{path.name}", _workload_keys(s), (), f"scenario file {path}")
