@@ -6,5 +6,7 @@ bench profile``: this machine's profile from measurements), ``scenario`` (what t
 ``workload`` (response lengths), ``groups`` (a simulated group and its buffer record), ``engine``
 (continuous batching, costed), ``loop`` (the event loop around ``StalenessGate`` and ``GroupBuffer``),
 ``record`` (timeline, metrics, ledger), ``output`` (figures and the run directory), ``run``
-(``simulate``), ``command`` (the CLI). What is modelled and what is not: ``docs/simulator.md``.
+(``simulate``), ``command`` (the CLI); ``plan``, ``plan_workloads``, ``plan_command`` (``asyncrl plan``: a
+split, η, mark and interrupt mode recommended by simulating each candidate). What is modelled and what
+is not: ``docs/simulator.md``.
 """
