@@ -33,7 +33,9 @@ checked in this order at most once per step:
    soon as the trainer waits for its replacement); at the ceiling, if the trainer starves, the
    mark − 1 instead (less run-ahead, fewer stragglers). Acts at most every ``DWELL_STEPS``.
 3. **The trainer starves** (wait share above ``wait_target``): if the engine has free slots
-   (occupancy below ``FULL_OCCUPANCY``, or unknown), the mark + 1 and η_t + 1 (the slack kept). A
+   (occupancy below ``FULL_OCCUPANCY``, or unknown) and the pipeline has refilled since the last
+   change (mark + 1 steps: before that the wait still shows the refill, and raising on it
+   overshoots), the mark + 1 and η_t + 1 (the slack kept). A
    starving trainer with a full engine is generation-bound at capacity: running further ahead would
    raise staleness, not throughput, so the mark holds. Acts at most every ``DWELL_STEPS``.
 4. **The trainer never waits** (wait share below a quarter of the target, the hysteresis band):
@@ -212,7 +214,8 @@ class AdaptivePolicy:
                 if starving and self.mark > 1:
                     self._set(self.eta, self.mark - 1)
                     return "stale"
-            if starving and not full and self.mark < self.ceiling + 1:
+            refilled = self.since_change >= self.mark + 1  # the pipeline refilled under the new mark
+            if starving and not full and refilled and self.mark < self.ceiling + 1:
                 self._set(self.eta + 1, self.mark + 1)  # the slack η_t - (mark - 1) kept
                 return "starving"
         if starving:
