@@ -268,8 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
     p.add_argument(
-        "name", help="engine | decode | train | async | interrupt | ablation | headline | profile | sim-validate"
-    )
+        "name", help="engine | decode | train | async | interrupt | ablation | headline | profile | sim-validate | "
+        "prefix-reuse",
+    )  # fmt: skip
     p.add_argument("--json", help="write the result rows and ratios here")
     p.add_argument(
         "--model", help="engine|decode|async|interrupt|ablation|headline: model directory (default: the tiny "

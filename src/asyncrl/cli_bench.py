@@ -63,6 +63,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 async_bench.run_interrupt_bench(args.json, **common)
         case "headline":
             _bench_headline(args)
+        case "prefix-reuse":  # prefill tokens per multi-turn episode, rollout.prefix_reuse off and on
+            from asyncrl.bench.prefix_reuse import run_prefix_reuse_bench
+
+            seeds = tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (0, 1, 2)
+            run_prefix_reuse_bench(args.json, overrides=_bench_overrides(args), seeds=seeds)
         case "adaptive":  # controller.adaptive against fixed max_staleness, real or simulated (--profile)
             _bench_adaptive(args)
         case "profile":  # this machine's cost profile for asyncrl simulate
@@ -78,7 +83,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         case other:
             raise ConfigError(
                 f"unknown benchmark {other!r} (available: engine, decode, train, async, interrupt, ablation, headline, "
-                "profile, sim-validate)"
+                "profile, sim-validate, prefix-reuse)"
             )
     return 0
 

@@ -130,3 +130,20 @@ def test_the_engine_server_serves_the_door(load_tiny) -> None:
             assert _http(f"{base}/health", key=None)[0] == 200  # the other routes are unchanged
     finally:
         engine.close()
+
+
+def test_stop_ends_idle_keep_alive_connections() -> None:
+    engine = ScriptedEngine({})
+    server = DoorServer(ChatDoor(engine, qwen_tokenizer()), "k")
+
+    async def main() -> None:
+        await server.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer k\r\n\r\n")
+        await writer.drain()
+        assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+        await asyncio.wait_for(server.stop(), 5)  # the connection is idle, kept alive: stop still returns
+        assert not server._conns
+        writer.close()
+
+    asyncio.run(main())

@@ -265,7 +265,7 @@ class DoorServer:
         self.max_body_bytes = max_body_bytes
         self.port = 0
         self._server: asyncio.base_events.Server | None = None
-        self._conns: set[asyncio.Task] = set()
+        self._conns: dict[asyncio.Task, asyncio.StreamWriter] = {}
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         check_bind(host, True, "openai door")
@@ -279,18 +279,23 @@ class DoorServer:
         return f"{root}/sessions/{session_id}/v1" if session_id else f"{root}/v1"
 
     async def stop(self) -> None:
+        """Stop listening and end every connection: closing its socket ends an idle keep-alive wait
+        (cancelling a task inside ``asyncio.wait_for`` alone can leave it pending on Python 3.11), and a
+        request in progress is cancelled."""
         if self._server is not None:
             self._server.close()
             self._server = None
-        tasks = [t for t in self._conns if not t.done()]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        conns = [(t, w) for t, w in self._conns.items() if not t.done()]
+        for task, writer in conns:
+            writer.close()
+            task.cancel()
+        if conns:
+            await asyncio.wait([t for t, _ in conns], timeout=10.0)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
-            self._conns.add(task)
+            self._conns[task] = writer
         peer = peer_name(writer.get_extra_info("peername"))
         try:
             while True:
@@ -298,7 +303,7 @@ class DoorServer:
                     req = await read_request(
                         reader, self.max_body_bytes,
                         lambda m, p, h: self.auth.allows(m, p, h.get("authorization"), peer),
-                        idle_timeout_s=300.0, timeout_s=60.0,
+                        idle_timeout_s=60.0, timeout_s=60.0,
                     )  # fmt: skip
                 except HTTPError as e:
                     writer.write(encode_response(e.status, error_body(e.status, e.message), False))
@@ -317,7 +322,7 @@ class DoorServer:
             log.exception("openai door: connection handler failed")
         finally:
             if task is not None:
-                self._conns.discard(task)
+                self._conns.pop(task, None)
             writer.close()
 
     async def _dispatch(self, req: Request) -> tuple[int, Any]:
