@@ -49,15 +49,15 @@ def final_answer(text: str | None) -> int | None:
 
 def solve(base_url: str, api_key: str, task: dict[str, Any]) -> float:
     """One arithmetic problem, at most two turns; the reward is the agent's own check."""
-    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    messages: list[Any] = [{"role": "user", "content": task["question"]}]
-    reply = client.chat.completions.create(model="policy", messages=messages)
-    choice = reply.choices[0]
-    answer = final_answer(choice.message.content)
-    if answer is None and choice.finish_reason == "stop":
-        messages += [choice.message, {"role": "user", "content": "Give the final answer as #<number>."}]
+    with OpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        messages: list[Any] = [{"role": "user", "content": task["question"]}]
         reply = client.chat.completions.create(model="policy", messages=messages)
-        answer = final_answer(reply.choices[0].message.content)
+        choice = reply.choices[0]
+        answer = final_answer(choice.message.content)
+        if answer is None and choice.finish_reason == "stop":
+            messages += [choice.message, {"role": "user", "content": "Give the final answer as #<number>."}]
+            reply = client.chat.completions.create(model="policy", messages=messages)
+            answer = final_answer(reply.choices[0].message.content)
     return 1.0 if answer is not None and str(answer) == str(task["answer"]).strip() else 0.0
 
 
@@ -84,7 +84,11 @@ def calculate(expression: str) -> str:
 
 def solve_with_tools(base_url: str, api_key: str, task: dict[str, Any]) -> None:
     """Tool use through ``tool_calls``; the run's verifier scores the final answer."""
-    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    with OpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        return _tool_loop(client, task)
+
+
+def _tool_loop(client: OpenAI, task: dict[str, Any]) -> None:
     messages: list[Any] = [
         {"role": "system", "content": "Use the calculator for arithmetic. End with #<answer>."},
         {"role": "user", "content": task["question"]},
