@@ -101,10 +101,13 @@ def calculator_examples(cfg: Config, tokenizer: Any) -> list[SFTExample]:
     renderer = ChatRenderer(tokenizer, (tokenizer.eos_token_id,))
     tool = calculator_tool()
     env = calculator_env()
+    prompts = [Prompt(p.problem_id, (), p.answer, {"question": p.question}) for p in train]
+
+    async def openings() -> list[Any]:
+        return [await env.reset(prompt) for prompt in prompts]
+
     examples: list[SFTExample] = []
-    for problem in train:
-        prompt = Prompt(problem.problem_id, (), problem.answer, {"question": problem.question})
-        opening = asyncio.run(env.reset(prompt))
+    for problem, opening in zip(train, asyncio.run(openings()), strict=True):
         call = format_tool_call(cfg.agent.tool_format, ToolCall(tool.name, {tool.arg: problem.question}), tool.tag)
         worked = demonstration(problem, tool_role=env.tool_role, call_text=call)[1:]  # reset opened with the question
         messages = [*opening.messages, *(Message(m["role"], m["content"]) for m in worked)]

@@ -1,0 +1,197 @@
+"""``asyncrl bench agent-learning``: does RL teach the tiny policy to use the calculator, within a wall budget?
+
+Per seed, one after the other (issue 18's learning criterion):
+
+1. **Warm start, timed.** The tiny policy is built and fine-tuned on worked calculator conversations
+   (``launch.warm_start.run_warm_start``: the task's training problems, loss on the assistant turns)
+   into the seed's directory, fresh (never a cached one: its time is part of the budget). The
+   config keeps it short, so the policy knows the format and RL has room to improve.
+2. **RL.** ``asyncrl train`` from that policy (the config's ``rollout.workflow=agent``,
+   ``task.name=calculator``): held-out accuracy before RL, the loop (held-out evaluation every
+   ``controller.eval_every`` steps, in RL time), held-out accuracy after.
+3. **The numbers.** Per seed: accuracy before and after on the held-out problems (disjoint from the
+   training ones, ``data.calculator``; ``task.eval_size`` x episodes per prompt), the gain in points,
+   the tool-use rates before and after (``controller.metrics.tool_use_rates``), wall times (warm
+   start, RL, evaluations before and after, total; CPU seconds of the warm start and of the run, which
+   a loaded machine does not inflate) and whether warm start + RL fit ``budget_s``;
+   over seeds, means with 95% t-intervals. A plot of held-out accuracy and the hit rate of tool
+   calls against wall time (warm start included) for every seed is written beside the JSON.
+
+The RL step count is the config's (``controller.total_steps``), not cut at the budget: a run that
+overran says so (``within_budget``) instead of being truncated.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncrl.bench.stats import mean_ci95
+
+__all__ = ["TOOL_RATES", "analyse", "run_agent_learning_bench", "seed_row"]
+
+TOOL_RATES = ("tool_call_correct_rate", "tool_call_hit_rate", "tool_call_malformed_rate", "episode_tool_hit_frac",
+              "episode_turns_mean")  # fmt: skip
+"""Held-out tool-use figures reported before and after RL (``controller.metrics.tool_use_rates``)."""
+
+
+def seed_row(seed: int, summary: dict[str, Any], metrics: list[dict[str, Any]], warm_start_s: float,
+             budget_s: float) -> dict[str, Any]:  # fmt: skip
+    """One seed's result from its run's ``summary.json`` and ``metrics.jsonl`` (times in seconds)."""
+    before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
+    rl_s = float(summary["rl_wall_s"])
+    curve = [(0.0, before.get("accuracy"), before.get("tool_call_hit_rate"))]
+    curve += [
+        (m["time_s"], m["eval_accuracy"], m.get("eval_tool_call_hit_rate")) for m in metrics if "eval_accuracy" in m
+    ]
+    if after:
+        curve.append((rl_s, after.get("accuracy"), after.get("tool_call_hit_rate")))
+    acc_before, acc_after = summary["accuracy_before"], summary["accuracy_after"]
+    return {
+        "seed": seed,
+        "accuracy_before": acc_before,
+        "accuracy_after": acc_after,
+        "gain_points": 100.0 * (acc_after - acc_before) if acc_after is not None else None,
+        "accuracy_mode": summary.get("accuracy_mode"),
+        "accuracy_greedy_before": summary.get("accuracy_greedy_before"),
+        "accuracy_greedy_after": summary.get("accuracy_greedy_after"),
+        **{f"{k}_before": before.get(k) for k in TOOL_RATES},
+        **{f"{k}_after": after.get(k) for k in TOOL_RATES},
+        "steps": summary["steps"],
+        "warm_start_s": warm_start_s,
+        "rl_wall_s": rl_s,
+        "train_wall_s": warm_start_s + rl_s,
+        "total_wall_s": warm_start_s + float(summary["wall_s"]),
+        "within_budget": warm_start_s + rl_s <= budget_s,
+        "curve": [(warm_start_s + t, a, h) for t, a, h in curve],
+    }
+
+
+def analyse(rows: list[dict[str, Any]], budget_s: float, min_gain_points: float = 20.0) -> dict[str, Any]:
+    """Means with 95% intervals over seeds, and how many seeds met the criterion (a gain of at least
+    ``min_gain_points`` with warm start + RL within ``budget_s``)."""
+    keys = ["accuracy_before", "accuracy_after", "gain_points", "warm_start_s", "rl_wall_s", "train_wall_s",
+            "total_wall_s", "warm_start_cpu_s", "run_cpu_s"]  # fmt: skip
+    keys += [f"{k}_{w}" for k in TOOL_RATES for w in ("before", "after")]
+    summary = {}
+    for key in keys:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        if values:
+            summary[key] = mean_ci95(values)
+    met = [r["seed"] for r in rows if r["within_budget"] and (r["gain_points"] or 0.0) >= min_gain_points]
+    hit_rose = [
+        r["seed"] for r in rows if (r["tool_call_hit_rate_after"] or 0.0) > (r["tool_call_hit_rate_before"] or 0.0)
+    ]
+    return {  # fmt: skip
+        "summary": summary,
+        "criterion": {
+            "min_gain_points": min_gain_points,
+            "budget_s": budget_s,
+            "seeds_met": met,
+            "seeds_hit_rate_rose": hit_rose,
+            "seeds": [r["seed"] for r in rows],
+        },
+    }
+
+
+def plot_curves(rows: list[dict[str, Any]], path: Path, budget_s: float) -> None:
+    """Held-out accuracy and the hit rate of tool calls against wall time (warm start included)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
+    for i, row in enumerate(rows):
+        color = f"C{i}"
+        t = [c[0] for c in row["curve"]]
+        top.plot(t, [c[1] for c in row["curve"]], marker="o", color=color, label=f"seed {row['seed']}")
+        bottom.plot(t, [c[2] for c in row["curve"]], marker="o", color=color, label=f"seed {row['seed']}")
+        for ax in (top, bottom):
+            ax.axvline(row["warm_start_s"], color=color, alpha=0.3, linestyle=":")
+    for ax in (top, bottom):
+        ax.axvline(budget_s, color="r", linestyle="--", label=f"budget {budget_s:.0f} s")
+        ax.grid(alpha=0.3)
+        ax.set_ylim(-0.02, 1.02)
+    top.set_ylabel("held-out accuracy")
+    top.set_title(f"calculator: held-out accuracy during RL ({rows[0]['accuracy_mode']}; dotted: warm start ends)",
+                  fontsize=9)  # fmt: skip
+    bottom.set_ylabel("held-out tool calls that hit\n(result = the answer needed)")
+    bottom.set_xlabel("wall time since the warm start began (s)")
+    top.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _run_seed(config: str | None, overrides: list[str], seed: int, out: Path, budget_s: float) -> dict[str, Any]:
+    from asyncrl.config import load_config, with_values
+    from asyncrl.controller.rundir import read_jsonl
+    from asyncrl.launch.local import train
+    from asyncrl.launch.stages import configure_threads
+    from asyncrl.launch.warm_start import run_warm_start
+
+    seed_dir = out / f"seed{seed}"
+    cfg = load_config(config, [*overrides, f"run.seed={seed}", f"sft.seed={seed}",
+                               f"run.run_dir={seed_dir / 'run'}"])  # fmt: skip
+    if cfg.task.name != "calculator" or cfg.rollout.workflow != "agent":
+        raise ValueError("bench agent-learning runs task.name=calculator with rollout.workflow=agent")
+    configure_threads(cfg)
+    t0, cpu0 = time.perf_counter(), cpu_seconds()
+    run_warm_start(cfg, seed_dir / "warm_start")
+    warm_start_s, cpu1 = time.perf_counter() - t0, cpu_seconds()
+    print(f"seed {seed}: warm start {warm_start_s:.0f} s", flush=True)
+    run_dir, summary = train(with_values(cfg, {"model.path": str(seed_dir / "warm_start")}), overwrite=True)
+    row = seed_row(seed, summary, read_jsonl(run_dir / "metrics.jsonl"), warm_start_s, budget_s)
+    return {**row, "warm_start_cpu_s": cpu1 - cpu0, "run_cpu_s": cpu_seconds() - cpu1}
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (the trainer process), user + system: what
+    the work cost whatever else the machine was running."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+def run_agent_learning_bench(
+    json_path: str | None,
+    *,
+    config: str | None,
+    overrides: list[str],
+    seeds: list[int],
+    budget_s: float = 600.0,
+    out_dir: str = "runs/bench-agent-learning",
+) -> dict[str, Any]:
+    """Warm start + RL on ``calculator`` per seed (see the module docstring); writes ``json_path`` and a
+    PNG beside it."""
+    out = Path(out_dir)
+    rows = []
+    for seed in seeds:
+        rows.append(_run_seed(config, overrides, seed, out, budget_s))
+        print(f"seed {seed}: {json.dumps({k: v for k, v in rows[-1].items() if k != 'curve'})}", flush=True)
+    payload = {"bench": "agent-learning", "config": config, "overrides": overrides, "budget_s": budget_s,
+               "rows": rows, **analyse(rows, budget_s)}  # fmt: skip
+    if json_path:
+        path = Path(json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(payload, indent=2) + "\n")
+        plot_curves(rows, path.with_suffix(".png"), budget_s)
+    _print_table(payload)
+    return payload
+
+
+def _print_table(payload: dict[str, Any]) -> None:
+    print(f"{'seed':>4} {'before':>7} {'after':>7} {'gain pts':>8} {'hit before':>10} {'hit after':>9} "
+          f"{'warm s':>7} {'RL s':>6} {'in budget':>9}")  # fmt: skip
+    for r in payload["rows"]:
+        gain = f"{r['gain_points']:.1f}" if r["gain_points"] is not None else "-"
+        print(f"{r['seed']:>4} {r['accuracy_before']:>7.3f} {r['accuracy_after'] or 0:>7.3f} {gain:>8} "
+              f"{r['tool_call_hit_rate_before'] or 0:>10.3f} {r['tool_call_hit_rate_after'] or 0:>9.3f} "
+              f"{r['warm_start_s']:>7.0f} {r['rl_wall_s']:>6.0f} {str(r['within_budget']):>9}")  # fmt: skip
+    gain = payload["summary"].get("gain_points")
+    if gain:
+        print(f"gain: mean {gain['mean']:.1f} points, 95% CI [{gain['low']}, {gain['high']}] over {gain['n']} seeds")
+    print(f"seeds meeting the criterion: {payload['criterion']['seeds_met']}")
