@@ -332,6 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--reuse", metavar="DIR", help="ablation: read the finished arms of an interrupted invocation's run directory"
     )
+    p.add_argument("--config", help="agent-learning: YAML config of every run (default configs/calculator.yaml)")
+    p.add_argument(
+        "--budget-s", type=float, default=600.0, help="agent-learning: wall budget of warm start + RL per seed"
+    )
     p.add_argument("--contexts", help="decode: comma-separated prompt lengths (default 50,600,1200)")
     p.add_argument("--running", help="decode: comma-separated numbers of sequences running (default 1,4,16,64,128)")
     p.add_argument(

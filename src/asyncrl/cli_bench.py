@@ -70,6 +70,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             run_prefix_reuse_bench(args.json, overrides=_bench_overrides(args), seeds=seeds)
         case "adaptive":  # controller.adaptive against fixed max_staleness, real or simulated (--profile)
             _bench_adaptive(args)
+        case "agent-learning":  # warm start + RL on calculator within a wall budget, per seed
+            _bench_agent_learning(args)
         case "profile":  # this machine's cost profile for asyncrl simulate
             from asyncrl.sim.command import bench_profile
 
@@ -83,7 +85,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         case other:
             raise ConfigError(
                 f"unknown benchmark {other!r} (available: engine, decode, train, async, interrupt, ablation, headline, "
-                "profile, sim-validate, prefix-reuse)"
+                "profile, sim-validate, prefix-reuse, agent-learning)"
             )
     return 0
 
@@ -105,6 +107,17 @@ def _bench_plan_check(args: argparse.Namespace) -> None:
         )  # fmt: skip
     except PlanCheckError as exc:
         raise ConfigError(f"bench plan-check: {exc}") from exc
+
+
+def _bench_agent_learning(args: argparse.Namespace) -> None:
+    """``asyncrl bench agent-learning``: warm start + RL on calculator per seed (``bench/agent_learning.py``)."""
+    from asyncrl.bench.agent_learning import run_agent_learning_bench
+
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else [0, 1, 2]
+    run_agent_learning_bench(
+        args.json, config=args.config or "configs/calculator.yaml", overrides=_bench_overrides(args),
+        seeds=seeds, budget_s=args.budget_s, out_dir=args.out or "runs/bench-agent-learning",
+    )  # fmt: skip
 
 
 def _bench_adaptive(args: argparse.Namespace) -> None:
