@@ -12,7 +12,8 @@ Nothing here imports asyncrl. Each agent is a function ``(base_url, api_key, tas
 
 Train one (see ``README.md``)::
 
-    asyncrl train rollout.workflow=openai_agent agent.entrypoint=examples.openai_agent.agent:solve
+    PYTHONPATH=. asyncrl train --set rollout.workflow=openai_agent \
+        --set agent.entrypoint=examples.openai_agent.agent:solve
 """
 
 from __future__ import annotations
