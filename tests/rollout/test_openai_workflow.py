@@ -106,3 +106,17 @@ def test_the_workflow_is_built_from_the_config(tok) -> None:
     workflow = build_workflow(cfg, tok, (tok.eos_token_id,))
     assert isinstance(workflow, OpenAIAgentWorkflow) and workflow.entrypoint is _two_turns
     assert workflow.settings.tool_format == "json" and workflow.settings.max_tokens == 77
+
+
+async def _async_agent(base_url: str, api_key: str, task: dict) -> float:
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        reply = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": task["question"]}]
+        )
+    return 1.0 if reply.choices[0].message.content == "#4" else 0.0
+
+
+def test_an_async_agent_runs_on_the_event_loop(tok) -> None:
+    group, engine, _ = _run(tok, _async_agent, "return")
+    assert group.rewards == (1.0, 1.0) and all(len(t.turns) == 1 for t in group.trajectories)
+    assert len(engine.calls) == 2
