@@ -1,0 +1,182 @@
+"""``asyncrl bench prefix-reuse``: prefill tokens per multi-turn episode with and without prefix reuse.
+
+Owns the side-by-side measure of ``rollout.prefix_reuse`` (docs/engine.md "Prefix reuse across turns").
+For each seed, the same calculator episodes (``rollout.workflow=agent``, ``task.name=calculator``: a
+tool call, the tool's result, the answer) are played twice through the run's own stages (the warm
+start, ``build_engine``, ``build_workflow``: ``AgentWorkflow`` over ``LocalEngine``), reuse off then
+on, with the same sampling seeds; all groups start at once, as the controller admits them. Per arm:
+the engine's prefill tokens (prompt tokens computed), the tokens taken from retained sequences
+instead, decode tokens, turns per episode, wall time (after one untimed warm-up group). Per seed:
+the reduction of prefill tokens per episode and the wall-time ratio, and how many episodes are the
+same token for token in both arms
+(reuse changes where a prefix's KV comes from, not its value, up to float rounding that can flip a
+near-tie draw; then the two arms play different episodes and their counts differ for that reason too).
+
+Token counts do not depend on timing (given the episodes); wall time does, and on a shared machine it
+is noisy. No weight update happens here: in training every update drops the retained KV (and slot
+pressure evicts it), so a run saves at most what this bench measures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from asyncrl.bench.stats import mean_ci95
+
+__all__ = ["BASE_OVERRIDES", "run_prefix_reuse_bench"]
+
+BASE_OVERRIDES = (
+    "rollout.workflow=agent", "task.name=calculator", "agent.tool_format=tag", "agent.max_turns=4",
+    "agent.max_turn_tokens=48", "rollout.max_new_tokens=48", "rollout.group_size=4", "rollout.max_slots=32",
+    "run.progress=false", "task.train_size=2048", "sft.steps=100", "sft.batch_size=16", "sft.warmup_steps=10",
+)  # fmt: skip
+"""The workload: calculator episodes (at most 4 turns) of the tiny policy after a short warm start on
+worked conversations (enough to call the tool and answer: two turns, as in tests/integration/test_agent_run.py),
+G=4, every episode in a slot of its own."""
+
+NUM_PROMPTS = 8
+"""Training prompts per seed (x group_size episodes per arm)."""
+
+
+def _counters(engine: Any) -> dict[str, float]:
+    s = engine.stats()
+    keys = ("prefill_tokens", "prefix_reused_tokens", "prefix_hits", "generated_tokens", "retained_evicted")
+    return {k: s[k] for k in keys}
+
+
+async def _play(cfg: Any, engine: Any, tokenizer: Any, model: Any, num_prompts: int) -> tuple[list[Any], float]:
+    """Every group of the seed's first ``num_prompts`` training prompts at once; (groups, wall seconds)."""
+    from asyncrl.data.prompts import build_task
+    from asyncrl.launch.stages import build_workflow
+    from asyncrl.models import stop_token_ids
+    from asyncrl.rollout.sampling import SamplingParams
+
+    stops = stop_token_ids(tokenizer, model)
+    workflow = build_workflow(cfg, tokenizer, stops)
+    train, _, _ = build_task(cfg.task, tokenizer)
+    r = cfg.rollout
+
+    async def unscored(prompt: Any, completion: Any) -> tuple[float, str | None]:
+        return 0.0, "the environment did not score the episode"
+
+    def sampling(i: int) -> SamplingParams:
+        seed = cfg.run.seed * 100_003 + i * r.group_size  # episode j of group i: seed + j
+        return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                              top_k=r.top_k, stop_token_ids=stops, seed=seed)  # fmt: skip
+
+    started = time.perf_counter()
+    prompts = train[:num_prompts]
+    groups = await asyncio.gather(*(
+        workflow(engine, p, sampling(i), r.group_size, unscored, start_version=0) for i, p in enumerate(prompts)
+    ))  # fmt: skip
+    return list(groups), time.perf_counter() - started
+
+
+def _arm(cfg: Any, model_dir: Path, num_prompts: int) -> tuple[dict[str, Any], list[tuple[int, ...]]]:
+    """One arm: a fresh engine plays the episodes; (its row, every episode's token ids)."""
+    from asyncrl.launch.stages import build_engine, init_process, load_model
+
+    init_process(cfg)
+    model, tokenizer = load_model(cfg, model_dir)
+    engine = build_engine(cfg, model, tokenizer)
+    try:
+        groups, wall = asyncio.run(_play(cfg, engine, tokenizer, model, num_prompts))
+        c = _counters(engine)
+    finally:
+        engine.close()
+    trajectories = [t for g in groups for t in g.trajectories]
+    episodes = len(trajectories)
+    turns = sum(len(t.turns) for t in trajectories)
+    row = {
+        "seed": cfg.run.seed,
+        "prefix_reuse": cfg.rollout.prefix_reuse,
+        "episodes": episodes,
+        "turns_per_episode": turns / episodes,
+        "prefill_tokens_per_episode": c["prefill_tokens"] / episodes,
+        "reused_tokens_per_episode": c["prefix_reused_tokens"] / episodes,
+        "decode_tokens_per_episode": c["generated_tokens"] / episodes,
+        "prefix_hits": int(c["prefix_hits"]),
+        "model_turns": turns,
+        "retained_evicted": int(c["retained_evicted"]),
+        "env_tokens_per_episode": sum(turn.env_tokens for t in trajectories for turn in t.turns) / episodes,
+        "reward_mean": sum(g.rewards[i] for g in groups for i in range(len(g.rewards))) / episodes,
+        "wall_s": wall,
+    }
+    return row, [t.token_ids for t in trajectories]
+
+
+def _compare(off: dict[str, Any], on: dict[str, Any], same: int) -> dict[str, Any]:
+    return {
+        "seed": off["seed"],
+        "prefill_reduction": 1.0 - on["prefill_tokens_per_episode"] / off["prefill_tokens_per_episode"],
+        "wall_ratio_on_over_off": on["wall_s"] / off["wall_s"],
+        "episodes_identical": same,
+        "episodes": off["episodes"],
+    }
+
+
+def run_prefix_reuse_bench(
+    json_path: str | None,
+    *,
+    overrides: Sequence[str] = (),
+    seeds: Sequence[int] = (0, 1, 2),
+    num_prompts: int = NUM_PROMPTS,
+) -> dict[str, Any]:
+    """Both arms per seed (see the module docstring); prints a table, writes ``json_path``. The policy is
+    ``model.path`` when an override sets it, else the workload's warm start (built once, cached)."""
+    from asyncrl.config import load_config
+    from asyncrl.launch.warm_start import ensure_policy
+
+    rows: list[dict[str, Any]] = []
+    per_seed: list[dict[str, Any]] = []
+    warm = load_config(None, [*BASE_OVERRIDES, *overrides, f"run.seed={seeds[0]}"])
+    _arm(warm, ensure_policy(warm), 1)  # untimed: the process's first forward pays one-off costs
+    for seed in seeds:
+        arms = {}
+        for reuse in (False, True):
+            cfg = load_config(None, [*BASE_OVERRIDES, *overrides, f"run.seed={seed}", f"rollout.prefix_reuse={reuse}"])
+            arms[reuse] = _arm(cfg, ensure_policy(cfg), num_prompts)
+            rows.append(arms[reuse][0])
+        same = sum(a == b for a, b in zip(arms[False][1], arms[True][1], strict=True))
+        per_seed.append(_compare(arms[False][0], arms[True][0], same))
+    result = {
+        "bench": "prefix-reuse",
+        "workload": {
+            "overrides": [*BASE_OVERRIDES, *overrides],
+            "prompts_per_seed": num_prompts,
+            "model": "model.path, else the workload's warm start (launch.warm_start.ensure_policy)",
+        },
+        "rows": rows,
+        "per_seed": per_seed,
+        "prefill_reduction": mean_ci95([s["prefill_reduction"] for s in per_seed]),
+        "wall_ratio_on_over_off": mean_ci95([s["wall_ratio_on_over_off"] for s in per_seed]),
+    }
+    _print(result)
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _print(result: dict[str, Any]) -> None:
+    print(f"{'seed':>4} {'reuse':>5} {'turns/ep':>8} {'prefill/ep':>10} {'reused/ep':>9} {'decode/ep':>9} {'wall':>4}")
+    for r in result["rows"]:
+        print(f"{r['seed']:>4} {r['prefix_reuse']!s:>5} {r['turns_per_episode']:>8.2f} "
+              f"{r['prefill_tokens_per_episode']:>10.1f} {r['reused_tokens_per_episode']:>9.1f} "
+              f"{r['decode_tokens_per_episode']:>9.1f} {r['wall_s']:>6.1f}")  # fmt: skip
+    for s in result["per_seed"]:
+        print(f"seed {s['seed']}: prefill -{100 * s['prefill_reduction']:.1f}%, "
+              f"wall x{s['wall_ratio_on_over_off']:.2f}, "
+              f"{s['episodes_identical']}/{s['episodes']} episodes identical")  # fmt: skip
+    red, wall = result["prefill_reduction"], result["wall_ratio_on_over_off"]
+    print(f"prefill reduction {red['mean']:.3f} (95% CI {_fmt(red['low'])}..{_fmt(red['high'])}); "
+          f"wall on/off {wall['mean']:.3f} (95% CI {_fmt(wall['low'])}..{_fmt(wall['high'])})")  # fmt: skip
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
