@@ -300,8 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="ablation: a run whose final accuracy is below this x its starting accuracy counts as collapsed",
     )  # fmt: skip
     p.add_argument(
-        "--workload", help="async: comma-separated workloads (task, long, reason); headline: one (default reason)"
-    )
+        "--workload", help="async: comma-separated workloads (task, long, reason); headline: one (default reason); "
+        "prefix-reuse: calculator (default) or scripted",
+    )  # fmt: skip
     p.add_argument(
         "--seeds", help="async|ablation|headline: comma-separated run.seed values (default 0 | 0,1,2 | 0,1,2); "
         "sim-validate: simulator seeds (default 0,1,2)"

@@ -67,7 +67,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             from asyncrl.bench.prefix_reuse import run_prefix_reuse_bench
 
             seeds = tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (0, 1, 2)
-            run_prefix_reuse_bench(args.json, overrides=_bench_overrides(args), seeds=seeds)
+            workload = args.workload or "calculator"
+            run_prefix_reuse_bench(args.json, overrides=_bench_overrides(args), seeds=seeds, workload=workload)
         case "adaptive":  # controller.adaptive against fixed max_staleness, real or simulated (--profile)
             _bench_adaptive(args)
         case "agent-learning":  # warm start + RL on calculator within a wall budget, per seed

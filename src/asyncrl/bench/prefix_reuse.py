@@ -12,6 +12,12 @@ same token for token in both arms
 (reuse changes where a prefix's KV comes from, not its value, up to float rounding that can flip a
 near-tie draw; then the two arms play different episodes and their counts differ for that reason too).
 
+``workload="scripted"`` (``--workload scripted``) needs no warm start: the same calculator openings,
+but every episode runs ``agent.max_turns`` model turns sampled by the engine from the random-init
+tiny policy (ended by EOS or ``agent.max_turn_tokens``), each followed by the environment's reply
+scripted as the calculator's result of the question (a tool message rendered through the chat
+template, ``ChatRenderer.env_ids``), so the turn structure is fixed and only the engine is measured.
+
 Token counts do not depend on timing (given the episodes); wall time does, and on a shared machine it
 is noisy. No weight update happens here: in training every update drops the retained KV (and slot
 pressure evicts it), so a run saves at most what this bench measures.
@@ -20,7 +26,9 @@ pressure evicts it), so a run saves at most what this bench measures.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,7 +57,44 @@ def _counters(engine: Any) -> dict[str, float]:
     return {k: s[k] for k in keys}
 
 
-async def _play(cfg: Any, engine: Any, tokenizer: Any, model: Any, num_prompts: int) -> tuple[list[Any], float]:
+async def _play_scripted(cfg: Any, engine: Any, tokenizer: Any, model: Any, num_prompts: int) -> list[dict[str, Any]]:
+    """Scripted calculator conversations (module docstring); one record per episode."""
+    from asyncrl.data.prompts import build_task
+    from asyncrl.models import stop_token_ids
+    from asyncrl.rollout.chat import ChatRenderer
+    from asyncrl.rollout.envs.base import Message
+    from asyncrl.rollout.envs.calculator import calculator_env, evaluate_expression
+    from asyncrl.rollout.sampling import SamplingParams
+
+    stops = stop_token_ids(tokenizer, model)
+    renderer = ChatRenderer(tokenizer, stops)
+    train, _, _ = build_task(cfg.task, tokenizer)
+    r, turns = cfg.rollout, cfg.agent.max_turns
+
+    async def episode(prompt: Any, seed: int) -> dict[str, Any]:
+        opening = await calculator_env().reset(prompt)
+        history = list(opening.messages)
+        ids = list(renderer.opening_ids(history, opening.tools))
+        reply = [Message("tool", evaluate_expression(str(prompt.meta["question"])))]
+        sampling = SamplingParams(max_new_tokens=cfg.agent.max_turn_tokens or r.max_new_tokens,
+                                  temperature=r.temperature, stop_token_ids=stops, seed=seed)  # fmt: skip
+        for turn in range(turns):
+            (c,) = await engine.generate(ids, sampling)
+            ids += c.output_ids
+            if turn < turns - 1:
+                closed_by = c.output_ids[-1] if c.finish_reason == "stop" else None
+                ids += renderer.env_ids(history, reply, opening.tools, closed_by)
+                history += [Message("assistant", tokenizer.decode(list(c.output_ids))), *reply]
+        return {"token_ids": tuple(ids), "turns": turns, "reward": 0.0}
+
+    prompts = train[:num_prompts]
+    seeds = [cfg.run.seed * 100_003 + i * r.group_size + j for i in range(len(prompts)) for j in range(r.group_size)]
+    return list(await asyncio.gather(*(
+        episode(p, seeds[i * r.group_size + j]) for i, p in enumerate(prompts) for j in range(r.group_size)
+    )))  # fmt: skip
+
+
+async def _play(cfg: Any, engine: Any, tokenizer: Any, model: Any, num_prompts: int) -> list[dict[str, Any]]:
     """Every group of the seed's first ``num_prompts`` training prompts at once; (groups, wall seconds)."""
     from asyncrl.data.prompts import build_task
     from asyncrl.launch.stages import build_workflow
@@ -69,15 +114,18 @@ async def _play(cfg: Any, engine: Any, tokenizer: Any, model: Any, num_prompts: 
         return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                               top_k=r.top_k, stop_token_ids=stops, seed=seed)  # fmt: skip
 
-    started = time.perf_counter()
     prompts = train[:num_prompts]
     groups = await asyncio.gather(*(
         workflow(engine, p, sampling(i), r.group_size, unscored, start_version=0) for i, p in enumerate(prompts)
     ))  # fmt: skip
-    return list(groups), time.perf_counter() - started
+    return [
+        {"token_ids": t.token_ids, "turns": len(t.turns), "reward": reward}
+        for g in groups
+        for t, reward in zip(g.trajectories, g.rewards, strict=True)
+    ]
 
 
-def _arm(cfg: Any, model_dir: Path, num_prompts: int) -> tuple[dict[str, Any], list[tuple[int, ...]]]:
+def _arm(cfg: Any, model_dir: Path, num_prompts: int, workload: str) -> tuple[dict[str, Any], list[tuple[int, ...]]]:
     """One arm: a fresh engine plays the episodes; (its row, every episode's token ids)."""
     from asyncrl.launch.stages import build_engine, init_process, load_model
 
@@ -85,13 +133,15 @@ def _arm(cfg: Any, model_dir: Path, num_prompts: int) -> tuple[dict[str, Any], l
     model, tokenizer = load_model(cfg, model_dir)
     engine = build_engine(cfg, model, tokenizer)
     try:
-        groups, wall = asyncio.run(_play(cfg, engine, tokenizer, model, num_prompts))
+        play = _play_scripted if workload == "scripted" else _play
+        started = time.perf_counter()
+        records = asyncio.run(play(cfg, engine, tokenizer, model, num_prompts))
+        wall = time.perf_counter() - started
         c = _counters(engine)
     finally:
         engine.close()
-    trajectories = [t for g in groups for t in g.trajectories]
-    episodes = len(trajectories)
-    turns = sum(len(t.turns) for t in trajectories)
+    episodes = len(records)
+    turns = sum(e["turns"] for e in records)
     row = {
         "seed": cfg.run.seed,
         "prefix_reuse": cfg.rollout.prefix_reuse,
@@ -103,11 +153,18 @@ def _arm(cfg: Any, model_dir: Path, num_prompts: int) -> tuple[dict[str, Any], l
         "prefix_hits": int(c["prefix_hits"]),
         "model_turns": turns,
         "retained_evicted": int(c["retained_evicted"]),
-        "env_tokens_per_episode": sum(turn.env_tokens for t in trajectories for turn in t.turns) / episodes,
-        "reward_mean": sum(g.rewards[i] for g in groups for i in range(len(g.rewards))) / episodes,
+        "reward_mean": sum(e["reward"] for e in records) / episodes,
         "wall_s": wall,
     }
-    return row, [t.token_ids for t in trajectories]
+    return row, [e["token_ids"] for e in records]
+
+
+@functools.cache
+def _random_tiny() -> Path:
+    """The random-init tiny policy, built once per process (both arms decode with the same weights)."""
+    from asyncrl.models import build_tiny_policy
+
+    return Path(build_tiny_policy(Path(tempfile.mkdtemp(prefix="asyncrl-prefix-reuse-")) / "tiny"))
 
 
 def _compare(off: dict[str, Any], on: dict[str, Any], same: int) -> dict[str, Any]:
@@ -126,30 +183,41 @@ def run_prefix_reuse_bench(
     overrides: Sequence[str] = (),
     seeds: Sequence[int] = (0, 1, 2),
     num_prompts: int = NUM_PROMPTS,
+    workload: str = "calculator",
 ) -> dict[str, Any]:
     """Both arms per seed (see the module docstring); prints a table, writes ``json_path``. The policy is
     ``model.path`` when an override sets it, else the workload's warm start (built once, cached)."""
     from asyncrl.config import load_config
     from asyncrl.launch.warm_start import ensure_policy
 
+    if workload not in ("calculator", "scripted"):
+        raise ValueError(f"prefix-reuse workload {workload!r}: calculator or scripted")
+
+    def policy(cfg: Any) -> Path:
+        if workload == "scripted" and not cfg.model.path:
+            return _random_tiny()
+        return ensure_policy(cfg)
+
     rows: list[dict[str, Any]] = []
     per_seed: list[dict[str, Any]] = []
     warm = load_config(None, [*BASE_OVERRIDES, *overrides, f"run.seed={seeds[0]}"])
-    _arm(warm, ensure_policy(warm), 1)  # untimed: the process's first forward pays one-off costs
+    _arm(warm, policy(warm), 1, workload)  # untimed: the process's first forward pays one-off costs
     for seed in seeds:
         arms = {}
         for reuse in (False, True):
             cfg = load_config(None, [*BASE_OVERRIDES, *overrides, f"run.seed={seed}", f"rollout.prefix_reuse={reuse}"])
-            arms[reuse] = _arm(cfg, ensure_policy(cfg), num_prompts)
+            arms[reuse] = _arm(cfg, policy(cfg), num_prompts, workload)
             rows.append(arms[reuse][0])
         same = sum(a == b for a, b in zip(arms[False][1], arms[True][1], strict=True))
         per_seed.append(_compare(arms[False][0], arms[True][0], same))
     result = {
         "bench": "prefix-reuse",
         "workload": {
+            "name": workload,
             "overrides": [*BASE_OVERRIDES, *overrides],
             "prompts_per_seed": num_prompts,
-            "model": "model.path, else the workload's warm start (launch.warm_start.ensure_policy)",
+            "model": "model.path, else (calculator) the workload's warm start (launch.warm_start.ensure_policy) or "
+            "(scripted) the random-init tiny policy (models.build_tiny_policy)",
         },
         "rows": rows,
         "per_seed": per_seed,
