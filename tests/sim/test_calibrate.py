@@ -50,3 +50,29 @@ def test_decode_ratios_measure_the_engine_against_the_fit() -> None:
         {"engine_decode_s": 2 * predicted, "engine_generated_tokens": tokens, "engine_running": 0},  # idle
     ]
     assert decode_ratios(timeline, ctx, cost) == pytest.approx([2.0])
+
+
+def _run_with_steps(run: Path, steps: int) -> None:
+    """A run directory whose trainer steps cost exactly 0.1 s + 1e-4 s per trained token."""
+    import json
+
+    run.mkdir()
+    metrics = [{"step": i, "trained_tokens": 1000 * (i + 1), "train_step_s": 0.1 + 1e-4 * 1000 * (i + 1),
+                "applied": True} for i in range(steps)]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    rows = [{"prompt_id": "a", "sample_idx": i, "status": "trained", "start_version": 0, "response_len": 20 + i}
+            for i in range(4)]  # fmt: skip
+    (run / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    line = {"engine_decode_s": 0.0, "engine_generated_tokens": 0, "engine_running": 0, "engine_prefill_s": 0.0,
+            "engine_prefill_tokens": 0}  # fmt: skip
+    (run / "timeline.jsonl").write_text(json.dumps({"t": 0.0, **line}) + "\n" + json.dumps({"t": 1.0, **line}) + "\n")
+
+
+def test_runs_with_enough_steps_give_the_trainer_fit_of_their_own_workload(tmp_path: Path) -> None:
+    _run_with_steps(tmp_path / "many", 6)
+    refined = machine_profile(RESULTS, runs=[tmp_path / "many"])
+    assert (refined.trainer.base_s, refined.trainer.per_token_s) == pytest.approx((0.1, 1e-4), rel=1e-6)
+    assert "the runs' workload only" in next(s.source for s in refined.sources if s.fields.startswith("trainer."))
+    _run_with_steps(tmp_path / "few", 4)  # too few: the committed rows' fit stays
+    kept = machine_profile(RESULTS, runs=[tmp_path / "few"])
+    assert kept.trainer.per_token_s == pytest.approx(machine_profile(RESULTS).trainer.per_token_s, rel=0.2)
