@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import torch
 
-from asyncrl.rollout.engine import LocalEngine, SamplingParams
+from asyncrl.rollout.engine import EngineDied, LocalEngine, SamplingParams
 from asyncrl.types import WeightUpdate
 
 
@@ -185,6 +185,25 @@ def test_invalid_requests_raise(engine, arun):
         SamplingParams(max_new_tokens=8, top_p=0.0)
     with pytest.raises(ValueError):
         LocalEngine(engine.model, engine.tokenizer, max_slots=2, max_seq_len=64, interrupt_mode="drop")
+
+
+def test_a_dead_engine_thread_fails_every_call_instead_of_hanging(engine, arun, monkeypatch):
+    p = prompt_of(engine)
+    (ok,) = arun(engine.generate(p, SamplingParams(max_new_tokens=4, greedy=True)))
+    assert ok.output_ids
+
+    def broken_add(requests):  # a failure outside a step: the thread itself dies
+        raise RuntimeError("admission bookkeeping broke")
+
+    monkeypatch.setattr(engine.scheduler, "add", broken_add)
+    with pytest.raises(EngineDied, match="admission bookkeeping broke"):
+        arun(asyncio.wait_for(engine.generate(p, SamplingParams(max_new_tokens=4)), timeout=30))
+    engine._thread.join(timeout=10)
+    assert not engine._thread.is_alive()
+    with pytest.raises(EngineDied):  # later calls fail at once
+        arun(asyncio.wait_for(engine.generate(p, SamplingParams(max_new_tokens=4)), timeout=5))
+    with pytest.raises(EngineDied):
+        arun(asyncio.wait_for(engine.abort_all(), timeout=5))
 
 
 def test_pause_blocks_decoding_until_resume(engine, arun):

@@ -54,9 +54,14 @@ from asyncrl.rollout.scheduler import Finished, Placement, Scheduler, StepOutput
 from asyncrl.rollout.weights import copy_state, load_update_tensors
 from asyncrl.types import Completion, WeightUpdate
 
-__all__ = ["LocalEngine", "SamplingParams", "load_update_tensors"]
+__all__ = ["EngineDied", "LocalEngine", "SamplingParams", "load_update_tensors"]
 
 log = logging.getLogger(__name__)
+
+
+class EngineDied(RuntimeError):
+    """The engine's decode thread is gone: the call cannot be served (the run counts it as an engine
+    failure and stops after ``controller.max_engine_failures`` in a row)."""
 
 
 class LocalEngine:
@@ -100,6 +105,8 @@ class LocalEngine:
         self._closed = False
         self._cancel_flag = False
         self._thread: threading.Thread | None = None
+        self._dead: EngineDied | None = None
+        """Set when the engine thread died: every call fails with it from then on."""
         # engine-thread state
         self.scheduler = Scheduler(
             max_slots=max_slots, max_seq_len=max_seq_len, prefill_token_budget=prefill_token_budget,
@@ -154,6 +161,7 @@ class LocalEngine:
         base_seed = sampling.seed if sampling.seed is not None else self._rng.getrandbits(31)
         request = Request(prompt, sampling, n, int(base_seed), loop, future, on_sample_done)
         with self._cv:
+            self._check_alive()
             self._incoming.append(request)
             self._cv.notify()
         try:
@@ -240,6 +248,7 @@ class LocalEngine:
         future = loop.create_future()
         self.start()
         with self._cv:
+            self._check_alive()
             self._controls.append((fn, loop, future))
             self._cv.notify()
         return await future
@@ -252,6 +261,23 @@ class LocalEngine:
         return not self._paused and bool(self._incoming or scheduler.num_waiting or scheduler.num_running)
 
     def _run(self) -> None:
+        """The thread's body: serve until closed. If the thread itself dies (an error outside a step,
+        e.g. in admission bookkeeping), every pending and later call fails with ``EngineDied``
+        instead of waiting forever on a thread that is gone."""
+        try:
+            self._serve()
+        except BaseException as exc:  # noqa: BLE001 - the thread is gone whatever it was; say so to every caller
+            log.exception("LocalEngine thread died")
+            with self._cv:
+                self._dead = EngineDied(f"the LocalEngine thread died: {exc!r}")
+            self._fail_all(self._dead)
+
+    def _check_alive(self) -> None:
+        """Raise ``EngineDied`` once the engine thread is gone (called under ``_cv``)."""
+        if self._dead is not None:
+            raise self._dead
+
+    def _serve(self) -> None:
         torch.set_grad_enabled(False)
         while True:
             with self._cv:
