@@ -83,12 +83,17 @@ def test_summary_over_seeds() -> None:
     assert by["decoupled"]["accuracy_after_ci95"] is None  # one seed: no interval
 
 
-def test_tiny_grid_runs_with_the_controlled_lag(tiny_policy_dir, tmp_path) -> None:
-    user = [
+def _tiny_user(tiny_policy_dir) -> list[str]:
+    """Tiny sizes for a real grid that runs in seconds."""
+    return [
         f"model.path={tiny_policy_dir}", "controller.trainer_process=false", "controller.batch_size=2",
         "rollout.group_size=2", "rollout.max_new_tokens=12", "eval.max_new_tokens=12", "task.eval_size=4",
         "task.train_size=100", "eval.samples_per_prompt=1", "eval.report_greedy=false",
     ]  # fmt: skip
+
+
+def test_tiny_grid_runs_with_the_controlled_lag(tiny_policy_dir, tmp_path) -> None:
+    user = _tiny_user(tiny_policy_dir)
     out = run_ablation(
         str(tmp_path / "ablation.json"), overrides=user, objectives=("decoupled", "uncorrected"), lags=(1,),
         lrs=(1e-3,), seeds=(0,), steps=2, out_dir=str(tmp_path / "runs"),
@@ -123,11 +128,7 @@ def test_tiny_grid_runs_with_the_controlled_lag(tiny_policy_dir, tmp_path) -> No
 
 
 def test_tiny_grid_under_bounded_staleness(tiny_policy_dir, tmp_path) -> None:
-    user = [
-        f"model.path={tiny_policy_dir}", "controller.trainer_process=false", "controller.batch_size=2",
-        "rollout.group_size=2", "rollout.max_new_tokens=12", "eval.max_new_tokens=12", "task.eval_size=4",
-        "task.train_size=100", "eval.samples_per_prompt=1", "eval.report_greedy=false",
-    ]  # fmt: skip
+    user = _tiny_user(tiny_policy_dir)
     out = run_ablation(
         None, overrides=user, objectives=("naive",), lags=(2,), lrs=(1e-3,), seeds=(0,), steps=3,
         out_dir=str(tmp_path / "runs"), staleness="bounded",
