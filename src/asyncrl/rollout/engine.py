@@ -268,14 +268,16 @@ class LocalEngine:
             self._serve()
         except BaseException as exc:  # noqa: BLE001 - the thread is gone whatever it was; say so to every caller
             log.exception("LocalEngine thread died")
+            died = EngineDied(f"the LocalEngine thread died: {exc!r}")
+            died.__cause__ = exc
             with self._cv:
-                self._dead = EngineDied(f"the LocalEngine thread died: {exc!r}")
-            self._fail_all(self._dead)
+                self._dead = died
+            self._fail_all(died)
 
     def _check_alive(self) -> None:
         """Raise ``EngineDied`` once the engine thread is gone (called under ``_cv``)."""
-        if self._dead is not None:
-            raise self._dead
+        if self._dead is not None:  # a fresh error per call: one shared instance would pile up tracebacks
+            raise EngineDied(str(self._dead)) from self._dead.__cause__
 
     def _serve(self) -> None:
         torch.set_grad_enabled(False)
