@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import asyncrl.controller.loop as loop_module
 from asyncrl.config import load_config
 from asyncrl.controller.rundir import read_jsonl
 from asyncrl.data.calculator import demonstration, make_calculator_splits
@@ -26,7 +25,6 @@ from asyncrl.rollout.chat import ChatRenderer, demonstration_ids
 from asyncrl.rollout.envs.base import Message
 from asyncrl.rollout.envs.calculator import CALCULATOR_SYSTEM, calculator_tool
 from asyncrl.rollout.workflow import run_episode
-from asyncrl.types import Group, TrainSample
 
 STEPS = 3
 
@@ -95,18 +93,10 @@ def test_the_workflow_is_built_from_the_config(tiny_policy_dir) -> None:
     assert build_workflow(custom, tokenizer, ()) is run_episode
 
 
-def test_agent_calculator_run(tiny_policy_dir, tmp_path, monkeypatch) -> None:
+def test_agent_calculator_run(tiny_policy_dir, tmp_path, trained_batches) -> None:
     model_dir = _teach_calculator(tiny_policy_dir, tmp_path / "calc-policy")
     run_dir = tmp_path / "run"
-    batches: list[tuple[list[Group], list[TrainSample]]] = []
-
-    def recording(groups, *args, **kwargs):  # what the trainer is handed
-        samples = loop_module.groups_to_samples.__wrapped__(groups, *args, **kwargs)
-        batches.append((list(groups), samples))
-        return samples
-
-    recording.__wrapped__ = loop_module.groups_to_samples  # type: ignore[attr-defined]
-    monkeypatch.setattr(loop_module, "groups_to_samples", recording)
+    batches = trained_batches
     _, summary = train(_cfg(model_dir, run_dir))
     assert summary["steps"] == STEPS and summary["stop_reason"] is None
     assert summary["accuracy_after"] is not None

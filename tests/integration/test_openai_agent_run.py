@@ -16,12 +16,10 @@ from pathlib import Path
 
 import pytest
 
-import asyncrl.controller.loop as loop_module
 from asyncrl.config import load_config
 from asyncrl.controller.rundir import read_jsonl
 from asyncrl.launch.local import train
 from asyncrl.launch.warm_start import ensure_policy
-from asyncrl.types import Group, TrainSample
 
 pytest.importorskip("openai")
 
@@ -40,20 +38,12 @@ def _cfg(model_dir: Path, run_dir: Path):
     ])  # fmt: skip
 
 
-def test_an_openai_client_agent_trains_through_the_door(tmp_path, monkeypatch) -> None:
+def test_an_openai_client_agent_trains_through_the_door(tmp_path, monkeypatch, trained_batches) -> None:
     monkeypatch.syspath_prepend(str(REPO))  # examples.openai_agent.agent, as a user's own module would be
     monkeypatch.chdir(REPO)  # sft.cache_dir is relative: the warm start asyncrl train itself uses and caches
     model_dir = ensure_policy(load_config(None, []))
     run_dir = tmp_path / "run"
-    batches: list[tuple[list[Group], list[TrainSample]]] = []
-
-    def recording(groups, *args, **kwargs):  # what the trainer is handed
-        samples = loop_module.groups_to_samples.__wrapped__(groups, *args, **kwargs)
-        batches.append((list(groups), samples))
-        return samples
-
-    recording.__wrapped__ = loop_module.groups_to_samples  # type: ignore[attr-defined]
-    monkeypatch.setattr(loop_module, "groups_to_samples", recording)
+    batches = trained_batches
     _, summary = train(_cfg(model_dir, run_dir))
     assert summary["steps"] == STEPS and summary["stop_reason"] is None
     before, after = summary["accuracy_before"], summary["accuracy_after"]

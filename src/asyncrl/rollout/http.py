@@ -1,7 +1,8 @@
 """Minimal HTTP/1.1 over asyncio streams (stdlib only), shared by the engine server and its client.
 
 Owns request/response framing with ``Content-Length`` bodies and keep-alive: enough for a JSON RPC
-protocol between our own processes (or an SGLang server), without a web framework dependency.
+protocol between our own processes (or an SGLang server), without a web framework dependency; and
+the JSON body and value checks every route shares (``parse_json``, ``is_int``, ``is_num``).
 Chunked transfer encoding is not supported (the server answers 411). Slow clients: with
 ``idle_timeout_s`` a connection that sends nothing for that long between requests is closed without
 an answer (a keep-alive client reconnects); with ``timeout_s`` a request whose first byte arrived
@@ -189,3 +190,23 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, st
     length = int(headers.get("content-length", "0"))
     body = await reader.readexactly(length) if length else b""
     return status, headers, body
+
+
+def parse_json(body: bytes) -> Any:
+    """A request body as JSON (None when empty); 400 when malformed."""
+    if not body:
+        return None
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise HTTPError(400, f"malformed JSON body: {e}") from None
+
+
+def is_int(v: Any) -> bool:
+    """An int that is not a bool (JSON true/false must not pass as 1/0)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_num(v: Any) -> bool:
+    """An int or float that is not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -95,6 +95,7 @@ class _PrefillAttention:
     starts: list[int]  # first row of each prompt
     causal: torch.Tensor  # [pmax, pmax] additive mask
     offsets: list[int]  # first position of each prompt in its slot (> 0: a reused prefix before it)
+    masks: list[torch.Tensor]  # each prompt's additive mask [len, offset + len], built once per step
     padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     """(slots, [B, pmax] row index with pads, index of the real rows) of the padded batch; None: prompt by prompt."""
 
@@ -336,15 +337,16 @@ class SlotKVForward:
         starts = [first_row + sum(lens[:b]) for b in range(count)]
         causal = torch.full((pmax, pmax), float("-inf"), dtype=self.dtype, device=dev).triu_(1)
         # A padded batch materialises B x heads x P x P scores: above ~64 MiB go prompt by prompt.
+        masks = [self._causal(causal, n, off) for n, off in zip(lens, offsets, strict=True)]
         if count == 1 or any(offsets) or count * pmax * pmax * self.num_heads > self.max_batched_scores:
-            return _PrefillAttention(slots, lens, starts, causal, offsets)
+            return _PrefillAttention(slots, lens, starts, causal, offsets, masks)
         slots_t = torch.as_tensor(slots, dtype=torch.long, device=dev)
         # padded [B, pmax] view of the prompt rows (pads point at any real row; their output is dropped)
         pad_index = torch.tensor(
             [[st + min(t, n - 1) for t in range(pmax)] for st, n in zip(starts, lens, strict=True)], device=dev
         )
         keep = torch.tensor([b * pmax + t for b, n in enumerate(lens) for t in range(n)], device=dev)
-        return _PrefillAttention(slots, lens, starts, causal, offsets, (slots_t, pad_index, keep))
+        return _PrefillAttention(slots, lens, starts, causal, offsets, masks, (slots_t, pad_index, keep))
 
     def _decode_rows_attention(
         self, decode: _DecodeAttention, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
@@ -365,11 +367,12 @@ class SlotKVForward:
         per prompt, or one for the padded batch)."""
         if prefill.padded is None:  # one new prompt (the common case), or long ones: views, one at a time
             outs = []
-            for slot, plen, st, off in zip(prefill.slots, prefill.lens, prefill.starts, prefill.offsets, strict=True):
+            rows = zip(prefill.slots, prefill.lens, prefill.starts, prefill.offsets, prefill.masks, strict=True)
+            for slot, plen, st, off, mask in rows:
                 qp = q[st : st + plen].permute(1, 2, 0, 3)  # [KVH, G, P, D]
                 kp = k_cache[slot, :, : off + plen].unsqueeze(1)  # [KVH, 1, off + P, D]
                 vp = v_cache[slot, :, : off + plen].unsqueeze(1)
-                op = self._attend(qp, kp, vp, self._causal(prefill.causal, plen, off))
+                op = self._attend(qp, kp, vp, mask)
                 outs.append(op.permute(2, 0, 1, 3).reshape(plen, -1))
             return outs
         slots_t, pad_index, keep = prefill.padded

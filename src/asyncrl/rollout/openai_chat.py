@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.rollout.envs.base import Message
-from asyncrl.rollout.http import HTTPError
+from asyncrl.rollout.http import HTTPError, is_int, is_num
 from asyncrl.rollout.tools import HERMES_CLOSE, HERMES_OPEN, ParsedTurn, ToolFormat
 
 __all__ = [
@@ -55,14 +55,6 @@ _SUPPORTED = {"messages", "tools", "tool_choice", "stream", "response_format"} |
 
 def _bad(msg: str) -> HTTPError:
     return HTTPError(400, msg)
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True)
@@ -249,21 +241,21 @@ def parse_chat_request(body: Any, *, tokenizer: Any, max_slots: int) -> ChatRequ
         raise _bad("'messages' must be a non-empty list")
     messages = tuple(normalized(m, f"messages[{i}]") for i, m in enumerate(raw))
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (not _is_int(max_tokens) or max_tokens < 1):
+    if max_tokens is not None and (not is_int(max_tokens) or max_tokens < 1):
         raise _bad("max_tokens must be an int >= 1")
     temperature = body.get("temperature", 1.0)
     if temperature is None:
         temperature = 1.0
-    if not _is_num(temperature) or not 0 <= temperature <= 2:
+    if not is_num(temperature) or not 0 <= temperature <= 2:
         raise _bad("temperature must be a number in [0, 2]")
     top_p = 1.0 if body.get("top_p") is None else body["top_p"]
-    if not _is_num(top_p) or not 0 < top_p <= 1:
+    if not is_num(top_p) or not 0 < top_p <= 1:
         raise _bad("top_p must be a number in (0, 1]")
     n = 1 if body.get("n") is None else body["n"]
-    if not _is_int(n) or not 1 <= n <= max_slots:
+    if not is_int(n) or not 1 <= n <= max_slots:
         raise _bad(f"n must be an int in [1, {max_slots}]")
     seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
+    if seed is not None and not is_int(seed):
         raise _bad("seed must be an int")
     logprobs = bool(body.get("logprobs") or False)
     tools = _tools(body.get("tools"))

@@ -26,7 +26,6 @@ are then those the trainer expects.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -36,7 +35,7 @@ from typing import Any
 from asyncrl.auth import ApiKeyAuth, check_bind, peer_name
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.chat import ChatRenderer
-from asyncrl.rollout.http import HTTPError, Request, encode_response, read_request
+from asyncrl.rollout.http import HTTPError, Request, encode_response, parse_json, read_request
 from asyncrl.rollout.interruptible import generate_group
 from asyncrl.rollout.openai_chat import (
     ChatRequest,
@@ -338,13 +337,3 @@ class DoorServer:
         except Exception as e:
             log.exception("openai door: %s %s failed", req.method, req.path)
             return 500, error_body(500, f"{type(e).__name__}: {e}")
-
-
-def parse_json(body: bytes) -> Any:
-    """A request body as JSON (None when empty); 400 when malformed."""
-    if not body:
-        return None
-    try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise HTTPError(400, f"malformed JSON body: {e}") from None

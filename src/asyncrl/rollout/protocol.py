@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.rollout.http import HTTPError
+from asyncrl.rollout.http import HTTPError, is_int, is_num
 from asyncrl.rollout.sampling import SamplingParams
 
 __all__ = ["GenerateRequest", "parse_generate", "bad_request"]
@@ -35,14 +35,6 @@ _SUPPORTED = {
     "seed",
 }
 _SUPPORTED |= {"ignore_eos", "stop"} | set(_NEUTRAL) | _IGNORED
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def bad_request(msg: str) -> HTTPError:
@@ -92,7 +84,7 @@ def parse_generate(
         batched = isinstance(ids[0], list)
         prompts = ids if batched else [ids]
         for p in prompts:
-            if not isinstance(p, list) or not p or not all(_is_int(t) for t in p):
+            if not isinstance(p, list) or not p or not all(is_int(t) for t in p):
                 raise bad_request("'input_ids' must be a non-empty list of ints (or a list of such lists)")
     for p in prompts:
         if len(p) >= max_seq_len:
@@ -115,25 +107,25 @@ def parse_generate(
     if sp.get("stop"):
         raise bad_request("string stop sequences ('stop') are not supported; use 'stop_token_ids'")
     max_new = sp.get("max_new_tokens", 128)
-    if not _is_int(max_new) or max_new < 1:
+    if not is_int(max_new) or max_new < 1:
         raise bad_request("sampling_params.max_new_tokens must be an int >= 1")
     temperature = sp.get("temperature", 1.0)
-    if not _is_num(temperature) or temperature < 0:
+    if not is_num(temperature) or temperature < 0:
         raise bad_request("sampling_params.temperature must be a number >= 0")
     top_p = sp.get("top_p", 1.0)
-    if not _is_num(top_p) or not 0 < top_p <= 1:
+    if not is_num(top_p) or not 0 < top_p <= 1:
         raise bad_request("sampling_params.top_p must be a number in (0, 1]")
     top_k = sp.get("top_k", -1)
-    if not _is_int(top_k):
+    if not is_int(top_k):
         raise bad_request("sampling_params.top_k must be an int (-1 or 0 = off)")
     stop_ids = sp.get("stop_token_ids") or []
-    if not isinstance(stop_ids, list) or not all(_is_int(t) for t in stop_ids):
+    if not isinstance(stop_ids, list) or not all(is_int(t) for t in stop_ids):
         raise bad_request("sampling_params.stop_token_ids must be a list of ints")
     n = sp.get("n", 1)
-    if not _is_int(n) or not 1 <= n <= max_slots:
+    if not is_int(n) or not 1 <= n <= max_slots:
         raise bad_request(f"sampling_params.n must be an int in [1, {max_slots}]")
     seed = sp.get("sampling_seed", sp.get("seed"))
-    if seed is not None and not _is_int(seed):
+    if seed is not None and not is_int(seed):
         raise bad_request("sampling_params.sampling_seed must be an int")
     ignore_eos = sp.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):

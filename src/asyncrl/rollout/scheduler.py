@@ -66,7 +66,7 @@ class Placement:
     @property
     def prefill_ids(self) -> list[int]:
         """The prompt tokens this placement computes."""
-        return self.request.prompt[self.reused :]
+        return self.request.prompt[self.reused :] if self.reused else self.request.prompt
 
 
 @dataclass(frozen=True)

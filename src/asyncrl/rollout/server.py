@@ -37,7 +37,6 @@ inside ``weights_root`` (symlinks and ``..`` resolved; 403 otherwise), and not a
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -47,7 +46,7 @@ from typing import Any
 from asyncrl.auth import ApiKeyAuth, PathOutsideRoot, check_bind, confine_path, peer_name
 from asyncrl.choices import InterruptMode
 from asyncrl.rollout.engine import LocalEngine
-from asyncrl.rollout.http import HTTPError, Request, encode_response, read_request
+from asyncrl.rollout.http import HTTPError, Request, encode_response, parse_json, read_request
 from asyncrl.rollout.openai_door import ChatDoor
 from asyncrl.rollout.protocol import GenerateRequest, bad_request, parse_generate
 from asyncrl.rollout.tools import ToolFormat
@@ -182,12 +181,7 @@ class EngineServer:
                 if any(path == req.path for _, path in self.ROUTES):
                     raise HTTPError(405, f"method {req.method} not allowed on {req.path}")
                 raise HTTPError(404, f"no route {req.path}")
-            body: Any = None
-            if req.body:
-                try:
-                    body = json.loads(req.body)
-                except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                    raise HTTPError(400, f"malformed JSON body: {e}") from None
+            body = parse_json(req.body)
             result = await (door(body) if door is not None else getattr(self, name)(body))
             self.requests_served += 1
             return 200, result

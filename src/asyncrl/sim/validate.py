@@ -20,7 +20,6 @@ be refined from a run it is then asked to predict. The error of a figure is
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -30,6 +29,7 @@ from typing import Any
 
 from asyncrl.bench.throughput import measure_throughput
 from asyncrl.config import load_config
+from asyncrl.controller.rundir import read_jsonl
 from asyncrl.sim.output import warmup_s
 from asyncrl.sim.profile import CostProfile
 from asyncrl.sim.run import simulate
@@ -53,10 +53,6 @@ class Figures:
     """Mean running sequences over the engine's slots (all engines)."""
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _occupancy(timeline: Sequence[dict[str, Any]], end_s: float, slots: int) -> float:
     """Time average of ``engine_running / slots`` over ``[0, end_s]``, each sample held until the next."""
     points = sorted((float(s["t"]), float(s.get("engine_running", 0.0))) for s in timeline)
@@ -72,11 +68,11 @@ def measured_figures(run_dir: str | Path, scenario: Scenario) -> Figures:
     """The figures of a finished real run (module docstring); ``scenario`` is its ``from_run``
     scenario, which fixes the warm-up rule and the slot count."""
     run = Path(run_dir)
-    metrics = _jsonl(run / "metrics.jsonl")
+    metrics = read_jsonl(run / "metrics.jsonl")
     if not metrics:
         raise ValueError(f"{run}: no training step in metrics.jsonl")
-    ledger = _jsonl(run / "trajectories.jsonl")
-    timeline = _jsonl(run / "timeline.jsonl")
+    ledger = read_jsonl(run / "trajectories.jsonl")
+    timeline = read_jsonl(run / "timeline.jsonl")
     window = warmup_s({"metrics": metrics}, scenario)
     throughput = measure_throughput(metrics, ledger, timeline, warmup_s=window).steady_state_tokens_per_s
     hist: Counter[int] = Counter()
