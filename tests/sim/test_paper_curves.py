@@ -21,6 +21,7 @@ from asyncrl.sim.paper_curves import (
     analyse_step_time,
     arm_keys,
     eta_points,
+    fit_length_median,
     is_monotone,
     plateau_eta,
     scaling_points,
@@ -105,6 +106,16 @@ def test_step_time_rows_reuse_the_eta_sweep_points_they_match() -> None:
     assert len(run.scenarios) == 1 and rows[1].max_staleness == 2  # eta 2 was not swept: simulated
 
 
+def test_the_length_fit_recovers_the_median_that_made_the_target_step_time() -> None:
+    spec = tiny_spec(workload={**TINY, "lengths": "constant", "length_median": 40})
+    target = eta_points(Recorder(), dataclasses.replace(spec, etas=(0,), eta_steps=6))[0].step_s
+    fit = fit_length_median(Recorder(), spec, target, lo=5.0, hi=90.0, iters=10, steps=6)
+    assert fit["length_median"] == pytest.approx(40, rel=0.1)
+    assert len(fit["trace"]) == 10 and fit["target_step_s"] == target
+    steps = [t["step_s"] for t in sorted(fit["trace"], key=lambda t: t["length_median"])]
+    assert is_monotone(steps, tolerance=0.0)  # a synchronous step grows with the lengths
+
+
 def test_arm_keys_reject_an_unknown_arm() -> None:
     with pytest.raises(ValueError, match="unknown arm"):
         arm_keys("pipelined", 8, 2, 0.75)
@@ -184,5 +195,10 @@ def test_the_command_writes_the_json_and_the_plot(tmp_path: Path, monkeypatch: p
     assert main(["bench", "paper-curves", "--json", str(out), "--steps", "10"]) == 0
     d = json.loads(out.read_text())
     assert d["spec"]["eta_steps"] == 10 and d["command"].endswith("--steps 10")
-    assert out.with_suffix(".png").is_file()
+    assert out.with_suffix(".png").is_file() and d["fit"] is None
     assert "eta sweep" in capsys.readouterr().out
+    fitted = tmp_path / "fitted.json"
+    assert main(["bench", "paper-curves-fitted", "--json", str(fitted)]) == 0
+    d = json.loads(fitted.read_text())
+    assert d["fit"]["length_median"] == d["spec"]["workload"]["length_median"] != TINY["length_median"]
+    assert d["command"].startswith("asyncrl bench paper-curves-fitted")

@@ -225,6 +225,26 @@ def step_time_points(run: Runner, spec: CurvesSpec, reuse: Sequence[CurvePoint] 
     return out
 
 
+def fit_length_median(
+    run: Runner, spec: CurvesSpec, target_step_s: float, lo: float = 300.0, hi: float = 12000.0, iters: int = 9,
+    steps: int = 20,
+) -> dict[str, Any]:  # fmt: skip
+    """The workload's ``length_median`` (log-normal shape kept) at which the η sweep's synchronous point
+    (``eta_profile`` on ``eta_gpus``) takes ``target_step_s`` per step: bisection on a log scale over
+    ``[lo, hi]`` (a synchronous step grows with the lengths). Returns the median and the trace."""
+    trace = []
+    where = (spec.eta_profile, spec.eta_gpus, spec.eta_max_new_tokens)
+    for _ in range(iters):
+        mid = (lo * hi) ** 0.5
+        fitted = CurvesSpec(**{**asdict(spec), "workload": {**spec.workload, "length_median": mid}})
+        step_s = simulate_point(run, fitted, "fit", *where, "sync", 0, steps=steps).step_s
+        trace.append({"length_median": mid, "step_s": step_s})
+        lo, hi = (mid, hi) if step_s < target_step_s else (lo, mid)
+    best = min(trace, key=lambda t: abs(t["step_s"] - target_step_s))
+    return {"length_median": round(best["length_median"]), "target_step_s": target_step_s, "steps": steps,
+            "trace": trace}  # fmt: skip
+
+
 def plateau_eta(by_eta: dict[str, float], fraction: float = 0.95) -> str | None:
     """The smallest η (in the given order) whose throughput reaches ``fraction`` of the largest."""
     if not by_eta:

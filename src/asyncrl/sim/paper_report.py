@@ -22,12 +22,14 @@ from asyncrl.sim.paper_curves import (
     Runner,
     analyse,
     eta_points,
+    fit_length_median,
     scaling_points,
     simulate_point,
     step_time_points,
 )
 
 DEFAULT_JSON = "docs/results/sim_paper_curves.json"
+FITTED_JSON = "docs/results/sim_paper_curves_fitted.json"
 
 
 def default_runner() -> Runner:
@@ -165,14 +167,24 @@ def plot_curves(d: dict[str, Any], path: str | Path) -> Path:
     return out
 
 
-def bench_paper_curves(json_path: str | None, steps: int | None) -> int:
+def bench_paper_curves(json_path: str | None, steps: int | None, fit_lengths: bool = False) -> int:
     """``asyncrl bench paper-curves [--json PATH] [--steps N]``: the JSON at PATH (default
     ``docs/results/sim_paper_curves.json``) and the plot beside it (``.png``); ``--steps`` sets the η
-    sweep's horizon (the scaling sweep's is ``CurvesSpec.scaling_steps``)."""
+    sweep's horizon (the scaling sweep's is ``CurvesSpec.scaling_steps``). ``fit_lengths``
+    (``asyncrl bench paper-curves-fitted``, default ``..._fitted.json``): the workload's length median
+    is first fitted to the paper's synchronous 1.5B step time (``fit_length_median``), the rest predicted."""
     spec = CurvesSpec(workload=areal_workload(), **({"eta_steps": steps} if steps else {}))
-    target = Path(json_path or DEFAULT_JSON)
-    command = f"asyncrl bench paper-curves --json {target}" + (f" --steps {steps}" if steps else "")
-    payload = run_paper_curves(spec, command=command)
+    name = "paper-curves-fitted" if fit_lengths else "paper-curves"
+    target = Path(json_path or (FITTED_JSON if fit_lengths else DEFAULT_JSON))
+    command = f"asyncrl bench {name} --json {target}" + (f" --steps {steps}" if steps else "")
+    fit = None
+    if fit_lengths:
+        row = PAPER["step_time"]["rows"][0]
+        fit = fit_length_median(default_runner(), spec, row["sync_hours"] * 3.6)
+        spec = CurvesSpec(**{**spec.to_dict(), "workload": {**spec.workload, "length_median": fit["length_median"]}})
+        print(f"length median fitted to {fit['length_median']:,} tokens ({row['model']} synchronous step "
+              f"{fit['target_step_s']:.1f} s on {row['gpus']} GPUs)")  # fmt: skip
+    payload = {**run_paper_curves(spec, command=command), "fit": fit}
     print_curves(payload)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(payload, indent=2) + "\n")
