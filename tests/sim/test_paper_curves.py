@@ -118,7 +118,7 @@ def test_the_length_fit_recovers_the_median_that_made_the_target_step_time() -> 
 
 def test_arm_keys_reject_an_unknown_arm() -> None:
     with pytest.raises(ValueError, match="unknown arm"):
-        arm_keys("pipelined", 8, 2, 0.75)
+        arm_keys("pipelined", 8, 2, 0.75)  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------------------- the analysis

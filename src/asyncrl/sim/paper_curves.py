@@ -17,8 +17,8 @@ trainer ranks, η > 0, abort mode); ``sync`` the same split at η = 0 (the paper
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, get_args
 
 from asyncrl.sim.output import SimResult
 from asyncrl.sim.run import Simulation
@@ -26,6 +26,9 @@ from asyncrl.sim.scenario import Scenario, with_overrides
 
 UNBOUNDED = 1_000_000
 """η standing for "unbounded": the gate's bound never binds, ``max_concurrent`` alone limits admission."""
+
+Arm = Literal["async", "sync", "sync-colocated"]
+"""How the GPUs are used (module docstring)."""
 
 Runner = Callable[[Scenario], Simulation]
 """Simulates one scenario (``sim.run.simulate``; tests may count the calls)."""
@@ -116,12 +119,11 @@ class CurvePoint:
     profile: str
     gpus: int
     max_new_tokens: int
-    arm: str
-    """``async``, ``sync`` or ``sync-colocated`` (module docstring)."""
+    arm: Arm
     max_staleness: int
     tokens_per_s: float
     """AReaL's effective training throughput: tokens trained by the steps after the warm-up over the time
-    they took (``trained_tokens_per_s_window``); counts nothing still in flight or buffered."""
+    they took (``window_trained_tokens_per_s``); counts nothing still in flight or buffered."""
     steady_state_tokens_per_s: float
     """This project's steady-state figure (``bench.throughput``: generated in the window, less what never
     finished, scaled to trained): lower than ``tokens_per_s`` while inventory grows (large η, short runs)."""
@@ -135,7 +137,6 @@ class CurvePoint:
     trainer_ranks: int
     steps: int
     cpu_s: float
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def eta_label(self) -> str:
@@ -160,7 +161,7 @@ def steady_step_s(r: SimResult) -> float:
     return (r.sim_time_s - r.window_start_s) / max(1, r.steps - r.steps // 10)
 
 
-def arm_keys(arm: str, gpus: int, eta: int, inference_fraction: float) -> dict[str, Any]:
+def arm_keys(arm: Arm, gpus: int, eta: int, inference_fraction: float) -> dict[str, Any]:
     """Scenario keys of an arm on ``gpus`` devices (one device per engine and per rank)."""
     match arm:
         case "async":
@@ -170,11 +171,11 @@ def arm_keys(arm: str, gpus: int, eta: int, inference_fraction: float) -> dict[s
         case "sync-colocated":
             return {"gpus": 0, "engines": gpus, "trainer_ranks": gpus, "max_staleness": 0}
         case _:
-            raise ValueError(f"unknown arm {arm!r} (async, sync, sync-colocated)")
+            raise ValueError(f"unknown arm {arm!r} ({', '.join(get_args(Arm))})")
 
 
 def simulate_point(
-    run: Runner, spec: CurvesSpec, curve: str, profile: str, gpus: int, max_new_tokens: int, arm: str, eta: int,
+    run: Runner, spec: CurvesSpec, curve: str, profile: str, gpus: int, max_new_tokens: int, arm: Arm, eta: int,
     steps: int | None = None,
 ) -> CurvePoint:  # fmt: skip
     """One point: the workload on ``gpus`` devices of ``profile`` under ``arm``."""
