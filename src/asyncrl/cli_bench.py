@@ -83,10 +83,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             bench_sim_validate(args.json, args.runs, args.from_runs, args.profile, args.seeds)
         case "plan-check":  # asyncrl plan's recommendation run for real beside a sweep of alternatives
             _bench_plan_check(args)
+        case "paper-curves" | "paper-curves-fitted":  # AReaL's published curves against the simulator's
+            from asyncrl.sim.paper_report import bench_paper_curves
+
+            bench_paper_curves(args.json, args.steps, fit_lengths=args.name == "paper-curves-fitted")
         case other:
             raise ConfigError(
                 f"unknown benchmark {other!r} (available: engine, decode, train, async, interrupt, ablation, headline, "
-                "profile, sim-validate, prefix-reuse, agent-learning)"
+                "profile, sim-validate, prefix-reuse, agent-learning, adaptive, plan-check, paper-curves[-fitted])"
             )
     return 0
 
