@@ -67,7 +67,7 @@ def test_bad_settings_are_refused(bad) -> None:
 
 
 def test_episodes_wait_on_their_tools_concurrently(tok) -> None:
-    latency = ToolLatency("lognormal", median_s=0.4, sigma=0.0)
+    latency = ToolLatency("lognormal", median_s=0.5, sigma=0.0)
     call = [Turn(ids(tok, "<calc>48213*379</calc>")), Turn(ids(tok, "#18272727"))]
     answer = [Turn(ids(tok, "#18272727"))]
     engine = ScriptedEngine({100: call, 101: call, 102: call, 103: answer})
@@ -83,17 +83,20 @@ def test_episodes_wait_on_their_tools_concurrently(tok) -> None:
     assert group.rewards == (1.0, 1.0, 1.0, 1.0)
     for traj in group.trajectories[:3]:
         waited = traj.turns[0]
-        assert 0.4 <= waited.tool_latency_s < 0.6 and waited.tool_calls == ("calculator",)
+        assert 0.5 <= waited.tool_latency_s < 1.0 and waited.tool_calls == ("calculator",)
         assert waited.tool_started_at is not None and before <= waited.tool_started_at <= after
     (answered,) = group.trajectories[3].turns  # an answer turn calls no tool: answered at once
-    assert answered.tool_latency_s < 0.1
-    assert wall < 0.9  # three waits of 0.4 s overlapped (one after another: 1.2 s)
+    assert answered.tool_latency_s < 0.25
+    assert wall < 1.25  # three waits of 0.5 s overlapped (one after another: 1.5 s)
 
 
-def test_the_wait_is_the_drawn_one(tok) -> None:
-    latency = ToolLatency("lognormal", median_s=0.05, sigma=1.0, seed=3)
-    engine = ScriptedEngine({5: [Turn(ids(tok, "<calc>2*3</calc>")), Turn(ids(tok, "#6"))]})
+def test_each_episode_waits_its_own_draw(tok) -> None:
+    latency = ToolLatency("lognormal", median_s=0.2, sigma=1.0, seed=0)
+    draws = [latency.draw(latency.stream(PROMPT.prompt_id, i)) for i in range(2)]  # episodes 0 and 1 of the group
+    assert draws[1] - draws[0] > 0.5  # seed 0 draws about 0.05 s and 0.64 s: far enough apart to tell
+    call = [Turn(ids(tok, "<calc>2*3</calc>")), Turn(ids(tok, "#6"))]
+    engine = ScriptedEngine({5: call, 6: call})
     workflow = AgentWorkflow(tok, calculator_env, AgentSettings(tool_format="tag", tool_latency=latency))
-    group = asyncio.run(workflow(engine, PROMPT, SamplingParams(max_new_tokens=50, seed=5), 1, never_score, 0))
-    expected = latency.draw(latency.stream(PROMPT.prompt_id, 0))  # episode 0 of the group
-    assert expected <= group.trajectories[0].turns[0].tool_latency_s < expected + 0.1
+    group = asyncio.run(workflow(engine, PROMPT, SamplingParams(max_new_tokens=50, seed=5), 2, never_score, 0))
+    short, long = (traj.turns[0].tool_latency_s for traj in group.trajectories)
+    assert draws[0] <= short < draws[1] <= long  # a sleep never ends early; the short one did not wait the long draw
