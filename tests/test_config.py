@@ -52,6 +52,22 @@ def test_bad_overrides_are_clear_errors(override: str, message: str) -> None:
         load_config(None, [override])
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["rollout.workflow=agent", "agent.tool_latency=gamma"], "agent.tool_latency: 'gamma' is not one of"),
+        (["agent.tool_latency_median_s=0"], "agent.tool_latency_median_s must be > 0"),
+        (["agent.tool_latency_sigma=-1"], "agent.tool_latency_sigma must be >= 0"),
+        (["agent.tool_latency=lognormal"], "agent.tool_latency=lognormal needs rollout.workflow=agent"),
+    ],
+)
+def test_bad_tool_latency_names_the_key(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        load_config(None, overrides)
+    agent = load_config(None, ["rollout.workflow=agent", "agent.tool_latency=lognormal"]).agent
+    assert (agent.tool_latency, agent.tool_latency_median_s, agent.tool_latency_sigma) == ("lognormal", 0.2, 1.0)
+
+
 def test_unknown_key_in_file_lists_valid_keys(tmp_path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("rollout:\n  temprature: 0.7\n")

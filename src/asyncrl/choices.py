@@ -34,6 +34,7 @@ __all__ = [
     "RayWeightSync",
     "TaskName",
     "ToolFormat",
+    "ToolLatencyDist",
     "WeightSyncMode",
     "WeightTransport",
     "WorkflowName",
@@ -65,6 +66,8 @@ ToolFormat = Literal["hermes", "tag", "json"]
 """``agent.tool_format``: how tool calls are written in a model turn (``rollout.tools.parse_tool_calls``)."""
 AgentEnvName = Literal["calculator", "python"]
 """``agent.env``: the environment of each episode (``rollout.envs``; built in ``launch.stages.build_workflow``)."""
+ToolLatencyDist = Literal["none", "lognormal"]
+"""``agent.tool_latency``: the simulated wait of a tool call (``rollout.envs.latency.ToolLatency``)."""
 
 # algo
 AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]

@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
     p.add_argument(
         "name", help="engine | decode | train | async | interrupt | ablation | headline | profile | sim-validate | "
-        "prefix-reuse",
+        "prefix-reuse | agent-learning | agent-throughput",
     )  # fmt: skip
     p.add_argument("--json", help="write the result rows and ratios here")
     p.add_argument(
@@ -278,9 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="async|interrupt|ablation|headline: config override applied to every run (repeatable)",
+        help="async|interrupt|ablation|headline|agent-throughput: config override applied to every run (repeatable)",
     )  # fmt: skip
-    p.add_argument("--steps", type=int, help="async|interrupt|ablation|headline: training steps per run")
+    p.add_argument(
+        "--steps", type=int, help="async|interrupt|ablation|headline|agent-throughput: training steps per run "
+        "(agent-throughput: default 40)",
+    )  # fmt: skip
     p.add_argument(
         "--etas", help="async|headline|adaptive: comma-separated max_staleness values (default 0,1,2,4,8 | 0,2,4,8; "
         "adaptive: the fixed arms, the largest is the adaptive arm's bound)",
@@ -304,12 +307,14 @@ def build_parser() -> argparse.ArgumentParser:
         "prefix-reuse: calculator (default) or scripted",
     )  # fmt: skip
     p.add_argument(
-        "--seeds", help="async|ablation|headline: comma-separated run.seed values (default 0 | 0,1,2 | 0,1,2); "
-        "sim-validate: simulator seeds (default 0,1,2)"
-    )
+        "--seeds", help="async|ablation|headline|agent-throughput: comma-separated run.seed values (default 0 | "
+        "0,1,2 | 0,1,2 | 0,1,2); "
+        "sim-validate: simulator seeds (default 0,1,2)",
+    )  # fmt: skip
     p.add_argument(
-        "--warmup-s", type=float, default=60.0,
-        help="async|headline: seconds of RL time before the steady-state window opens (default 60)",
+        "--warmup-s", type=float, default=None,
+        help="async|headline|adaptive|plan-check|agent-throughput: seconds of RL time before the steady-state "
+        "window opens (default 60; agent-throughput: 20)",
     )  # fmt: skip
     p.add_argument(
         "--snapshot-every", type=float, default=20.0, help="headline: seconds of RL time between policy snapshots"
@@ -318,8 +323,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--target-fraction", type=float, default=0.9,
         help="headline: the target is the synchronous run's start + this fraction of its gain (default 0.9)",
     )  # fmt: skip
-    p.add_argument("--sync-setting", help="headline: the synchronous setting to use without probing (SYNC_CANDIDATES)")
-    p.add_argument("--probe-steps", type=int, default=0, help="headline: steps of each synchronous probe (0: --steps)")
+    p.add_argument(
+        "--sync-setting", help="headline|agent-throughput: the synchronous setting to use without probing "
+        "(SYNC_CANDIDATES)",
+    )  # fmt: skip
+    p.add_argument(
+        "--probe-steps", type=int, default=0, help="headline|agent-throughput: steps of each synchronous probe (0: "
+        "--steps)",
+    )  # fmt: skip
     p.add_argument(
         "--reanalyse", metavar="FILE", help="ablation|headline: recompute a finished result file from its runs"
     )
@@ -329,7 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--calibrate", type=float, default=30.0, help="async: seconds of the engine-alone calibration (0: none)"
     )
-    p.add_argument("--out", help="async|interrupt|ablation|headline: where run directories go (default runs/bench-*)")
+    p.add_argument(
+        "--out", help="async|interrupt|ablation|headline|agent-throughput: where run directories go (default "
+        "runs/bench-*)",
+    )  # fmt: skip
     p.add_argument(
         "--reuse", metavar="DIR", help="ablation: read the finished arms of an interrupted invocation's run directory"
     )

@@ -56,7 +56,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 seeds = tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (0,)
                 marks = tuple(int(x) for x in args.high_water.split(",")) if args.high_water else None
                 async_bench.run_async_bench(
-                    args.json, etas=etas, workloads=workloads, seeds=seeds, warmup_s=args.warmup_s,
+                    args.json, etas=etas, workloads=workloads, seeds=seeds, warmup_s=_warmup(args),
                     high_waters=marks, calibrate_s=args.calibrate, **common,
                 )  # fmt: skip
             else:
@@ -73,6 +73,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             _bench_adaptive(args)
         case "agent-learning":  # warm start + RL on calculator within a wall budget, per seed
             _bench_agent_learning(args)
+        case "agent-throughput":  # calculator with slow tools: eta=4 against the best synchronous setting
+            _bench_agent_throughput(args)
         case "profile":  # this machine's cost profile for asyncrl simulate
             from asyncrl.sim.command import bench_profile
 
@@ -90,7 +92,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         case other:
             raise ConfigError(
                 f"unknown benchmark {other!r} (available: engine, decode, train, async, interrupt, ablation, headline, "
-                "profile, sim-validate, prefix-reuse, agent-learning, adaptive, plan-check, paper-curves[-fitted])"
+                "profile, sim-validate, prefix-reuse, agent-learning, agent-throughput, adaptive, plan-check, "
+                "paper-curves[-fitted])"
             )
     return 0
 
@@ -108,7 +111,7 @@ def _bench_plan_check(args: argparse.Namespace) -> None:
     try:
         run_plan_check(
             args.json, args.plan, overrides=_bench_overrides(args), seeds=seeds, steps=args.steps,
-            warmup_s=args.warmup_s, max_settings=args.max_settings, **({"out_dir": args.out} if args.out else {}),
+            warmup_s=_warmup(args), max_settings=args.max_settings, **({"out_dir": args.out} if args.out else {}),
         )  # fmt: skip
     except PlanCheckError as exc:
         raise ConfigError(f"bench plan-check: {exc}") from exc
@@ -125,6 +128,26 @@ def _bench_agent_learning(args: argparse.Namespace) -> None:
     )  # fmt: skip
 
 
+def _bench_agent_throughput(args: argparse.Namespace) -> None:
+    """``asyncrl bench agent-throughput``: trained tokens/s with slow tools, η = 4 against the best synchronous
+    setting, per seed (``bench/agent_throughput.py``)."""
+    from asyncrl.bench import agent_throughput, headline
+
+    try:
+        seeds = tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (0, 1, 2)
+    except ValueError as exc:
+        raise ConfigError(f"bench agent-throughput: --seeds takes integers: {exc}") from exc
+    if args.sync_setting and args.sync_setting not in headline.SYNC_CANDIDATES:
+        raise ConfigError(f"--sync-setting {args.sync_setting!r}: one of {', '.join(headline.SYNC_CANDIDATES)}")
+    overrides = _bench_overrides(args)
+    load_config(None, [*agent_throughput.WORKLOAD, *overrides])  # fail fast on an override the workload refuses
+    agent_throughput.run_agent_throughput_bench(
+        args.json, overrides=overrides, seeds=seeds, steps=args.steps or 40,
+        warmup_s=_warmup(args, 20.0), probe_steps=args.probe_steps,
+        sync_setting=args.sync_setting, out_dir=args.out or "runs/bench-agent-throughput",
+    )  # fmt: skip
+
+
 def _bench_adaptive(args: argparse.Namespace) -> None:
     """``asyncrl bench adaptive``: its options checked, then real runs or, with ``--profile``,
     simulated ones (``bench/adaptive.py``, ``sim/compare.py``)."""
@@ -138,7 +161,7 @@ def _bench_adaptive(args: argparse.Namespace) -> None:
         raise ConfigError(f"bench adaptive: {exc}") from exc
     workloads = tuple(async_bench.WORKLOAD_ALIASES.get(w, w) for w in (args.workload or "task,long").split(","))
     out_dir = args.out or "runs/bench-adaptive"
-    common = dict(etas=etas, seeds=seeds, steps=args.steps, warmup_s=args.warmup_s, out_dir=out_dir)
+    common = dict(etas=etas, seeds=seeds, steps=args.steps, warmup_s=_warmup(args), out_dir=out_dir)
     if not args.profile:
         unknown = sorted(set(workloads) - set(async_bench.WORKLOADS))
         if unknown:
@@ -156,6 +179,11 @@ def _bench_adaptive(args: argparse.Namespace) -> None:
         args.json, workloads=keys, run_one=simulated_runner(args.steps or 100), mode="simulated", profiles=profiles,
         **common,
     )  # fmt: skip
+
+
+def _warmup(args: argparse.Namespace, default: float = 60.0) -> float:
+    """``--warmup-s``, or the bench's default (60 s; agent-throughput: 20 s)."""
+    return default if args.warmup_s is None else float(args.warmup_s)
 
 
 def _bench_overrides(args: argparse.Namespace) -> list[str]:
@@ -185,7 +213,7 @@ def _bench_headline(args: argparse.Namespace) -> None:
         args.json, overrides=overrides, workload=workload, steps=args.steps,
         etas=tuple(int(x) for x in args.etas.split(",")) if args.etas else (0, 2, 4, 8),
         seeds=tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (0, 1, 2),
-        snapshot_every_s=args.snapshot_every, warmup_s=args.warmup_s, target_fraction=args.target_fraction,
+        snapshot_every_s=args.snapshot_every, warmup_s=_warmup(args), target_fraction=args.target_fraction,
         probe_steps=args.probe_steps, sync_setting=args.sync_setting, out_dir=args.out or "runs/bench-headline",
     )  # fmt: skip
 

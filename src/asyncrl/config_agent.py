@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncrl.choices import AgentEnvName, ToolFormat
+from asyncrl.choices import AgentEnvName, ToolFormat, ToolLatencyDist
 
 __all__ = ["AgentConfig"]
 
@@ -33,6 +33,17 @@ class AgentConfig:
     """Subtracted from an episode's reward per malformed call."""
     tool_timeout_s: float = 5.0
     """Longest wait on one tool call (a slower one is answered with an error)."""
+    tool_latency: ToolLatencyDist = "none"
+    """none | lognormal: a simulated wait (``asyncio.sleep``, never blocking the engine or other episodes)
+    before the environment answers a turn that calls a tool, one draw per call, the turn waiting for the
+    longest (calls run concurrently); drawn from a stream seeded by ``run.seed``, the prompt and the
+    episode's index in its group, so a run is reproducible; not bounded by ``tool_timeout_s``. Only
+    ``rollout.workflow=agent``; held-out evaluation waits too."""
+    tool_latency_median_s: float = 0.2
+    """The median of the lognormal wait, in seconds."""
+    tool_latency_sigma: float = 1.0
+    """The lognormal's sigma (of the log of the wait): 1.0 puts the 90th percentile at 3.6x the median and
+    the 99th at 10x; 0: every wait is the median."""
     entrypoint: str | None = None
     """``rollout.workflow=openai_agent``: the agent, ``pkg.module:function`` taking ``(base_url, api_key,
     task)`` and using only the ``openai`` client (``rollout.openai_workflow``; its budgets: ``max_tokens``,

@@ -46,6 +46,8 @@ _BOUNDS: dict[str, tuple[str, float, str]] = {
     "agent.max_turn_tokens": (_AT_LEAST, 1, " or null"),
     "agent.malformed_penalty": (_AT_LEAST, 0, ""),
     "agent.tool_timeout_s": (_GREATER, 0, ""),
+    "agent.tool_latency_median_s": (_GREATER, 0, ""),
+    "agent.tool_latency_sigma": (_AT_LEAST, 0, " (0: every wait is the median)"),
     "algo.eps_clip": (_AT_LEAST, 0, ""),
     "algo.eps_clip_high": (_AT_LEAST, 0, " or null"),
     "algo.dual_clip": (_GREATER, 1, " or null"),
@@ -199,6 +201,11 @@ def validate_workflow(cfg: Config) -> None:
     entry = cfg.agent.entrypoint
     if name == "openai_agent" and (entry is None or not _WORKFLOW_SPEC.fullmatch(entry)):
         raise ConfigError(f"rollout.workflow=openai_agent needs agent.entrypoint=pkg.module:function, got {entry!r}")
+    if cfg.agent.tool_latency != "none" and name != "agent":
+        raise ConfigError(
+            f"agent.tool_latency={cfg.agent.tool_latency} needs rollout.workflow=agent (the waits are added to "
+            f"its environments' steps), got rollout.workflow={name!r}"
+        )
 
 
 def validate(cfg: Config) -> Config:

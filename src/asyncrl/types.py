@@ -154,6 +154,10 @@ class TurnRecord:
     None when the environment cannot tell."""
     tool_latency_s: float = 0.0
     """Wall time of the environment step."""
+    tool_started_at: float | None = None
+    """Wall-clock time (``time.time()``) at which the environment step began (it lasted ``tool_latency_s``);
+    None when no step answered the turn. The ledger puts the waits of turns with tool calls on the run's
+    RL clock (``controller.rundir.episode_entry``)."""
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,10 @@ class RunRecorder:
         if self._bar is not None:
             self._bar.close()
 
+    def _log_group(self, group: Group, **fate: Any) -> None:
+        """``RunDir.log_group`` with the RL clock's offset (tool waits go into the ledger on that clock)."""
+        self.rundir.log_group(group, rl_offset=self.now() - time.time(), **fate)
+
     # ------------------------------------------------------------------ the ledger: each prompt's fate
     def admitted(
         self, prompt: Prompt, stream_index: int, version: int, readmitted: bool, max_staleness: int | None = None
@@ -119,7 +123,7 @@ class RunRecorder:
         self.state.reward_failures += sum(1 for f in group.reward_failures if f is not None)
         self.state.filtered_groups += 1
         self._open.pop(group.prompt.prompt_id, None)
-        self.rundir.log_group(group, trained_step=None, dropped=reason, status="filtered")
+        self._log_group(group, trained_step=None, dropped=reason, status="filtered")
 
     def engine_failure(self, prompt: Prompt, version: int, what: str) -> None:
         """An episode that failed after all its retries (``what``: the last error)."""
@@ -132,14 +136,14 @@ class RunRecorder:
         for group in groups:
             self.state.stale_groups += 1
             self._open.pop(group.prompt.prompt_id, None)
-            self.rundir.log_group(group, trained_step=None, dropped="stale", status="stale", step=step)
+            self._log_group(group, trained_step=None, dropped="stale", status="stale", step=step)
 
     def in_flight_at_end(self, prompt: Prompt, version: int) -> None:
         self.rundir.log_in_flight(prompt.prompt_id, version)
 
     def unused_at_end(self, groups: list[Group]) -> None:
         for group in groups:
-            self.rundir.log_group(group, trained_step=None, dropped="unused_at_end", status="unused")
+            self._log_group(group, trained_step=None, dropped="unused_at_end", status="unused")
 
     # ------------------------------------------------------------------ measurements
     def episode_retry(self) -> None:
@@ -218,11 +222,9 @@ class RunRecorder:
         for group in groups:
             self._open.pop(group.prompt.prompt_id, None)
             if result.applied:
-                self.rundir.log_group(
-                    group, trained_step=step, dropped=None, status="trained", tokenizer=self.tokenizer
-                )
+                self._log_group(group, trained_step=step, dropped=None, status="trained", tokenizer=self.tokenizer)
             else:  # a non-finite loss or gradient: the update was not applied
-                self.rundir.log_group(group, trained_step=None, dropped="non_finite_step", status="skipped", step=step)
+                self._log_group(group, trained_step=None, dropped="non_finite_step", status="skipped", step=step)
         trained_tokens = sum(len(s.token_ids) for s in samples)
         if result.applied:
             self.state.staleness_hist.update(staleness)

@@ -10,7 +10,9 @@
   ledger), with the configured bound;
 - ``timeline.png``: engine running samples and waiting requests, trainer step and weight-sync
   spans, rewards in flight, buffer and in-flight groups on one time axis (like the AReaL
-  paper's Figure 1), so the overlap of generation and training shows;
+  paper's Figure 1), so the overlap of generation and training shows; in a multi-turn run, the
+  episodes waiting on a tool (hatched, from the ledger's ``tool_wait`` intervals,
+  ``controller.tool_waits``) beside the engine's running samples;
 - ``tools.png`` (multi-turn runs only): held-out accuracy (before, every ``controller.eval_every``
   steps, after) above the rates of tool calls (correct, hitting the needed result, malformed) of
   the rollouts per step and of the held-out episodes, and turns per episode, against RL wall time.
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.controller.rundir import check_one_run, read_jsonl
+from asyncrl.controller.tool_waits import tool_waits, waiting_over_time
 
 
 def _load(run_dir: Path) -> tuple[list[dict], list[dict], list[dict], dict[str, Any], dict[str, Any]]:
@@ -114,7 +117,7 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
     ax.set_title(f"Staleness of {len(trained)} trained samples ({dropped} groups dropped as stale)", fontsize=10)
     written.append(_save(fig, out / "staleness.png"))
 
-    written.append(_timeline(plt, metrics, timeline, config, out / "timeline.png"))
+    written.append(_timeline(plt, metrics, timeline, config, out / "timeline.png", tool_waits(ledger)))
     if any("episode_turns_mean" in m for m in metrics):
         written.append(_tool_use(plt, metrics, summary, out / "tools.png"))
     return written
@@ -175,8 +178,10 @@ def _smooth(points: list[tuple[float, float]], window: int = 5) -> list[tuple[fl
     return out
 
 
-def _timeline(plt: Any, metrics: list[dict], timeline: list[dict], config: dict[str, Any], path: Path) -> Path:
-    """Engine, trainer, reward and queues on one time axis (like the AReaL paper's Figure 1)."""
+def _timeline(plt: Any, metrics: list[dict], timeline: list[dict], config: dict[str, Any], path: Path,
+              waits: list[tuple[float, float]]) -> Path:  # fmt: skip
+    """Engine, trainer, reward and queues on one time axis (like the AReaL paper's Figure 1); ``waits``:
+    the tool waits of the ledger, drawn as the count of episodes waiting on a tool."""
     ctrl, rollout = config.get("controller", {}), config.get("rollout", {})
     eta = ctrl.get("max_staleness")
     fig, axes = plt.subplots(4, 1, figsize=(11, 7.5), sharex=True, height_ratios=[2, 1, 1, 1.5])
@@ -187,6 +192,10 @@ def _timeline(plt: Any, metrics: list[dict], timeline: list[dict], config: dict[
         if "engine_waiting" in timeline[0]:
             axes[0].plot(tt, [s["engine_waiting"] for s in timeline], drawstyle="steps-post", color="tab:gray",
                          label="waiting requests (a group, or one resubmitted sample)")  # fmt: skip
+        if waits:
+            wt, waiting = waiting_over_time(waits)
+            axes[0].fill_between(wt, waiting, step="post", facecolor="none", edgecolor="tab:purple", hatch="///",
+                                 linewidth=0.8, label="episodes waiting on a tool")  # fmt: skip
         if rollout.get("max_slots"):
             axes[0].axhline(rollout["max_slots"], color="k", linestyle=":", linewidth=1, label="decode slots")
         axes[0].legend(fontsize=7, loc="upper right")

@@ -8,7 +8,8 @@
   resume), then one line per sample once its fate is known (trained, filtered, dropped as stale,
   skipped with a non-finite step) or one line per prompt when the engine failed it after its
   retries, and, at the end of a run, lines for groups still unused or in flight; a multi-turn
-  sample's line also holds its episode (``episode_entry``: model and environment tokens, turns);
+  sample's line also holds its episode (``episode_entry``: model and environment tokens, turns, and
+  each tool call's wait on the RL clock);
 - ``timeline.jsonl``: a few samples a second of what each component is doing (for the report);
 - ``summary.json``: written at the end;
 - ``tb/``: TensorBoard events of the per-step metrics (when tensorboard is installed).
@@ -57,19 +58,26 @@ _RUN_ID = re.compile(rb'"run_id": "([^"\\]*)"')
 
 
 
-def episode_entry(traj: Trajectory) -> dict[str, Any]:
-    """A multi-turn episode's ledger fields: how it ended, and per turn its tokens, versions and tool use."""
+def episode_entry(traj: Trajectory, rl_offset: float | None = None) -> dict[str, Any]:
+    """A multi-turn episode's ledger fields: how it ended, and per turn its tokens, versions and tool use.
+    ``rl_offset``: the run's RL time minus ``time.time()`` now; with it, a turn with tool calls whose step
+    began at a known time also holds ``tool_wait``: [start, end] of that step on the RL clock (the clock
+    of ``timeline.jsonl``'s ``t``), what the report draws as episodes waiting on a tool."""
+    turns = []
+    for t in traj.turns:
+        turn = {"model_tokens": t.model_tokens, "env_tokens": t.env_tokens, "min_version": t.min_version,
+                "max_version": t.max_version, "tool_calls": list(t.tool_calls), "tool_errors": t.tool_errors,
+                "malformed": t.malformed, "tool_hits": t.tool_hits, "tool_latency_s": round(t.tool_latency_s, 4)}
+        if rl_offset is not None and t.tool_calls and t.tool_started_at is not None:
+            start = t.tool_started_at + rl_offset
+            turn["tool_wait"] = [round(start, 4), round(start + t.tool_latency_s, 4)]
+        turns.append(turn)  # fmt: skip
     return {
         "episode_end": traj.end,
         "model_tokens": sum(traj.loss_mask),
         "env_tokens": len(traj.loss_mask) - sum(traj.loss_mask),
-        "turns": [
-            {"model_tokens": t.model_tokens, "env_tokens": t.env_tokens, "min_version": t.min_version,
-             "max_version": t.max_version, "tool_calls": list(t.tool_calls), "tool_errors": t.tool_errors,
-             "malformed": t.malformed, "tool_hits": t.tool_hits, "tool_latency_s": round(t.tool_latency_s, 4)}
-            for t in traj.turns
-        ],
-    }  # fmt: skip
+        "turns": turns,
+    }
 
 class RunDirError(Exception):
     """A run directory cannot be used as asked; the message says what to do instead."""
@@ -369,10 +377,12 @@ class RunDir:
         status: str,
         tokenizer: Any | None = None,
         step: int | None = None,
+        rl_offset: float | None = None,
     ) -> None:
         """One ledger line per sample of ``group``. ``status``: trained | filtered | stale |
         skipped | unused; ``dropped`` is the reason when it was not trained; ``step`` the training
-        step at which a stale or skipped group met its fate. ``unused`` lines (the end of a run) are
+        step at which a stale or skipped group met its fate; ``rl_offset``: the RL clock minus
+        ``time.time()`` (``episode_entry``). ``unused`` lines (the end of a run) are
         not written once a write has failed: a resume cuts back to the checkpoint anyway."""
         if self._failed is not None and status == "unused":
             return
@@ -396,7 +406,7 @@ class RunDir:
             if step is not None:
                 line["step"] = step
             if group.trajectories:
-                line.update(episode_entry(group.trajectories[idx]))
+                line.update(episode_entry(group.trajectories[idx], rl_offset))
             if tokenizer is not None and idx == 0:
                 line["response"] = tokenizer.decode(list(comp.output_ids), skip_special_tokens=True)
             lines.append(json.dumps(self._stamp(line)) + "\n")

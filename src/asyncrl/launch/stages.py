@@ -193,19 +193,22 @@ def build_scoring(cfg: Config, tokenizer: Any) -> tuple[ScoreFn, RewardService |
 def build_workflow(cfg: Config, tokenizer: Any, stop_token_ids: tuple[int, ...]) -> Workflow:
     """What one episode is (``rollout.workflow``): ``single_turn`` -> ``rollout.workflow.run_episode``;
     ``agent`` -> an ``AgentWorkflow`` over ``agent.*`` with a fresh ``agent.env`` environment per episode
-    (its turns end at ``stop_token_ids``); ``openai_agent`` -> an ``OpenAIAgentWorkflow`` running the agent
-    ``agent.entrypoint`` through the door; ``pkg.module:function`` -> that callable (imported here)."""
+    (its turns end at ``stop_token_ids``; ``agent.tool_latency`` seeded by ``run.seed``); ``openai_agent`` ->
+    an ``OpenAIAgentWorkflow`` running the agent ``agent.entrypoint`` through the door;
+    ``pkg.module:function`` -> that callable (imported here)."""
     match cfg.rollout.workflow:
         case "single_turn":
             return run_episode
         case "agent":
             from asyncrl.rollout.agent import AgentSettings, AgentWorkflow
+            from asyncrl.rollout.envs.latency import ToolLatency
 
             a = cfg.agent
+            latency = ToolLatency(a.tool_latency, a.tool_latency_median_s, a.tool_latency_sigma, seed=cfg.run.seed)
             settings = AgentSettings(
                 tool_format=a.tool_format, max_turns=a.max_turns, max_tokens=a.max_tokens,
                 max_turn_tokens=a.max_turn_tokens, stop_at_tool_close=a.stop_at_tool_close,
-                malformed_penalty=a.malformed_penalty,
+                malformed_penalty=a.malformed_penalty, tool_latency=latency,
             )  # fmt: skip
             return AgentWorkflow(tokenizer, _env_factory(cfg), settings, end_of_turn_ids=stop_token_ids)
         case "openai_agent":

@@ -24,6 +24,8 @@ by construction, the ids the engine was given and produced: nothing is re-tokeni
 the same call as the single-turn ``workflow.run_episode`` and returns a ``Group`` whose completions
 are the flattened trajectories (``loss_mask`` 0 on environment tokens) and whose rewards come from
 the environment when it scores episodes, else from the ``score`` callable the controller hands in.
+With ``AgentSettings.tool_latency`` each episode's environment is wrapped in ``envs.latency.DelayedTools``
+(a seeded simulated wait before each turn with tool calls is answered, the episode's own stream).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any
 from asyncrl.rollout.api import RolloutEngine, SampleDone
 from asyncrl.rollout.chat import ChatRenderer
 from asyncrl.rollout.envs.base import Environment, EnvReset, Message, ModelTurn, StepResult
+from asyncrl.rollout.envs.latency import DelayedTools, ToolLatency
 from asyncrl.rollout.interruptible import generate_group
 from asyncrl.rollout.sampling import SEED_MOD, SamplingParams
 from asyncrl.rollout.tools import ParsedTurn, ToolFormat, close_tags, parse_tool_calls
@@ -77,6 +80,9 @@ class AgentSettings:
     the template's glue then closes the turn. Off: one turn may hold several calls."""
     malformed_penalty: float = 0.0
     """Subtracted from the episode's reward per malformed call."""
+    tool_latency: ToolLatency = field(default_factory=ToolLatency)
+    """A simulated wait before the environment answers a turn with tool calls (``envs.latency``); none
+    by default."""
 
     def __post_init__(self) -> None:
         if self.max_turns < 1 or self.max_tokens < 1:
@@ -130,8 +136,9 @@ def _stop_ids(
 
 
 def _turn_record(
-    seg: ModelSegment, parsed: ParsedTurn, env_tokens: int, step: StepResult | None, latency: float
-) -> TurnRecord:
+    seg: ModelSegment, parsed: ParsedTurn, env_tokens: int, step: StepResult | None, latency: float,
+    started_at: float | None,
+) -> TurnRecord:  # fmt: skip
     return TurnRecord(
         model_tokens=len(seg.token_ids),
         env_tokens=env_tokens,
@@ -144,6 +151,7 @@ def _turn_record(
         tool_hits=step.tool_hits if step is not None else None,
         malformed=len(parsed.errors),
         tool_latency_s=latency,
+        tool_started_at=started_at,
     )
 
 
@@ -197,27 +205,27 @@ async def run_agent_episode(
         parsed = parse_tool_calls(settings.tool_format, text, ep.reset.tags)
         ep.malformed += len(parsed.errors)
         if seg.finish_reason == "length":
-            ep.turns.append(_turn_record(seg, parsed, 0, None, 0.0))
+            ep.turns.append(_turn_record(seg, parsed, 0, None, 0.0, None))
             end = "length" if budget == turn_cap else "max_tokens"
             break
-        started = time.monotonic()
+        started, started_at = time.monotonic(), time.time()
         step = await env.step(ModelTurn(index, text, parsed))
         latency = time.monotonic() - started
         if step.reward is not None:
             ep.rewards.append(float(step.reward))
         if step.done or index == settings.max_turns - 1:
-            ep.turns.append(_turn_record(seg, parsed, 0, step, latency))
+            ep.turns.append(_turn_record(seg, parsed, 0, step, latency, started_at))
             end = ("answer" if parsed.is_answer else "env_done") if step.done else "max_turns"
             break
         env_ids = renderer.env_ids(ep.history, step.messages, ep.reset.tools, closed_by)
         if ep.used + len(env_ids) >= settings.max_tokens:  # no room left for a model token after it
-            ep.turns.append(_turn_record(seg, parsed, 0, step, latency))
+            ep.turns.append(_turn_record(seg, parsed, 0, step, latency, started_at))
             end = "max_tokens"
             break
         ep.segments.append(EnvSegment(env_ids, step.kind))
         ep.ids.extend(env_ids)
         ep.history += [Message("assistant", text), *step.messages]
-        ep.turns.append(_turn_record(seg, parsed, len(env_ids), step, latency))
+        ep.turns.append(_turn_record(seg, parsed, len(env_ids), step, latency, started_at))
     return ep.trajectory(end)
 
 
@@ -235,6 +243,9 @@ class AgentWorkflow:
     async def _episode(self, engine: RolloutEngine, prompt: Prompt, sampling: SamplingParams, score: ScoreFn,
                        i: int, on_sample_done: SampleDone | None) -> tuple[Trajectory, float, str | None]:  # fmt: skip
         env = self.make_env()
+        latency = self.settings.tool_latency
+        if latency.active:
+            env = DelayedTools(env, latency, latency.stream(prompt.prompt_id, i))
         try:
             traj = await run_agent_episode(engine, env, self.renderer, prompt, sampling, self.settings)
         finally:

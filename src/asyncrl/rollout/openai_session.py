@@ -76,6 +76,8 @@ class ChatSession:
     last_text: str = ""
     last_closed_by: int | None = None
     last_reply_at: float = 0.0
+    last_reply_wall: float = 0.0
+    """``time.time()`` of the last reply: where the agent's tool time (until its next call) began."""
     busy: bool = False
     ended: bool = False
     reward: float | None = None
@@ -154,7 +156,8 @@ class ChatSession:
             self.segments.append(EnvSegment(plan.env_ids, _env_kind(req.messages[len(self.conversation) :])))
             self.ids.extend(plan.env_ids)
             last = self.turns[-1]
-            self.turns[-1] = replace(last, env_tokens=len(plan.env_ids), tool_latency_s=now - self.last_reply_at)
+            self.turns[-1] = replace(last, env_tokens=len(plan.env_ids), tool_latency_s=now - self.last_reply_at,
+                                     tool_started_at=self.last_reply_wall)  # fmt: skip
             self.history += [Message("assistant", self.last_text), *plan.new_history]
         self.segments.append(segment)
         self.ids.extend(segment.token_ids)
@@ -162,7 +165,7 @@ class ChatSession:
         self.conversation = [*req.messages, normalized(reply.message)]
         self.last_text = text
         self.last_closed_by = closed_by
-        self.last_reply_at = now
+        self.last_reply_at, self.last_reply_wall = now, time.time()
 
     def end(self, reward: float | None) -> None:
         self.ended = True

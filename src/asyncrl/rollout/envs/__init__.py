@@ -6,5 +6,7 @@
 - ``python``: a tool that runs code through a runner handed in (the controller passes the reward
   sandbox; rollout imports no reward code);
 - ``gym``: the adapter that lets a gym-style text environment (``reset``/``step`` over strings,
-  sync or async) plug in.
+  sync or async) plug in;
+- ``latency``: simulated slow tools (``agent.tool_latency``), a seeded wait before a turn's calls are
+  answered, wrapped around any environment.
 """
