@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
     p.add_argument(
         "name", help="engine | decode | train | async | interrupt | ablation | headline | profile | sim-validate | "
-        "prefix-reuse | agent-learning | agent-throughput",
+        "prefix-reuse | agent-learning | agent-throughput | adaptive | plan-check | paper-curves | paper-curves-fitted",
     )  # fmt: skip
     p.add_argument("--json", help="write the result rows and ratios here")
     p.add_argument(
