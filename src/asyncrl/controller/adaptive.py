@@ -153,7 +153,7 @@ class AdaptivePolicy:
         self.probed = False
         """The last change was a probe down."""
         self.last_reason = "start"
-        """Why the setting is what it is: start | hold | offpolicy | starving | stale | surplus | relax."""
+        """Why the setting is what it is: start | hold | offpolicy | starving | stale | surplus."""
 
     @property
     def setting(self) -> AdmissionSetting:
@@ -205,8 +205,6 @@ class AdaptivePolicy:
         full = self.occupancy is not None and self.occupancy >= FULL_OCCUPANCY
         starving = wait > lim.wait_target
         if self.since_change >= DWELL_STEPS:
-            if starving and self.probed:  # the probe down went too low: wait longer before the next one
-                self.probe_steps = min(MAX_PROBE_STEPS, 2 * self.probe_steps)
             if self.stale_share > STALE_SHARE:  # generation thrown away: more slack, or less run-ahead
                 if self.eta < self.ceiling:
                     self._set(self.eta + 1, self.mark)
@@ -216,6 +214,8 @@ class AdaptivePolicy:
                     return "stale"
             refilled = self.since_change >= self.mark + 1  # the pipeline refilled under the new mark
             if starving and not full and refilled and self.mark < self.ceiling + 1:
+                if self.probed:  # the probe down went too low: wait longer before the next one
+                    self.probe_steps = min(MAX_PROBE_STEPS, 2 * self.probe_steps)
                 self._set(self.eta + 1, self.mark + 1)  # the slack η_t - (mark - 1) kept
                 return "starving"
         if starving:
