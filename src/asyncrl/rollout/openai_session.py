@@ -81,17 +81,12 @@ class ChatSession:
     reward: float | None = None
 
     @property
-    def tags(self) -> dict[str, tuple[str, str]]:
-        return tool_tags(self.tools)
-
-    @property
     def used(self) -> int:
         return len(self.ids) - len(self.prompt_ids)
 
     def plan(self, req: ChatRequest) -> TurnPlan:
-        """The ids this call generates from; 400 when it does not extend the recorded conversation."""
-        if self.ended:
-            raise HTTPError(400, f"session {self.session_id} has ended")
+        """The ids this call generates from; 400 when it does not extend the recorded conversation (the door
+        calls it on open sessions only: ``SessionStore.end`` takes an ended one out of ``open``)."""
         if req.n != 1:
             raise HTTPError(400, "a session records one conversation: n must be 1")
         messages = template_messages(req.messages, self.tool_format, tool_tags(req.tools))
