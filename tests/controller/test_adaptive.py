@@ -16,6 +16,7 @@ from asyncrl.controller.adaptive import (
     AdaptivePolicy,
     AdmissionSetting,
     StepObservation,
+    setting_means,
 )
 
 STARVING = StepObservation(wait_s=0.5, wall_s=1.0, engine_occupancy=0.3)
@@ -186,3 +187,9 @@ def test_limits_are_checked() -> None:
         AdaptiveLimits(bound=2, wait_target=0.0)
     with pytest.raises(ValueError):
         AdaptiveLimits(bound=2, weight_sq_limit=1.0)
+
+
+def test_setting_means_average_the_chosen_setting_and_fall_back_to_the_fixed_one() -> None:
+    lines = [{"adaptive_max_staleness": 2, "adaptive_high_water_batches": 3}, {"adaptive_max_staleness": 5}, {}]
+    assert setting_means(lines, max_staleness=8, high_water_batches=1) == {"eta_mean": 5.0, "high_water_mean": 5 / 3}
+    assert setting_means([], max_staleness=4, high_water_batches=2) == {"eta_mean": 4.0, "high_water_mean": 2.0}

@@ -106,15 +106,11 @@ def _paired(adaptive: list[dict[str, Any]], best: list[dict[str, Any]]) -> tuple
 def admission_means(run_dir: Path, overrides: list[str]) -> dict[str, float]:
     """η and the mark in force, averaged over a real run's steps (adaptive: the chosen ones)."""
     from asyncrl.config import load_config
+    from asyncrl.controller.adaptive import setting_means
     from asyncrl.controller.rundir import read_jsonl
 
     c = load_config(None, overrides).controller
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
-    n = max(1, len(metrics))
-    return {
-        "eta_mean": sum(m.get("adaptive_max_staleness", c.max_staleness) for m in metrics) / n,
-        "high_water_mean": sum(m.get("adaptive_high_water_batches", c.high_water_batches) for m in metrics) / n,
-    }
+    return setting_means(read_jsonl(run_dir / "metrics.jsonl"), c.max_staleness, c.high_water_batches)
 
 
 def run_adaptive_bench(

@@ -53,7 +53,7 @@ adds to that line returned.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -313,3 +313,19 @@ def adaptive_admission(c: ControllerConfig, gate: StalenessGate) -> AdaptiveAdmi
     if not c.adaptive:
         return None
     return AdaptiveAdmission(AdaptiveLimits(c.max_staleness), gate, c.batch_size)
+
+
+def setting_means(
+    metrics: Sequence[Mapping[str, Any]], max_staleness: int, high_water_batches: int
+) -> dict[str, float]:
+    """η and the mark in force averaged over a run's steps (``eta_mean``, ``high_water_mean``): the chosen
+    ones of ``AdaptiveAdmission.step``'s keys, the fixed ones given here where a line has none; the fixed
+    ones for a run with no step. A real run's (``bench adaptive``) and a simulated one's (``sim.output``)."""
+
+    def mean(key: str, fixed: int) -> float:
+        return sum(float(m.get(key, fixed)) for m in metrics) / len(metrics) if metrics else float(fixed)
+
+    return {
+        "eta_mean": mean("adaptive_max_staleness", max_staleness),
+        "high_water_mean": mean("adaptive_high_water_batches", high_water_batches),
+    }
