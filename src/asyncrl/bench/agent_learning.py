@@ -168,9 +168,9 @@ def run_agent_learning_bench(
     """Warm start + RL on ``calculator`` per seed (see the module docstring); writes ``json_path`` and a
     PNG beside it. The seeds' directories go under a new ``out_dir/<timestamp>``, so that no invocation
     overwrites an earlier one's."""
-    from asyncrl.bench.async_bench import _fresh_out
+    from asyncrl.bench.runs import fresh_out
 
-    out = _fresh_out(out_dir)
+    out = fresh_out(out_dir)
     rows = []
     for seed in seeds:
         rows.append(_run_seed(config, overrides, seed, out, budget_s))
