@@ -181,7 +181,7 @@ BUILT_HERE = "launch/stages.py"
 CONSTRUCTION_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("rollout/server.py", "LocalEngine"): "`asyncrl serve engine`, sized by its flags (rollout cannot import launch)",
     ("rollout/batch_generate.py", "LocalEngine"): "`asyncrl generate`, sized by its input and flags, not a config",
-    ("trainer/distributed.py", "Trainer"): "a follower rank mirrors the leader's Trainer from the arguments sent",
+    ("trainer/trainer.py", "Trainer"): "a follower rank mirrors the leader's Trainer from the arguments sent",
     ("bench/engine.py", "LocalEngine"): "micro-benchmark of the engine at explicit sizes on a model of its own",
     ("bench/decode.py", "LocalEngine"): "decode sweep at explicit contexts and batch sizes",
     ("bench/train.py", "Trainer"): "micro-benchmark of packing against padding with its own trainer settings (lr 0)",

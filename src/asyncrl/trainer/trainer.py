@@ -148,11 +148,11 @@ class Trainer(TrainerStateMixin):
             self._route_caller_save()
 
     # ----------------------------------------------------------------- a follower rank
-    @classmethod
-    def follower(cls, payload: dict[str, Any]) -> Trainer:
+    @staticmethod
+    def follower(payload: dict[str, Any]) -> Trainer:
         """A non-zero rank's trainer from the leader's ``init`` payload (``distributed.run_distributed``)."""
         model = dist_mod.build_follower_model(payload)
-        return cls(model, payload["train_cfg"], payload["algo_cfg"], _follower=True, **payload["kwargs"])
+        return Trainer(model, payload["train_cfg"], payload["algo_cfg"], _follower=True, **payload["kwargs"])
 
     def follow(self, name: str, payload: Any) -> None:
         """The leader's command ``name`` on this rank's shard (``distributed.Follower``)."""
