@@ -23,7 +23,7 @@ from asyncrl.rollout.engine import LocalEngine
 from asyncrl.trainer.packing import split_micro_batches
 
 CONFIG_SOURCE = Path(config_module.__file__)
-CONFIG_SOURCES = (CONFIG_SOURCE, CONFIG_SOURCE.with_name("config_agent.py"))
+CONFIG_SOURCES = tuple(CONFIG_SOURCE.with_name(name) for name in ("config.py", "config_agent.py", "config_learn.py"))
 
 
 def _fields_without_docstring(source: str) -> list[str]:

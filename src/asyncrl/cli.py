@@ -61,10 +61,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # under torchrun: rank 0 runs the controller and leads the FSDP2 trainer, other ranks follow
         from asyncrl.trainer.distributed import run_distributed
+        from asyncrl.trainer.trainer import Trainer
 
         cfg = with_values(cfg, {"controller.trainer_process": False})  # the trainer lives in the ranks' group
         result = run_distributed(
-            lambda: train(cfg, resume=bool(args.resume), overwrite=args.overwrite), timeout_s=cfg.trainer.dist_timeout_s
+            lambda: train(cfg, resume=bool(args.resume), overwrite=args.overwrite),
+            follower=Trainer.follower,  # how the other ranks build their trainers
+            timeout_s=cfg.trainer.dist_timeout_s,
         )
         if result is None:
             return 0

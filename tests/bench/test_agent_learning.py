@@ -5,9 +5,13 @@ criterion, and the plot."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from asyncrl.bench.agent_learning import analyse, plot_curves, seed_row
+from asyncrl.bench import agent_learning
+from asyncrl.bench.agent_learning import analyse, plot_curves, run_agent_learning_bench, seed_row
+from asyncrl.bench.stats import t95
 
 
 def _summary(before: float, after: float, hit_before: float, hit_after: float, rl_s: float) -> dict:
@@ -43,9 +47,27 @@ def test_analysis_over_seeds(tmp_path) -> None:
     ]
     result = analyse(rows, 600.0)
     gain = result["summary"]["gain_points"]
-    assert gain["n"] == 3 and gain["mean"] == pytest.approx(25.0) and gain["low"] < 25.0 < gain["high"]
+    half = t95(2) * 5.0  # gains 30, 15, 30: std sqrt(75), standard error 5
+    assert gain["n"] == 3 and gain["mean"] == pytest.approx(25.0)
+    assert gain["low"] == pytest.approx(25.0 - half) and gain["high"] == pytest.approx(25.0 + half)
     assert result["criterion"]["seeds_met"] == [0]
     assert result["criterion"]["seeds_hit_rate_rose"] == [0, 1]
     assert result["summary"]["warm_start_s"]["mean"] == 200.0
     plot_curves(rows, tmp_path / "curves.png", 600.0)
-    assert (tmp_path / "curves.png").stat().st_size > 0
+    assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_each_invocation_writes_under_a_fresh_directory(tmp_path, monkeypatch) -> None:
+    """Two invocations with the same ``out_dir`` (the CLI's default) keep both seeds' directories."""
+    seed_dirs: list[Path] = []
+
+    def fake_seed(config, overrides, seed: int, out: Path, budget_s: float) -> dict:
+        seed_dirs.append(out / f"seed{seed}")
+        seed_dirs[-1].mkdir(parents=True)  # an existing one (an earlier run's) raises
+        return seed_row(seed, _summary(0.1, 0.3, 0.2, 0.4, 100.0), METRICS, 50.0, budget_s)
+
+    monkeypatch.setattr(agent_learning, "_run_seed", fake_seed)
+    for _ in range(2):
+        run_agent_learning_bench(None, config=None, overrides=[], seeds=[0], out_dir=str(tmp_path / "bench"))
+    first, second = seed_dirs
+    assert first != second and first.parent.parent == second.parent.parent == tmp_path / "bench"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.bench.time_budget import time_budget
+from asyncrl.bench.time_budget import held_integral, time_budget
 
 
 def _timeline() -> list[dict]:
@@ -36,3 +36,10 @@ def test_time_budget_refuses_an_empty_run() -> None:
         time_budget([], _timeline())
     with pytest.raises(ValueError, match="no timeline"):
         time_budget([{"time_s": 1.0}], [])
+
+
+def test_held_integral_holds_each_sample_until_the_next_within_the_window() -> None:
+    points = [(1.0, 2.0), (3.0, 4.0), (6.0, 1.0)]
+    assert held_integral(points, 0.0, 5.0) == (2.0 * 2 + 4.0 * 2, 4.0)  # nothing before the first sample
+    assert held_integral(points, 2.0, 8.0) == (2.0 * 1 + 4.0 * 3 + 1.0 * 2, 6.0)  # the last held until the end
+    assert held_integral([], 0.0, 5.0) == (0.0, 0.0)

@@ -16,6 +16,7 @@ from asyncrl.controller.adaptive import (
     AdaptivePolicy,
     AdmissionSetting,
     StepObservation,
+    setting_means,
 )
 
 STARVING = StepObservation(wait_s=0.5, wall_s=1.0, engine_occupancy=0.3)
@@ -88,9 +89,10 @@ def test_degraded_off_policy_statistics_lower_eta_below_what_starvation_asks_and
         return StepObservation(0.5, 1.0, 0.3, weight_sq_mean=1.0 + 0.6 * s.max_staleness, capped_frac=0.0)
 
     settings = _drive(policy, plant, 20)
-    assert policy.ceiling <= 2 and settings[-1].max_staleness == policy.ceiling
-    assert max(s.max_staleness for s in settings[-8:]) <= 2  # starving, but held under the ceiling
-    assert "offpolicy" in {policy.last_reason} or settings[-1] == settings[-2]
+    # one cut every DWELL_STEPS until E[w²] (smoothed) is under the limit: at η 1 it is 1.6, at η 2 2.2
+    assert [s.max_staleness for s in settings[:8]] == [5, 4, 4, 3, 3, 2, 2, 1]
+    assert policy.ceiling == 1 and set(settings[7:]) == {AdmissionSetting(1, 2)}  # starving, held there
+    assert policy.last_reason == "hold"
 
 
 def test_the_capped_share_degrades_too_and_the_ceiling_relaxes_when_it_is_gone() -> None:
@@ -125,11 +127,37 @@ def test_failed_probes_down_back_off() -> None:
     def plant(s: AdmissionSetting) -> StepObservation:
         return NEVER_WAITS if s.high_water_batches >= 3 else STARVING
 
-    settings = _drive(policy, plant, 300)
+    waits = []  # the wait before the next probe, as set by each raise after a failed probe
+    settings = []
+    for _ in range(300):
+        probed = policy.probed
+        settings.append(policy.update(plant(policy.setting)))
+        if probed and policy.last_reason == "starving":
+            waits.append(policy.probe_steps)
     _check_bounds(settings, 8)
+    assert waits == [16, 32, 64, 64, 64, 64]  # each failed probe doubles the wait once, up to 64
     probes = sum(1 for a, b in zip(settings, settings[1:], strict=False) if b.high_water_batches < a.high_water_batches)
-    assert 3 <= probes <= 8
+    assert probes == len(waits)
     assert sum(s.high_water_batches == 3 for s in settings[50:]) / len(settings[50:]) > 0.9
+
+
+def test_one_failed_probe_doubles_the_probe_wait_once() -> None:
+    """A probe from mark 3 to 2 starves the trainer for mark + 1 steps before the raise that undoes it:
+    the wait before the next probe is 16 steps after it, not doubled once per starving step."""
+    policy = AdaptivePolicy(AdaptiveLimits(bound=8))
+
+    def plant(s: AdmissionSetting) -> StepObservation:
+        return NEVER_WAITS if s.high_water_batches >= 3 else STARVING
+
+    _drive(policy, plant, 3)
+    assert policy.setting == AdmissionSetting(3, 3) and policy.probe_steps == PROBE_STEPS
+    _drive(policy, plant, PROBE_STEPS)
+    assert policy.setting == AdmissionSetting(2, 2) and policy.last_reason == "surplus"
+    _drive(policy, plant, 2)  # starving, the pipeline not yet refilled under mark 2: no raise yet
+    assert policy.setting == AdmissionSetting(2, 2) and policy.probe_steps == PROBE_STEPS
+    _drive(policy, plant, 1)
+    assert policy.setting == AdmissionSetting(3, 3) and policy.last_reason == "starving"
+    assert policy.probe_steps == 2 * PROBE_STEPS
 
 
 @pytest.mark.parametrize("bound", [0, 1, 3])
@@ -159,3 +187,9 @@ def test_limits_are_checked() -> None:
         AdaptiveLimits(bound=2, wait_target=0.0)
     with pytest.raises(ValueError):
         AdaptiveLimits(bound=2, weight_sq_limit=1.0)
+
+
+def test_setting_means_average_the_chosen_setting_and_fall_back_to_the_fixed_one() -> None:
+    lines = [{"adaptive_max_staleness": 2, "adaptive_high_water_batches": 3}, {"adaptive_max_staleness": 5}, {}]
+    assert setting_means(lines, max_staleness=8, high_water_batches=1) == {"eta_mean": 5.0, "high_water_mean": 5 / 3}
+    assert setting_means([], max_staleness=4, high_water_batches=2) == {"eta_mean": 4.0, "high_water_mean": 2.0}

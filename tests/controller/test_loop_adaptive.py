@@ -5,6 +5,7 @@ it; ``metrics.jsonl`` holds the setting chosen at each step; a kill and resume k
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -89,15 +90,19 @@ def test_a_killed_adaptive_run_resumes_with_its_setting(tmp_path: Path) -> None:
     with pytest.raises(Crash):
         _run(cfg, ScriptedEngine(scripts), ScriptedTrainer(crash_at=7), tmp_path, scripts)
     saved = latest_checkpoint(tmp_path)
-    before = [m["adaptive_max_staleness"] for m in read_jsonl(tmp_path / "metrics.jsonl")][:6]
+    before = read_jsonl(tmp_path / "metrics.jsonl")[:6]  # the steps the checkpoint covers
+    policy = json.loads((saved / "trainer_state.pt").read_text())["extra"]["adaptive"]["policy"]
+    assert (policy["eta"], policy["mark"]) == (before[5]["adaptive_max_staleness"],
+                                               before[5]["adaptive_high_water_batches"])  # fmt: skip
     state = _resume(cfg, tmp_path)
     assert state.step == 10 and saved.name == "step-00000006"
     metrics = _check(tmp_path, 4)
-    assert [m["adaptive_max_staleness"] for m in metrics][:6] == before
+    assert [m["step"] for m in metrics] == list(range(10))  # the lost step redone once, nothing twice
+    assert metrics[:6] == before
     readmitted = [
         r for r in read_jsonl(tmp_path / "trajectories.jsonl") if r["status"] == "admitted" and r["readmitted"]
     ]
-    assert readmitted and readmitted[0]["max_staleness"] == before[5]  # the restored η_t admits them
+    assert readmitted and {r["max_staleness"] for r in readmitted} == {policy["eta"]}  # the restored η_t admits
 
 
 def test_adaptive_is_refused_with_a_fixed_lag() -> None:

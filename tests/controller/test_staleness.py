@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.controller.staleness import EpisodeSamples, StalenessGate
+from asyncrl.controller.staleness import EpisodeSamples, StalenessGate, group_bound
 
 
 def test_synchronous_gate_admits_one_batch_per_version() -> None:
@@ -139,3 +139,9 @@ def test_samples_unit_rejects_bad_arguments() -> None:
         StalenessGate(batch_size=1, max_staleness=0, max_concurrent=1, high_water_unit="tokens")
     with pytest.raises(ValueError):
         StalenessGate(batch_size=1, max_staleness=0, max_concurrent=1, group_size=0)
+
+
+def test_a_groups_own_bound_applies_but_never_above_the_runs() -> None:
+    assert group_bound(None, 4) == 4  # no bound of its own: the run's
+    assert group_bound(2, 4) == 2  # admitted under a lower η_t: held to it
+    assert group_bound(6, 4) == 4  # a resume with a lower controller.max_staleness wins

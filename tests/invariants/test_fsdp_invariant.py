@@ -51,7 +51,7 @@ def leader():
     model.save_pretrained(out / "hf")  # the caller's (now sharded) object saves the full weights
     torch.save({"state": state, "metrics": metrics, "logp": logp, "export": update.path}, out / "result.pt")
 
-run_distributed(leader, backend="gloo", timeout_s=120)
+run_distributed(leader, follower=Trainer.follower, backend="gloo", timeout_s=120)
 '''
 
 TOL = 1e-5

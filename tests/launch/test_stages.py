@@ -25,6 +25,7 @@ import asyncrl.rollout.engine
 import asyncrl.trainer.trainer
 from asyncrl.cli import main
 from asyncrl.config import Config, load_config, with_values
+from asyncrl.rollout.workflow import run_episode
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "asyncrl"
 
@@ -180,7 +181,7 @@ BUILT_HERE = "launch/stages.py"
 CONSTRUCTION_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("rollout/server.py", "LocalEngine"): "`asyncrl serve engine`, sized by its flags (rollout cannot import launch)",
     ("rollout/batch_generate.py", "LocalEngine"): "`asyncrl generate`, sized by its input and flags, not a config",
-    ("trainer/distributed.py", "Trainer"): "a follower rank mirrors the leader's Trainer from the arguments sent",
+    ("trainer/trainer.py", "Trainer"): "a follower rank mirrors the leader's Trainer from the arguments sent",
     ("bench/engine.py", "LocalEngine"): "micro-benchmark of the engine at explicit sizes on a model of its own",
     ("bench/decode.py", "LocalEngine"): "decode sweep at explicit contexts and batch sizes",
     ("bench/train.py", "Trainer"): "micro-benchmark of packing against padding with its own trainer settings (lr 0)",
@@ -239,3 +240,10 @@ def test_stages_are_built_nowhere_but_in_the_builder() -> None:
 def test_the_check_finds_a_planted_construction() -> None:
     planted = "from x import LocalEngine, trainer\nLocalEngine(m, t)\ntrainer.Trainer(m)\ntorch.manual_seed(0)\n"
     assert _calls(ast.parse(planted)) == ["LocalEngine", "Trainer", "manual_seed"]
+
+
+def test_a_workflow_named_by_pkg_module_function_is_imported_and_must_be_callable() -> None:
+    cfg = load_config(None, ["rollout.workflow=asyncrl.rollout.workflow:run_episode"])
+    assert stages.build_workflow(cfg, tokenizer=None, stop_token_ids=()) is run_episode
+    with pytest.raises(TypeError, match=r"rollout.workflow='math:pi' is not callable"):
+        stages.build_workflow(with_values(cfg, {"rollout.workflow": "math:pi"}), tokenizer=None, stop_token_ids=())

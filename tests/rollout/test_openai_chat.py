@@ -114,6 +114,15 @@ def test_tool_calls_are_written_back_in_the_call_format() -> None:
         (msg,) = template_messages((m,), fmt, tags)
         parsed = parse_tool_calls(fmt, msg.content, tags)
         assert [(c.name, c.arguments) for c in parsed.calls] == [("calculator", {"expression": "2*3"})], fmt
+    texts = {fmt: template_messages((m,), fmt, tags)[0].content for fmt in ("hermes", "tag", "json")}
+    assert texts == {
+        "hermes": '<tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>',
+        "tag": "<calculator>2*3</calculator>",
+        "json": '{"name": "calculator", "parameters": {"expression": "2*3"}}',
+    }
+    unknown = normalized({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "other", "arguments": '{"x": 1}'}}]})  # fmt: skip
+    assert template_messages((unknown,), "tag", tags)[0].content == "<other></other>"  # no parameter known: empty
     (dev,) = template_messages((normalized({"role": "developer", "content": "be brief"}),), "hermes", {})
     assert dev.role == "system"
 

@@ -98,7 +98,8 @@ def test_the_engine_server_serves_the_door(load_tiny) -> None:
             status, r = _http(f"{base}/v1/chat/completions", ask)
             assert status == 200 and len(r["choices"]) == 2 and r["object"] == "chat.completion"
             assert all(c["finish_reason"] in ("stop", "length") for c in r["choices"])
-            assert r["usage"]["completion_tokens"] >= 2
+            lengths = [len(c["logprobs"]["content"]) for c in r["choices"]]  # one log-prob a token
+            assert r["usage"]["completion_tokens"] == sum(lengths) and all(1 <= n <= 8 for n in lengths)
 
             sid = f"{base}/sessions/run1-0"
             first = {"messages": [{"role": "user", "content": "1+2"}], "max_tokens": 6, "seed": 3, "logprobs": True}
@@ -115,7 +116,8 @@ def test_the_engine_server_serves_the_door(load_tiny) -> None:
             assert record["prompt_ids"] and len(record["prompt_ids"]) == prompt1
             # the second call was given the first call's ids as sampled, then the glue
             assert r2["usage"]["prompt_tokens"] == prompt1 + n1 + record["turns"][0]["env_tokens"]
-            assert record["loss_mask"][:n1] == [1] * n1 and 0 in record["loss_mask"]
+            n2, glue = r2["usage"]["completion_tokens"], record["turns"][0]["env_tokens"]
+            assert record["loss_mask"] == [1] * n1 + [0] * glue + [1] * n2 and glue > 0
             shown = [c["logprob"] for c in r1["choices"][0]["logprobs"]["content"]]
             assert record["behav_logprobs"][: len(shown)] == shown  # the reply's log-probs are the recorded ones
             assert _http(f"{sid}")[1]["session_id"] == "run1-0"

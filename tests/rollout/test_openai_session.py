@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from collections.abc import Iterable
+from typing import Any
 
 import pytest
 
+from asyncrl.rollout import openai_session
 from asyncrl.rollout.chat import ChatRenderer
 from asyncrl.rollout.envs.base import Message
 from asyncrl.rollout.http import HTTPError
@@ -45,12 +49,26 @@ def _door(tok, turns: list[Turn], max_tokens: int | None = None) -> tuple[ChatDo
     return door, engine, "s1"
 
 
+class _Clock:
+    """The session module's ``time``: ``monotonic`` reads the given ticks in turn, the rest is real."""
+
+    def __init__(self, ticks: Iterable[float]) -> None:
+        self.ticks = iter(ticks)
+
+    def monotonic(self) -> float:
+        return next(self.ticks)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
 def _play(door: ChatDoor, body_messages: list, *, tools=(TOOL,), **extra):
     body = {"model": "m", "messages": body_messages, "tools": list(tools), **extra}
     return asyncio.run(door.chat(body, "s1"))
 
 
-def test_a_tool_session_is_exact_across_turns(tok) -> None:
+def test_a_tool_session_is_exact_across_turns(tok, monkeypatch) -> None:
+    monkeypatch.setattr(openai_session, "time", _Clock([100.0, 103.5]))  # when each call is recorded
     first = _ids(tok, CALL)
     # a weight update lands inside the answer turn (abort after 3 tokens: the door resumes it)
     answer = _ids(tok, "The product is 18272727. #18272727")
@@ -88,7 +106,7 @@ def test_a_tool_session_is_exact_across_turns(tok) -> None:
     assert traj.token_ids == opening + first + glue + answer
     assert traj.versions[-len(answer) :] == versions and traj.model_segments[1].num_interruptions == 1
     turn1, turn2 = traj.turns
-    assert turn1.tool_calls == ("calculator",) and turn1.env_tokens == len(glue) and turn1.tool_latency_s >= 0
+    assert turn1.tool_calls == ("calculator",) and turn1.env_tokens == len(glue) and turn1.tool_latency_s == 3.5
     assert traj.end == "answer" and traj.env_reward == 1.0
     assert door.store.get("s1").summary()["loss_mask"] == list(traj.loss_mask)
 

@@ -27,9 +27,10 @@ import json, sys
 from asyncrl.config import load_config
 from asyncrl.launch.local import train
 from asyncrl.trainer.distributed import run_distributed
+from asyncrl.trainer.trainer import Trainer
 
 cfg = load_config(None, sys.argv[1:])
-out = run_distributed(lambda: train(cfg), backend="gloo", timeout_s=300)
+out = run_distributed(lambda: train(cfg), follower=Trainer.follower, backend="gloo", timeout_s=300)
 if out is not None:
     print("SUMMARY", json.dumps(out[1]))
 '''
@@ -84,8 +85,8 @@ def _spawned_rank(rank: int, port: int, policy_dir: str, out: dict) -> None:
         out["state"] = {k: v.clone() for k, v in trainer.full_state_dict().items()}
         return result.metrics["loss"]
 
-    loss = run_distributed(leader, backend="gloo", timeout_s=120, rank=rank, world_size=2,
-                           init_method=f"tcp://127.0.0.1:{port}")  # fmt: skip
+    loss = run_distributed(leader, follower=Trainer.follower, backend="gloo", timeout_s=120, rank=rank,
+                           world_size=2, init_method=f"tcp://127.0.0.1:{port}")  # fmt: skip
     out[f"rank{rank}"] = loss
 
 

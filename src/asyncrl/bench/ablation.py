@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from asyncrl.bench.runs import print_table
 from asyncrl.bench.stats import t95 as t_quantile_975  # the one t table (bench/stats.py)
 
 __all__ = [
@@ -292,14 +293,6 @@ def plot_ablation(payload: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _print_table(title: str, rows: list[dict[str, Any]], keys: list[str]) -> None:
-    print(f"\n{title}")
-    print("  ".join(f"{k:>16}" for k in keys))
-    for row in rows:
-        cells = [f"{row.get(k):>16.4f}" if isinstance(row.get(k), float) else f"{row.get(k)!s:>16}" for k in keys]
-        print("  ".join(cells))
-
-
 def run_ablation(
     json_path: str | None,
     *,
@@ -347,7 +340,7 @@ def run_ablation(
                     rows.append(row)
     keys = ["objective", "lag", "lr", "seed", "accuracy_before", "accuracy_after", "collapsed",
             "behav_weight_mean", "behav_weight_sq_mean", "clip_frac", "dropped_frac", "rl_wall_s"]  # fmt: skip
-    _print_table("bench ablation: runs", rows, keys)
+    print_table("bench ablation: runs", rows, keys, width=16, digits=4)
     payload = {
         "bench": "ablation", "staleness": staleness, "overrides": user,
         "objectives": {o: OBJECTIVES[o] for o in objectives},
@@ -363,9 +356,10 @@ def _finish(payload: dict[str, Any], json_path: str | None) -> dict[str, Any]:
     payload["paired_differences"] = paired_differences(payload["rows"])
     keys = ["objective", "lag", "lr", "n", "accuracy_after_mean", "accuracy_after_ci95_half", "collapse_rate",
             "behav_weight_sq_mean", "behav_capped_frac", "clip_frac", "approx_kl_behav"]  # fmt: skip
-    _print_table("bench ablation: over seeds (95% t-interval)", payload["summary"], keys)
+    print_table("bench ablation: over seeds (95% t-interval)", payload["summary"], keys, width=16, digits=4)
     keys = ["objective", "lag", "lr", "n", "minus_reference_mean", "minus_reference_ci95"]
-    _print_table(f"bench ablation: minus {REFERENCE_OBJECTIVE}, seed by seed", payload["paired_differences"], keys)
+    title = f"bench ablation: minus {REFERENCE_OBJECTIVE}, seed by seed"
+    print_table(title, payload["paired_differences"], keys, width=16, digits=4)
     if json_path:
         path = Path(json_path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ Two modes:
 
 - **real** (default): every arm is an ``asyncrl train`` run on the ``bench async`` workloads
   (``task``, ``long``; ``bench.async_bench.workload_overrides``), measured as ``bench async``
-  measures (``_run``: steady-state throughput from ``bench/throughput.py`` with a ``--warmup-s``
+  measures (``runs.run_and_measure``: steady-state throughput from ``bench/throughput.py`` with a ``--warmup-s``
   window, the whole-run figure beside it, held-out ``accuracy_after``, ``bench/time_budget.py``);
 - **simulated** (``--profile P[,P...]``): every arm is an ``asyncrl simulate`` run of
   ``sim.compare.SIM_WORKLOADS`` under each cost profile (``sim.compare.simulated_runner``, handed in
@@ -106,15 +106,11 @@ def _paired(adaptive: list[dict[str, Any]], best: list[dict[str, Any]]) -> tuple
 def admission_means(run_dir: Path, overrides: list[str]) -> dict[str, float]:
     """η and the mark in force, averaged over a real run's steps (adaptive: the chosen ones)."""
     from asyncrl.config import load_config
+    from asyncrl.controller.adaptive import setting_means
     from asyncrl.controller.rundir import read_jsonl
 
     c = load_config(None, overrides).controller
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
-    n = max(1, len(metrics))
-    return {
-        "eta_mean": sum(m.get("adaptive_max_staleness", c.max_staleness) for m in metrics) / n,
-        "high_water_mean": sum(m.get("adaptive_high_water_batches", c.high_water_batches) for m in metrics) / n,
-    }
+    return setting_means(read_jsonl(run_dir / "metrics.jsonl"), c.max_staleness, c.high_water_batches)
 
 
 def run_adaptive_bench(
@@ -134,7 +130,7 @@ def run_adaptive_bench(
     """Every arm on every workload and seed (module docstring). ``run_one``: the runs (None: real
     ``asyncrl train`` runs; the simulated runner, ``mode="simulated"``, whose ``workloads`` are then
     ``profile/workload`` keys; or a stand-in in the tests)."""
-    from asyncrl.bench.async_bench import _print_table, _write
+    from asyncrl.bench.runs import print_table, write_json
 
     base = list(overrides or []) + ([f"controller.total_steps={steps}"] if steps is not None else [])
     runner, out = run_one, None
@@ -149,7 +145,7 @@ def run_adaptive_bench(
                 rows.append({"workload": key, "arm": arm, "seed": seed, "adaptive": arm == "adaptive",
                              "max_staleness": max(etas) if arm == "adaptive" else int(arm[4:]), **figures})  # fmt: skip
     analysis = analyse(rows)
-    _print_table("bench adaptive: runs", rows, ["workload", "arm", "seed", "steady_state_tokens_per_s",
+    print_table("bench adaptive: runs", rows, ["workload", "arm", "seed", "steady_state_tokens_per_s",
                  "accuracy_after", "staleness_mean", "eta_mean", "high_water_mean", "stale_groups"])  # fmt: skip
     for item in analysis:
         ratio = item.get("throughput_ratio_vs_best", {})
@@ -162,18 +158,19 @@ def run_adaptive_bench(
         "steps": steps, "warmup_s": warmup_s, "overrides": base, "rows": rows, "analysis": analysis,
         "out_dir": str(out) if out else None,
     }  # fmt: skip
-    _write(json_path, payload)
+    write_json(json_path, payload)
     return payload
 
 
 def _real_runner(base: list[str], warmup_s: float, out_dir: str) -> tuple[RunOne, Path]:
-    from asyncrl.bench.async_bench import _fresh_out, _run, workload_overrides
+    from asyncrl.bench.async_bench import workload_overrides
+    from asyncrl.bench.runs import fresh_out, run_and_measure
 
-    out = _fresh_out(out_dir)
+    out = fresh_out(out_dir)
 
     def run(workload: str, arm: str, seed: int, arm_overrides: list[str]) -> dict[str, Any]:
         overrides = [*workload_overrides(base, workload), f"run.seed={seed}", *arm_overrides]
         run_dir = out / f"{workload}-s{seed}-{arm.replace('=', '')}"
-        return {**_run(overrides, run_dir, warmup_s), **admission_means(run_dir, overrides)}
+        return {**run_and_measure(overrides, run_dir, warmup_s), **admission_means(run_dir, overrides)}
 
     return run, out

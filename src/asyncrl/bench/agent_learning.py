@@ -144,7 +144,7 @@ def _run_seed(config: str | None, overrides: list[str], seed: int, out: Path, bu
     run_warm_start(cfg, seed_dir / "warm_start")
     warm_start_s, cpu1 = time.perf_counter() - t0, cpu_seconds()
     print(f"seed {seed}: warm start {warm_start_s:.0f} s", flush=True)
-    run_dir, summary = train(with_values(cfg, {"model.path": str(seed_dir / "warm_start")}), overwrite=True)
+    run_dir, summary = train(with_values(cfg, {"model.path": str(seed_dir / "warm_start")}))
     row = seed_row(seed, summary, read_jsonl(run_dir / "metrics.jsonl"), warm_start_s, budget_s)
     return {**row, "warm_start_cpu_s": cpu1 - cpu0, "run_cpu_s": cpu_seconds() - cpu1}
 
@@ -166,8 +166,11 @@ def run_agent_learning_bench(
     out_dir: str = "runs/bench-agent-learning",
 ) -> dict[str, Any]:
     """Warm start + RL on ``calculator`` per seed (see the module docstring); writes ``json_path`` and a
-    PNG beside it."""
-    out = Path(out_dir)
+    PNG beside it. The seeds' directories go under a new ``out_dir/<timestamp>``, so that no invocation
+    overwrites an earlier one's."""
+    from asyncrl.bench.runs import fresh_out
+
+    out = fresh_out(out_dir)
     rows = []
     for seed in seeds:
         rows.append(_run_seed(config, overrides, seed, out, budget_s))

@@ -51,15 +51,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
+from asyncrl.bench.runs import fresh_out, mean_or_zero, print_table, run_and_measure, write_json
 from asyncrl.bench.stats import mean_ci95
-from asyncrl.bench.throughput import FINISHED, measure_throughput
-from asyncrl.bench.time_budget import time_budget
 
 __all__ = ["WORKLOADS", "run_async_bench", "run_interrupt_bench"]
 
@@ -139,81 +136,6 @@ def row_identity(workload: str, seed: int, overrides: list[str]) -> dict[str, An
     }
 
 
-def _mean(values: list[float]) -> float:
-    return statistics.fmean(values) if values else 0.0
-
-
-def _std(values: list[float]) -> float:
-    return statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def _fresh_out(out_dir: str) -> Path:
-    """A new ``out_dir/<timestamp>`` for this invocation's run directories (made now)."""
-    from asyncrl.controller.rundir import fresh_subdir
-
-    out = fresh_subdir(out_dir)
-    print(f"bench: run directories under {out}", flush=True)
-    return out
-
-
-def _run(overrides: list[str], run_dir: Path, warmup_s: float = 0.0) -> dict[str, Any]:
-    """One training run; the row of its summary, throughput (``measure_throughput`` with a warm-up
-    of ``warmup_s`` seconds of RL time), per-step averages and policy snapshots (if any)."""
-    from asyncrl.config import load_config
-    from asyncrl.controller.rundir import check_one_run, read_jsonl
-    from asyncrl.launch.local import train
-
-    cfg = load_config(None, [*overrides, f"run.run_dir={run_dir}", "run.progress=false"])
-    t0, load0 = time.perf_counter(), os.getloadavg()[0]
-    _, summary = train(cfg)  # refuses a run_dir that already holds a run
-    load1 = os.getloadavg()[0]
-    check_one_run(run_dir)  # every number below comes from this run's lines alone
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
-    ledger = read_jsonl(run_dir / "trajectories.jsonl")
-    timeline = read_jsonl(run_dir / "timeline.jsonl")
-    try:
-        speed = measure_throughput(metrics, ledger, timeline, warmup_s=warmup_s)
-        throughput: dict[str, Any] = speed.as_row()
-        throughput["time_budget"] = time_budget(metrics, timeline)
-    except ValueError as exc:  # a run shorter than the warm-up: keep the row, say why it has no window
-        print(f"bench: {run_dir}: no steady-state throughput ({exc})", flush=True)
-        throughput = {"steady_state_tokens_per_s": None, "steady_state_error": str(exc)}
-    finished = [r for r in ledger if r["status"] in FINISHED]
-    generated = sum(r["response_len"] for r in finished)
-    trained = sum(m["trained_tokens"] for m in metrics)
-    busy = sum(m["train_step_s"] + m["weight_sync_s"] for m in metrics)
-    lens = sorted(r["response_len"] for r in finished) or [0]
-    return {
-        **throughput,
-        "trained_tokens_per_s": summary["trained_tokens_per_s"],
-        "accuracy_before": summary["accuracy_before"],
-        "accuracy_after": summary["accuracy_after"],
-        "rl_wall_s": summary["rl_wall_s"],
-        "wall_s": time.perf_counter() - t0,
-        "steps": summary["steps"],
-        "trained_tokens": summary["trained_tokens"],
-        "trainer_alone_tokens_per_s": trained / busy if busy else 0.0,
-        "trained_per_generated_token": summary["trained_tokens"] / max(1, generated),
-        "response_len_p50": lens[len(lens) // 2],
-        "response_len_p90": lens[int(0.9 * (len(lens) - 1))],
-        "response_len_max": lens[-1],
-        "staleness_mean": _mean([m["staleness_mean"] for m in metrics]),
-        "max_staleness_seen": summary["max_staleness_seen"],
-        "stale_groups": summary["stale_groups"],
-        "filtered_groups": summary["filtered_groups"],
-        "unused_groups": sum(1 for r in ledger if r["status"] == "unused") // cfg.rollout.group_size,
-        "buffered_max": max((m["buffer_groups"] for m in metrics), default=0),
-        "engine_busy_frac": _mean([m["engine_busy_frac"] for m in metrics]),
-        "trainer_busy_frac": _mean([m["trainer_busy_frac"] for m in metrics]),
-        "load_avg_1m_start_end": [load0, load1],
-        "train_step_s": _mean([m["train_step_s"] for m in metrics]),
-        "interruptions_per_sample": _mean([m["interruptions_per_sample"] for m in metrics]),
-        "weight_sync_s": _mean([m["weight_sync_s"] for m in metrics]),
-        "snapshots": read_jsonl(run_dir / "snapshots.jsonl"),
-        "run_dir": str(run_dir),
-    }
-
-
 async def _engine_alone(overrides: list[str], seconds: float, max_fill_s: float = 600.0) -> dict[str, float]:
     """Generated tokens/s of the engine kept at full occupancy (``controller.max_concurrent``
     groups queued, refilled as they finish), no trainer: the engine counter's growth over
@@ -279,22 +201,8 @@ async def _engine_alone(overrides: list[str], seconds: float, max_fill_s: float 
     }
 
 
-def _print_table(title: str, rows: list[dict[str, Any]], keys: list[str]) -> None:
-    print(f"\n{title}")
-    print("  ".join(f"{k:>22}" for k in keys))
-    for row in rows:
-        cells = []
-        for k in keys:
-            v = row.get(k)
-            cells.append(f"{v:>22.3f}" if isinstance(v, float) else f"{v!s:>22}")
-        print("  ".join(cells))
-
-
-def _write(json_path: str | None, payload: dict[str, Any]) -> None:
-    if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(payload, indent=2))
-        print(f"\nwrote {json_path}")
+def _std(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -312,11 +220,11 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             acc = [r["accuracy_after"] for r in e_rows if r["accuracy_after"] is not None]
             item: dict[str, Any] = {
                 "workload": w, "max_staleness": eta, "high_water_batches": hw, "seeds": [r["seed"] for r in e_rows],
-                "steady_state_tokens_per_s_mean": _mean(steady), "steady_state_tokens_per_s_std": _std(steady),
+                "steady_state_tokens_per_s_mean": mean_or_zero(steady), "steady_state_tokens_per_s_std": _std(steady),
                 "steady_state_tokens_per_s_ci95": mean_ci95(steady),
-                "trained_tokens_per_s_mean": _mean([r["trained_tokens_per_s"] for r in e_rows]),
-                "accuracy_after_mean": _mean(acc), "accuracy_after_std": _std(acc),
-                "staleness_mean": _mean([r["staleness_mean"] for r in e_rows]),
+                "trained_tokens_per_s_mean": mean_or_zero([r["trained_tokens_per_s"] for r in e_rows]),
+                "accuracy_after_mean": mean_or_zero(acc), "accuracy_after_std": _std(acc),
+                "staleness_mean": mean_or_zero([r["staleness_mean"] for r in e_rows]),
             }  # fmt: skip
             paired = [(r, sync[r["seed"]]) for r in e_rows if r["seed"] in sync]
             if paired:
@@ -326,7 +234,7 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     item[f"{name}_ratio_vs_sync_per_seed"] = ratios
                 deltas = [100 * (r["accuracy_after"] - s["accuracy_after"]) for r, s in paired
                           if r["accuracy_after"] is not None and s["accuracy_after"] is not None]  # fmt: skip
-                item["accuracy_delta_vs_sync_points_mean"] = _mean(deltas)
+                item["accuracy_delta_vs_sync_points_mean"] = mean_or_zero(deltas)
                 item["accuracy_delta_vs_sync_points_std"] = _std(deltas)
                 item["accuracy_delta_vs_sync_points_ci95"] = mean_ci95(deltas)
             out.append(item)
@@ -360,7 +268,7 @@ def run_async_bench(
     with (None: the config's); max_staleness = 0 runs once (the mark does not bind there). The
     run directories go under a new ``out_dir/<timestamp>/``."""
     base = list(overrides or [])
-    out = _fresh_out(out_dir)
+    out = fresh_out(out_dir)
     if steps is not None:
         base.append(f"controller.total_steps={steps}")
     rows: list[dict[str, Any]] = []
@@ -376,14 +284,14 @@ def run_async_bench(
                     run_overrides.append(f"controller.high_water_batches={hw}")
                 row = row_identity(w, seed, run_overrides)
                 run_dir = out / f"{w}-s{seed}-eta{eta}-hw{row['high_water_batches']}"
-                row.update(_run(run_overrides, run_dir, warmup_s))
+                row.update(run_and_measure(run_overrides, run_dir, warmup_s))
                 w_rows.append(row)
         rows.extend(w_rows)
         syncs = [r for r in w_rows if r["max_staleness"] == 0]
         if syncs and calibrate_s > 0:
             engine = asyncio.run(_engine_alone(wl, calibrate_s))
-            trainer = _mean([r["trainer_alone_tokens_per_s"] for r in syncs])
-            per_generated = _mean([r["trained_per_generated_token"] for r in syncs])
+            trainer = mean_or_zero([r["trainer_alone_tokens_per_s"] for r in syncs])
+            per_generated = mean_or_zero([r["trained_per_generated_token"] for r in syncs])
             gen = engine["engine_alone_generated_tokens_per_s"] * per_generated
             limit = min(trainer, gen)
             limits[w] = {
@@ -403,17 +311,17 @@ def run_async_bench(
     keys = ["workload", "seed", "max_staleness", "high_water_batches", "steady_state_tokens_per_s",
             "trained_tokens_per_s", "accuracy_after", "staleness_mean", "stale_groups", "unused_groups",
             "response_len_p50", "rl_wall_s"]  # fmt: skip
-    _print_table("bench async: runs (steady state: generated in the window x trained per generated)", rows, keys)
+    print_table("bench async: runs (steady state: generated in the window x trained per generated)", rows, keys)
     keys = ["workload", "max_staleness", "high_water_batches", "steady_state_tokens_per_s_mean",
             "fraction_of_limit", "accuracy_after_mean", "accuracy_after_std", "accuracy_delta_vs_sync_points_mean",
             "accuracy_delta_vs_sync_points_std"]  # fmt: skip
-    _print_table("bench async: over seeds", summary, keys)
+    print_table("bench async: over seeds", summary, keys)
     print(json.dumps({"limits": limits}, indent=2))
     payload = {
         "bench": "async", "overrides": base, "seeds": list(seeds), "warmup_s": warmup_s,
         "rows": rows, "summary": summary, "limits": limits, "out_dir": str(out),
     }  # fmt: skip
-    _write(json_path, payload)
+    write_json(json_path, payload)
     return payload
 
 
@@ -429,7 +337,7 @@ def run_interrupt_bench(
     """In-flight updates (abort, keep) against draining the engine before each update (run
     directories under a new ``out_dir/<timestamp>/``)."""
     base = list(overrides or [])
-    out = _fresh_out(out_dir)
+    out = fresh_out(out_dir)
     if steps is not None:
         base.append(f"controller.total_steps={steps}")
     workload = WORKLOAD_ALIASES.get(workload, workload)
@@ -442,15 +350,14 @@ def run_interrupt_bench(
     rows = []
     for mode, extra in modes.items():
         print(f"\n=== bench interrupt: {mode} (max_staleness={max_staleness}, workload {workload}) ===", flush=True)
-        rows.append({"update_mode": mode, "max_staleness": max_staleness, **_run([*wl, *extra], out / mode)})
+        rows.append({"update_mode": mode, "max_staleness": max_staleness, **run_and_measure([*wl, *extra], out / mode)})
     drain = rows[-1]
     for row in rows:
         row["throughput_ratio_vs_drain"] = row["trained_tokens_per_s"] / max(drain["trained_tokens_per_s"], 1e-9)
     keys = ["update_mode", "trained_tokens_per_s", "throughput_ratio_vs_drain", "steady_state_tokens_per_s",
             "interruptions_per_sample", "weight_sync_s", "staleness_mean", "accuracy_after"]  # fmt: skip
-    _print_table("bench interrupt: in-flight weight updates vs draining", rows, keys)
+    print_table("bench interrupt: in-flight weight updates vs draining", rows, keys)
     ratios = {f"{r['update_mode']}_vs_drain": r["throughput_ratio_vs_drain"] for r in rows}
     payload = {"bench": "interrupt", "overrides": wl, "rows": rows, "ratios": ratios, "out_dir": str(out)}
-    _write(json_path, payload)
+    write_json(json_path, payload)
     return payload
-

@@ -31,7 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncrl.bench.async_bench import WORKLOAD_ALIASES, _run, workload_overrides
+from asyncrl.bench.async_bench import WORKLOAD_ALIASES, workload_overrides
+from asyncrl.bench.runs import run_and_measure
 from asyncrl.bench.stats import mean_ci95, time_to_target
 from asyncrl.bench.throughput import measure_throughput
 from asyncrl.bench.time_budget import time_budget
@@ -183,7 +184,7 @@ def _probe_sync(base: list[str], seed: int, steps: int, out: Path, warmup_s: flo
         print(f"\n=== bench headline: synchronous candidate {name} (seed {seed}, {steps} steps) ===", flush=True)
         over = [*base, *extra, f"run.seed={seed}", "controller.max_staleness=0", f"controller.total_steps={steps}",
                 "controller.snapshot_every_s=0"]  # fmt: skip
-        row = _run(over, out / f"probe-{name}", 0.0)
+        row = run_and_measure(over, out / f"probe-{name}", 0.0)
         probes.append({"candidate": name, "overrides": extra, **{k: v for k, v in row.items() if k != "snapshots"}})
     best = max(probes, key=lambda p: p["trained_tokens_per_s"])
     return best["candidate"], probes
@@ -229,7 +230,7 @@ def run_headline_bench(
                     f"controller.snapshot_every_s={snapshot_every_s}"]  # fmt: skip
             row = {"workload": workload, "seed": seed, "max_staleness": eta,
                    "setting": sync_setting if eta == 0 else "async", "overrides": setting}  # fmt: skip
-            row.update(_run(over, out / f"s{seed}-eta{eta}", warmup_s))
+            row.update(run_and_measure(over, out / f"s{seed}-eta{eta}", warmup_s))
             rows.append(row)
     print("\n=== bench headline: evaluating the snapshots (after every run) ===", flush=True)
     for row in rows:

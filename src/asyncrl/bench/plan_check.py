@@ -107,19 +107,20 @@ def run_plan_check(
     out_dir: str = "runs/bench-plan-check",
 ) -> dict[str, Any]:
     """Run the plan's settings (``settings_to_run``) for real, each seed, and analyse them."""
-    from asyncrl.bench.async_bench import _fresh_out, _print_table, _run, _write, workload_overrides
+    from asyncrl.bench.async_bench import workload_overrides
+    from asyncrl.bench.runs import fresh_out, print_table, run_and_measure, write_json
 
     plan = json.loads(Path(plan_path).read_text())
     workload = check_plan(plan)
     settings = settings_to_run(plan, max_settings)
     base = list(overrides or []) + ([f"controller.total_steps={steps}"] if steps is not None else [])
     wl = workload_overrides(base, workload)
-    out = _fresh_out(out_dir)
+    out = fresh_out(out_dir)
     rows: list[dict[str, Any]] = []
     for seed in seeds:
         for i, s in enumerate(settings):
             print(f"\n=== bench plan-check: {workload}, seed {seed}, {s['label']} ===", flush=True)
-            run = _run([*wl, *s["overrides"], f"run.seed={seed}"], out / f"s{seed}-{i}", warmup_s)
+            run = run_and_measure([*wl, *s["overrides"], f"run.seed={seed}"], out / f"s{seed}-{i}", warmup_s)
             rows.append({
                 "label": s["label"], "seed": seed, "overrides": s["overrides"], "max_staleness": s["max_staleness"],
                 "high_water_batches": s["high_water_batches"], "interrupt_mode": s["interrupt_mode"],
@@ -129,7 +130,7 @@ def run_plan_check(
     analysis = analyse(rows, plan["recommended"]["label"], tolerance)
     keys = ["label", "seed", "steady_state_tokens_per_s", "trained_tokens_per_s", "predicted_tokens_per_s",
             "staleness_mean", "rl_wall_s"]  # fmt: skip
-    _print_table("bench plan-check: runs", rows, keys)
+    print_table("bench plan-check: runs", rows, keys)
     verdict = "within" if analysis["within_tolerance"] else "NOT within"
     print(f"\nrecommended {analysis['recommended']}: {analysis['recommended_over_best']:.3f} of the best measured "
           f"({analysis['best_measured']}, by {analysis['measure']}): {verdict} {tolerance:.0%}")  # fmt: skip
@@ -138,5 +139,5 @@ def run_plan_check(
         "workload": workload, "overrides": base, "seeds": list(seeds), "warmup_s": warmup_s,
         "rows": rows, "analysis": analysis, "out_dir": str(out),
     }  # fmt: skip
-    _write(json_path, payload)
+    write_json(json_path, payload)
     return payload

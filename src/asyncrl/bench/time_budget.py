@@ -20,19 +20,28 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["time_budget"]
+__all__ = ["held_integral", "time_budget"]
+
+
+def held_integral(points: Sequence[tuple[float, float]], start: float, end: float) -> tuple[float, float]:
+    """``(area, covered)``: the integral over ``[start, end]`` of a signal sampled at ``points`` ((time,
+    value) in time order), each value held until the next sample (the last until ``end``), and the
+    seconds of ``[start, end]`` the samples cover (none before the first)."""
+    area = covered = 0.0
+    if not points:
+        return area, covered
+    for (t0, value), (t1, _) in zip(points, [*points[1:], (end, 0.0)], strict=True):
+        lo, hi = max(t0, start), min(t1, end)
+        if hi > lo:
+            area += value * (hi - lo)
+            covered += hi - lo
+    return area, covered
 
 
 def _time_weighted_mean(times: Sequence[float], values: Sequence[float], end: float) -> float:
-    """Mean of a sampled signal over [times[0], end], each sample held until the next one."""
-    total = weight = 0.0
-    for i, (t, v) in enumerate(zip(times, values, strict=True)):
-        if t >= end:
-            break
-        nxt = min(times[i + 1], end) if i + 1 < len(times) else end
-        total += v * (nxt - t)
-        weight += nxt - t
-    return total / weight if weight > 0 else 0.0
+    """Mean of a sampled signal over [times[0], end], each sample held until the next."""
+    area, covered = held_integral(list(zip(times, values, strict=True)), times[0] if times else 0.0, end)
+    return area / covered if covered > 0 else 0.0
 
 
 def _counter_delta(timeline: Sequence[dict[str, Any]], key: str, end: float) -> float:

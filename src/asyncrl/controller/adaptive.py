@@ -53,7 +53,7 @@ adds to that line returned.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,7 +153,7 @@ class AdaptivePolicy:
         self.probed = False
         """The last change was a probe down."""
         self.last_reason = "start"
-        """Why the setting is what it is: start | hold | offpolicy | starving | stale | surplus | relax."""
+        """Why the setting is what it is: start | hold | offpolicy | starving | stale | surplus."""
 
     @property
     def setting(self) -> AdmissionSetting:
@@ -205,8 +205,6 @@ class AdaptivePolicy:
         full = self.occupancy is not None and self.occupancy >= FULL_OCCUPANCY
         starving = wait > lim.wait_target
         if self.since_change >= DWELL_STEPS:
-            if starving and self.probed:  # the probe down went too low: wait longer before the next one
-                self.probe_steps = min(MAX_PROBE_STEPS, 2 * self.probe_steps)
             if self.stale_share > STALE_SHARE:  # generation thrown away: more slack, or less run-ahead
                 if self.eta < self.ceiling:
                     self._set(self.eta + 1, self.mark)
@@ -216,6 +214,8 @@ class AdaptivePolicy:
                     return "stale"
             refilled = self.since_change >= self.mark + 1  # the pipeline refilled under the new mark
             if starving and not full and refilled and self.mark < self.ceiling + 1:
+                if self.probed:  # the probe down went too low: wait longer before the next one
+                    self.probe_steps = min(MAX_PROBE_STEPS, 2 * self.probe_steps)
                 self._set(self.eta + 1, self.mark + 1)  # the slack η_t - (mark - 1) kept
                 return "starving"
         if starving:
@@ -313,3 +313,19 @@ def adaptive_admission(c: ControllerConfig, gate: StalenessGate) -> AdaptiveAdmi
     if not c.adaptive:
         return None
     return AdaptiveAdmission(AdaptiveLimits(c.max_staleness), gate, c.batch_size)
+
+
+def setting_means(
+    metrics: Sequence[Mapping[str, Any]], max_staleness: int, high_water_batches: int
+) -> dict[str, float]:
+    """η and the mark in force averaged over a run's steps (``eta_mean``, ``high_water_mean``): the chosen
+    ones of ``AdaptiveAdmission.step``'s keys, the fixed ones given here where a line has none; the fixed
+    ones for a run with no step. A real run's (``bench adaptive``) and a simulated one's (``sim.output``)."""
+
+    def mean(key: str, fixed: int) -> float:
+        return sum(float(m.get(key, fixed)) for m in metrics) / len(metrics) if metrics else float(fixed)
+
+    return {
+        "eta_mean": mean("adaptive_max_staleness", max_staleness),
+        "high_water_mean": mean("adaptive_high_water_batches", high_water_batches),
+    }

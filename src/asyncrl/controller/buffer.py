@@ -19,6 +19,7 @@ import torch
 
 from asyncrl.algo.advantages import compute_advantages, normalize_batch, overlong_penalty
 from asyncrl.config import AlgoConfig
+from asyncrl.controller.staleness import group_bound
 from asyncrl.types import Group, TrainSample
 
 
@@ -51,8 +52,7 @@ class GroupBuffer:
         fresh: deque[tuple[Group, int | None]] = deque()
         for entry in self._groups:
             group, own = entry
-            bound = max_staleness if own is None or own > max_staleness else own
-            if step - group.min_version > bound:
+            if step - group.min_version > group_bound(own, max_staleness):
                 stale.append(group)
             else:
                 fresh.append(entry)

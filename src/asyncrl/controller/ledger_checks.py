@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from asyncrl.controller.rundir import MixedRunDir, check_one_run, read_jsonl
+from asyncrl.controller.staleness import group_bound
 
 Line = dict[str, Any]
 _NO_FATE = ("admitted", "resumed")
@@ -251,8 +252,7 @@ def _check_training(
     twice = [k for k, n in Counter((r["prompt_id"], r["sample_idx"]) for r in trained).items() if n > 1]
     report.trained_twice.extend(f"{pid} sample {idx}" for pid, idx in twice)
     for r in trained:
-        own = bound_of.get(r["prompt_id"])
-        bound = limits.max_staleness if own is None else min(own, limits.max_staleness)
+        bound = group_bound(bound_of.get(r["prompt_id"]), limits.max_staleness)
         if r["trained_step"] - r["min_version"] > bound:
             report.over_bound.append(f"trained {r['trained_step'] - r['min_version']} versions stale (η {bound}): {r}")
         if not r["min_version"] <= r["max_version"] <= r["trained_step"]:

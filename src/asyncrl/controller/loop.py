@@ -74,13 +74,7 @@ from asyncrl.controller.adaptive import adaptive_admission
 from asyncrl.controller.buffer import GroupBuffer, groups_to_samples
 from asyncrl.controller.fixed_lag import LaggedWeights
 from asyncrl.controller.recorder import RunRecorder
-from asyncrl.controller.resume import (
-    SNAPSHOT_FORMAT,
-    check_snapshot,
-    checkpoint_dir,
-    prompt_at,
-    prune_checkpoints,
-)
+from asyncrl.controller.resume import prompt_at, restore_snapshot, save_checkpoint, take_snapshot
 from asyncrl.controller.rundir import RunDir
 from asyncrl.controller.scoring import scoring_failed
 from asyncrl.controller.snapshots import PolicySnapshots
@@ -90,7 +84,6 @@ from asyncrl.data.prompts import PromptSource
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.workflow import ScoreFn, Workflow, run_episode
-from asyncrl.storage import DiskFull, with_run_dir
 from asyncrl.trainer.api import PolicyTrainer, TrainStepResult
 from asyncrl.types import Completion, Group, Prompt, TrainBatch, TrainSample
 
@@ -178,20 +171,9 @@ class Controller:
 
     # ------------------------------------------------------------------ resume and stop
     def _restore(self, snapshot: dict[str, Any]) -> ControllerState:
-        snap = check_snapshot(snapshot)
-        step = int(snap["step"])
-        if self.trainer.version != step:
-            raise ValueError(f"resume: trainer is at version {self.trainer.version}, snapshot at step {step}")
-        state = ControllerState.from_dict(snap["state"])
-        state.step = step
-        state.resumes += 1
-        state.stop_reason = None
-        self.gate.load_state_dict(snap["gate"])
-        if self.adaptive is not None and snap.get("adaptive"):
-            self.adaptive.load_state_dict(snap["adaptive"])
-        self.source.load_state_dict(snap["source"])
-        self._readmit = deque(int(i) for i in snap["readmit"])
-        self._last_checkpoint_step = step
+        state, readmit = restore_snapshot(snapshot, self.trainer.version, self.gate, self.adaptive, self.source)
+        self._readmit = deque(readmit)
+        self._last_checkpoint_step = state.step
         return state
 
     def request_stop(self, reason: str) -> None:
@@ -209,33 +191,17 @@ class Controller:
     def snapshot(self) -> dict[str, Any]:
         """The controller's share of a checkpoint (see ``controller.resume``); one consistent cut:
         call it on the event-loop thread between two training steps."""
-        state = self.state.to_dict()
-        state["rl_elapsed_s"] = self.recorder.now()
-        return {
-            "format": SNAPSHOT_FORMAT,
-            "step": self.state.step,
-            "state": state,
-            "gate": {"accepted": self.gate.accepted - len(self.buffer)},
-            "adaptive": self.adaptive.state_dict() if self.adaptive is not None else None,
-            "source": self.source.state_dict(),
-            "readmit": list(self._readmit) + self.recorder.open_indices(),
-            "offsets": self.rundir.offsets(),
-            "launcher": self.checkpoint_extra,
-        }
+        return take_snapshot(
+            self.state, self.recorder.now(), self.gate.accepted - len(self.buffer), self.adaptive, self.source,
+            list(self._readmit) + self.recorder.open_indices(), self.rundir.offsets(), self.checkpoint_extra,
+        )  # fmt: skip
 
     async def _checkpoint(self, executor: ThreadPoolExecutor) -> None:
-        extra = self.snapshot()
-        step = self.state.step
+        snapshot = self.snapshot()
         with self.recorder.checkpointing():
-            try:
-                await asyncio.get_running_loop().run_in_executor(
-                    executor, self.trainer.save_checkpoint, checkpoint_dir(self.rundir.path, step), extra,
-                    self.tokenizer,
-                )  # fmt: skip
-            except DiskFull as exc:  # the trainer does not know the run: name it in the resume hint
-                raise with_run_dir(exc, self.rundir.path) from exc.__cause__
-            prune_checkpoints(self.rundir.path, self.cfg.controller.keep_checkpoints)
-        self._last_checkpoint_step = step
+            await save_checkpoint(executor, self.trainer, self.rundir.path, snapshot, self.tokenizer,
+                                  self.cfg.controller.keep_checkpoints)  # fmt: skip
+        self._last_checkpoint_step = snapshot["step"]
 
     async def _snapshot_policy(self, executor: ThreadPoolExecutor, *, final: bool = False) -> None:
         """The published policy into ``snapshots/`` when due (``controller.snapshots``)."""

@@ -22,7 +22,12 @@ the event-loop thread right after training step ``k - 1`` published version ``k`
 - ``offsets``: byte lengths of ``metrics.jsonl``, ``trajectories.jsonl`` and ``timeline.jsonl``.
   A resume cuts the files back to them: whatever happened after the cut (steps whose weights
   were lost with the kill, finished groups never trained) is undone, so the ledger never shows
-  a sample trained twice, and every prompt admitted before the cut ends up re-admitted.
+  a sample trained twice, and every prompt admitted before the cut ends up re-admitted;
+- ``adaptive``: the ``controller.adaptive`` policy's state (None when off);
+- ``launcher``: the launcher's own values (``Controller``'s ``checkpoint_extra``).
+
+``take_snapshot`` builds it from the controller's parts, ``restore_snapshot`` puts it back into
+them, and ``save_checkpoint`` writes a checkpoint with it (``Controller`` calls the three).
 
 A checkpoint directory appears atomically (``trainer.checkpoint.atomic_dir``): a kill during a
 save leaves the previous one, which is then the resume point.
@@ -36,15 +41,24 @@ from the previous one. ``controller.keep_checkpoints`` is at least 2 so that the
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from asyncrl.controller.state import ControllerState
 from asyncrl.data.prompts import PromptSource
+from asyncrl.storage import DiskFull, with_run_dir
 from asyncrl.trainer.checkpoint import TRAINER_STATE, read_trainer_state, verify_manifest
 from asyncrl.types import Prompt
+
+if TYPE_CHECKING:
+    from asyncrl.controller.adaptive import AdaptiveAdmission
+    from asyncrl.controller.staleness import StalenessGate
+    from asyncrl.trainer.api import PolicyTrainer
 
 CHECKPOINTS = "checkpoints"
 CORRUPT = "corrupt"
@@ -105,6 +119,77 @@ def check_snapshot(snapshot: dict[str, Any]) -> dict[str, Any]:
         if key not in snapshot:
             raise ValueError(f"controller snapshot lacks {key!r}")
     return snapshot
+
+
+def take_snapshot(
+    state: ControllerState,
+    elapsed_s: float,
+    trained_groups: int,
+    adaptive: AdaptiveAdmission | None,
+    source: PromptSource,
+    readmit: list[int],
+    offsets: dict[str, int],
+    launcher: dict[str, Any],
+) -> dict[str, Any]:
+    """The controller snapshot (module docstring): ``trained_groups`` is the gate's ``accepted`` less the
+    groups still buffered, ``readmit`` the prompts to admit again (a resume's not yet re-admitted, then
+    the open ones), ``elapsed_s`` the RL time so far."""
+    counters = state.to_dict()
+    counters["rl_elapsed_s"] = elapsed_s
+    return {
+        "format": SNAPSHOT_FORMAT,
+        "step": state.step,
+        "state": counters,
+        "gate": {"accepted": trained_groups},
+        "adaptive": adaptive.state_dict() if adaptive is not None else None,
+        "source": source.state_dict(),
+        "readmit": readmit,
+        "offsets": offsets,
+        "launcher": launcher,
+    }
+
+
+def restore_snapshot(
+    snapshot: dict[str, Any],
+    trainer_version: int,
+    gate: StalenessGate,
+    adaptive: AdaptiveAdmission | None,
+    source: PromptSource,
+) -> tuple[ControllerState, list[int]]:
+    """Put a snapshot back: the gate's counters, the adaptive policy, the prompt stream's position;
+    returns the counters (one more resume, no stop reason) and the stream indices to admit again first.
+    The trainer must already be at the snapshot's step (``trainer_version``)."""
+    snap = check_snapshot(snapshot)
+    step = int(snap["step"])
+    if trainer_version != step:
+        raise ValueError(f"resume: trainer is at version {trainer_version}, snapshot at step {step}")
+    state = ControllerState.from_dict(snap["state"])
+    state.step = step
+    state.resumes += 1
+    state.stop_reason = None
+    gate.load_state_dict(snap["gate"])
+    if adaptive is not None and snap.get("adaptive"):
+        adaptive.load_state_dict(snap["adaptive"])
+    source.load_state_dict(snap["source"])
+    return state, [int(i) for i in snap["readmit"]]
+
+
+async def save_checkpoint(
+    executor: ThreadPoolExecutor,
+    trainer: PolicyTrainer,
+    run_dir: Path,
+    snapshot: dict[str, Any],
+    tokenizer: Any,
+    keep: int,
+) -> None:
+    """The trainer's checkpoint with ``snapshot`` as its ``extra`` (on ``executor``), then the old ones
+    pruned (``prune_checkpoints``). A full disk is re-raised naming the run (the trainer does not know it)."""
+    path = checkpoint_dir(run_dir, int(snapshot["step"]))
+    try:
+        await asyncio.get_running_loop().run_in_executor(executor, trainer.save_checkpoint, path, snapshot, tokenizer)
+    except DiskFull as exc:
+        raise with_run_dir(exc, run_dir) from exc.__cause__
+    prune_checkpoints(run_dir, keep)
 
 
 def verify_checkpoint(path: str | Path) -> list[str]:

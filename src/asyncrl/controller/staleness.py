@@ -37,6 +37,13 @@ from dataclasses import dataclass
 from asyncrl.choices import HighWaterUnit, check_choice
 
 
+def group_bound(own: int | None, max_staleness: int) -> int:
+    """The staleness bound a group is trained within: its own (``own``, the η in force when it was
+    admitted under ``controller.adaptive``; None: none), never above the run's ``max_staleness``. The
+    buffer (``GroupBuffer.take_fresh``), the ledger check and the simulator all apply this rule."""
+    return max_staleness if own is None else min(own, max_staleness)
+
+
 @dataclass
 class StalenessGate:
     batch_size: int

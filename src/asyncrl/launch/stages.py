@@ -32,7 +32,6 @@ The stage classes are imported where they are built: a process pays only for the
 
 from __future__ import annotations
 
-import importlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.config import Config
 from asyncrl.controller.evaluate import eval_kwargs, evaluate
 from asyncrl.controller.scoring import make_score_fn
+from asyncrl.reward.custom import import_callable
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.workflow import ScoreFn, Workflow, run_episode
 from asyncrl.types import Prompt
@@ -217,21 +217,10 @@ def build_workflow(cfg: Config, tokenizer: Any, stop_token_ids: tuple[int, ...])
             a = cfg.agent
             door = DoorSettings(tool_format=a.tool_format, max_tokens=a.max_tokens, max_turn_tokens=a.max_turn_tokens,
                                 max_seq_len=engine_max_seq_len(cfg))  # fmt: skip
-            agent = _import_callable(str(a.entrypoint), "agent.entrypoint")
+            agent = import_callable(str(a.entrypoint), "agent.entrypoint=")
             return OpenAIAgentWorkflow(tokenizer, agent, door, end_of_turn_ids=stop_token_ids)
         case spec:
-            return _import_callable(spec, "rollout.workflow")  # type: ignore[no-any-return]
-
-
-def _import_callable(spec: str, key: str) -> Any:
-    """The callable ``pkg.module:function`` names (``key``: the config key, for the error)."""
-    module_name, _, attr_path = spec.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for attr in attr_path.split("."):
-        obj = getattr(obj, attr)
-    if not callable(obj):
-        raise TypeError(f"{key}={spec!r} is not callable")
-    return obj
+            return import_callable(spec, "rollout.workflow=")  # type: ignore[return-value]
 
 
 def _env_factory(cfg: Config) -> Any:

@@ -22,19 +22,26 @@ _SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 _loaded: dict[str, Callable[..., Any]] = {}
 
 
+def import_callable(spec: str, what: str) -> Callable[..., Any]:
+    """The callable ``pkg.module:function`` names (the attribute may be dotted, e.g. ``mod:Class.method``);
+    ``what`` names it in the error (``custom reward``, ``rollout.workflow=``, ...). Also used by
+    ``launch.stages`` for the workflow and agent entry points of the config."""
+    module_name, _, attr_path = spec.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for attr in attr_path.split("."):
+        obj = getattr(obj, attr)
+    if not callable(obj):
+        raise TypeError(f"{what}{spec!r} is not callable")
+    return obj
+
+
 def load_custom_reward(spec: str) -> Callable[..., Any]:
-    """Import ``pkg.module:function`` (the attribute may be dotted, e.g. ``mod:Class.method``)."""
+    """Import ``pkg.module:function`` once per process (``import_callable``)."""
     if not _SPEC.fullmatch(spec):
         raise ValueError(f"custom reward {spec!r} is not of the form pkg.module:function")
     fn = _loaded.get(spec)
     if fn is None:
-        module_name, attr_path = spec.split(":")
-        obj: Any = importlib.import_module(module_name)
-        for attr in attr_path.split("."):
-            obj = getattr(obj, attr)
-        if not callable(obj):
-            raise TypeError(f"custom reward {spec!r} is not callable")
-        fn = _loaded[spec] = obj
+        fn = _loaded[spec] = import_callable(spec, "custom reward ")
     return fn
 
 

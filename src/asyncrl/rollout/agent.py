@@ -57,7 +57,7 @@ from asyncrl.types import (
     TurnRecord,
 )
 
-__all__ = ["AgentSettings", "AgentWorkflow", "EnvFactory", "run_agent_episode"]
+__all__ = ["AgentSettings", "AgentWorkflow", "EnvFactory", "run_agent_episode", "turn_record"]
 
 EnvFactory = Callable[[], Environment]
 """Makes a fresh environment for one episode."""
@@ -135,10 +135,13 @@ def _stop_ids(
     return tuple(sorted(stops)), frozenset(close - set(renderer.end_of_turn_ids))
 
 
-def _turn_record(
-    seg: ModelSegment, parsed: ParsedTurn, env_tokens: int, step: StepResult | None, latency: float,
-    started_at: float | None,
+def turn_record(
+    seg: ModelSegment, parsed: ParsedTurn, env_tokens: int = 0, step: StepResult | None = None, latency: float = 0.0,
+    started_at: float | None = None,
 ) -> TurnRecord:  # fmt: skip
+    """One model turn's record: its segment, the calls parsed from it, the glue that followed (``env_tokens``),
+    the environment's answer (``step``; None: not stepped), its latency and the wall-clock time the
+    environment's step began (``started_at``; None: not stepped) (also the OpenAI door's sessions')."""
     return TurnRecord(
         model_tokens=len(seg.token_ids),
         env_tokens=env_tokens,
@@ -205,7 +208,7 @@ async def run_agent_episode(
         parsed = parse_tool_calls(settings.tool_format, text, ep.reset.tags)
         ep.malformed += len(parsed.errors)
         if seg.finish_reason == "length":
-            ep.turns.append(_turn_record(seg, parsed, 0, None, 0.0, None))
+            ep.turns.append(turn_record(seg, parsed))
             end = "length" if budget == turn_cap else "max_tokens"
             break
         started, started_at = time.monotonic(), time.time()
@@ -214,18 +217,18 @@ async def run_agent_episode(
         if step.reward is not None:
             ep.rewards.append(float(step.reward))
         if step.done or index == settings.max_turns - 1:
-            ep.turns.append(_turn_record(seg, parsed, 0, step, latency, started_at))
+            ep.turns.append(turn_record(seg, parsed, 0, step, latency, started_at))
             end = ("answer" if parsed.is_answer else "env_done") if step.done else "max_turns"
             break
         env_ids = renderer.env_ids(ep.history, step.messages, ep.reset.tools, closed_by)
         if ep.used + len(env_ids) >= settings.max_tokens:  # no room left for a model token after it
-            ep.turns.append(_turn_record(seg, parsed, 0, step, latency, started_at))
+            ep.turns.append(turn_record(seg, parsed, 0, step, latency, started_at))
             end = "max_tokens"
             break
         ep.segments.append(EnvSegment(env_ids, step.kind))
         ep.ids.extend(env_ids)
         ep.history += [Message("assistant", text), *step.messages]
-        ep.turns.append(_turn_record(seg, parsed, len(env_ids), step, latency, started_at))
+        ep.turns.append(turn_record(seg, parsed, len(env_ids), step, latency, started_at))
     return ep.trajectory(end)
 
 

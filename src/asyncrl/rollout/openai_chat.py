@@ -32,7 +32,7 @@ from typing import Any
 
 from asyncrl.rollout.envs.base import Message
 from asyncrl.rollout.http import HTTPError, is_int, is_num
-from asyncrl.rollout.tools import HERMES_CLOSE, HERMES_OPEN, ParsedTurn, ToolFormat
+from asyncrl.rollout.tools import HERMES_CLOSE, HERMES_OPEN, ParsedTurn, ToolCall, ToolFormat, format_tool_call
 
 __all__ = [
     "ChatRequest",
@@ -160,16 +160,13 @@ def tool_tags(tools: tuple[dict[str, Any], ...]) -> dict[str, tuple[str, str]]:
 
 
 def _call_text(fmt: ToolFormat, name: str, arguments: Any, tags: dict[str, tuple[str, str]]) -> str:
-    """One call written back in ``fmt`` (how the model would have written it)."""
+    """One call written back in ``fmt`` (how the model would have written it, ``tools.format_tool_call``);
+    in the ``tag`` format the tag is the tool's name and the text its first parameter (``tool_tags``; empty
+    when the call lacks it)."""
     args = arguments if isinstance(arguments, dict) else {}
-    match fmt:
-        case "hermes":
-            return f"{HERMES_OPEN}{json.dumps({'name': name, 'arguments': args})}{HERMES_CLOSE}"
-        case "json":
-            return json.dumps({"name": name, "parameters": args})
-        case "tag":
-            arg = tags.get(name, (name, ""))[1]
-            return f"<{name}>{args.get(arg, '')}</{name}>"
+    if fmt == "tag":
+        args = {"text": args.get(tags.get(name, (name, ""))[1], "")}
+    return format_tool_call(fmt, ToolCall(name, args), tag=name)
 
 
 def template_messages(

@@ -28,6 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from asyncrl.rollout.agent import turn_record
 from asyncrl.rollout.chat import ChatRenderer
 from asyncrl.rollout.envs.base import Message
 from asyncrl.rollout.http import HTTPError
@@ -83,17 +84,12 @@ class ChatSession:
     reward: float | None = None
 
     @property
-    def tags(self) -> dict[str, tuple[str, str]]:
-        return tool_tags(self.tools)
-
-    @property
     def used(self) -> int:
         return len(self.ids) - len(self.prompt_ids)
 
     def plan(self, req: ChatRequest) -> TurnPlan:
-        """The ids this call generates from; 400 when it does not extend the recorded conversation."""
-        if self.ended:
-            raise HTTPError(400, f"session {self.session_id} has ended")
+        """The ids this call generates from; 400 when it does not extend the recorded conversation (the door
+        calls it on open sessions only: ``SessionStore.end`` takes an ended one out of ``open``)."""
         if req.n != 1:
             raise HTTPError(400, "a session records one conversation: n must be 1")
         messages = template_messages(req.messages, self.tool_format, tool_tags(req.tools))
@@ -161,7 +157,7 @@ class ChatSession:
             self.history += [Message("assistant", self.last_text), *plan.new_history]
         self.segments.append(segment)
         self.ids.extend(segment.token_ids)
-        self.turns.append(_turn_record(segment, parsed))
+        self.turns.append(turn_record(segment, parsed))
         self.conversation = [*req.messages, normalized(reply.message)]
         self.last_text = text
         self.last_closed_by = closed_by
@@ -209,19 +205,6 @@ class ChatSession:
 def _env_kind(messages: tuple[dict[str, Any], ...]) -> EnvKind:
     """``tool`` when the new messages hold a tool result, else ``user``."""
     return "tool" if any(m["role"] == "tool" for m in messages) else "user"
-
-
-def _turn_record(seg: ModelSegment, parsed: ParsedTurn) -> TurnRecord:
-    return TurnRecord(
-        model_tokens=len(seg.token_ids),
-        env_tokens=0,
-        min_version=min(seg.versions, default=-1),
-        max_version=max(seg.versions, default=-1),
-        finish_reason=seg.finish_reason,
-        num_interruptions=seg.num_interruptions,
-        tool_calls=tuple(c.name for c in parsed.calls),
-        malformed=len(parsed.errors),
-    )
 
 
 class SessionStore:

@@ -33,7 +33,7 @@ from typing import Any
 
 from asyncrl.controller.adaptive import AdaptiveAdmission, AdaptiveLimits
 from asyncrl.controller.buffer import GroupBuffer
-from asyncrl.controller.staleness import EpisodeSamples, StalenessGate
+from asyncrl.controller.staleness import EpisodeSamples, StalenessGate, group_bound
 from asyncrl.sim.engine import EngineTotals, Router, SimEngine
 from asyncrl.sim.groups import SimGroup, buffer_record, simulated
 from asyncrl.sim.profile import CostProfile
@@ -228,7 +228,7 @@ class Simulator:
 
     def _bound(self, grp: SimGroup) -> int:
         """The staleness bound ``grp`` is trained within (its admission's η_t under adaptive admission)."""
-        return self.s.max_staleness if grp.bound is None else min(grp.bound, self.s.max_staleness)
+        return group_bound(grp.bound, self.s.max_staleness)
 
     # ------------------------------------------------------------------ training and weight sync
     def _next_batch(self) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.bench.throughput import FINISHED, measure_throughput
+from asyncrl.controller.adaptive import setting_means
 from asyncrl.sim.scenario import Scenario
 
 
@@ -108,14 +109,8 @@ def summarise(raw: dict[str, Any], scenario: Scenario, profile: str) -> SimResul
         trainer_ranks=scenario.trainer_ranks, slots=scenario.slots, wall_s=raw["wall_s"], cpu_s=raw.get("cpu_s", 0.0),
         events=raw["events"],
         events_per_s=raw["events"] / max(raw["wall_s"], 1e-9),
-        eta_mean=_mean_of(metrics, "adaptive_max_staleness", scenario.max_staleness),
-        high_water_mean=_mean_of(metrics, "adaptive_high_water_batches", scenario.high_water_batches),
+        **setting_means(metrics, scenario.max_staleness, scenario.high_water_batches),
     )  # fmt: skip
-
-
-def _mean_of(metrics: list[dict[str, Any]], key: str, fixed: float) -> float:
-    """The mean of ``key`` over the steps' lines (``fixed`` where a line has none: a fixed setting)."""
-    return sum(float(m.get(key, fixed)) for m in metrics) / len(metrics) if metrics else float(fixed)
 
 
 def _config_view(scenario: Scenario) -> dict[str, Any]:

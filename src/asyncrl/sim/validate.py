@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.bench.throughput import measure_throughput
+from asyncrl.bench.time_budget import held_integral
 from asyncrl.config import load_config
 from asyncrl.controller.rundir import read_jsonl
 from asyncrl.sim.output import warmup_s
@@ -56,11 +57,7 @@ class Figures:
 def _occupancy(timeline: Sequence[dict[str, Any]], end_s: float, slots: int) -> float:
     """Time average of ``engine_running / slots`` over ``[0, end_s]``, each sample held until the next."""
     points = sorted((float(s["t"]), float(s.get("engine_running", 0.0))) for s in timeline)
-    area = 0.0
-    for (t0, running), (t1, _) in zip(points, [*points[1:], (end_s, 0.0)], strict=True):
-        lo, hi = max(t0, 0.0), min(t1, end_s)
-        if hi > lo:
-            area += running * (hi - lo)
+    area, _ = held_integral(points, 0.0, end_s)
     return area / (end_s * slots) if end_s > 0 and slots > 0 else 0.0
 
 

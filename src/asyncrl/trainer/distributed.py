@@ -17,7 +17,9 @@ This module owns everything the trainer needs to run on several ranks:
   ``asyncrl train`` uses under ``torchrun``): ``run_distributed(leader_fn)`` runs the whole
   controller on rank 0 (``leader_fn``); its ``Trainer`` broadcasts each call (init, step,
   log-probs, export, checkpoint) as a command, and every other rank runs
-  ``run_trainer_worker``, which mirrors those calls on its own shard until the leader stops.
+  ``run_trainer_worker``, which mirrors those calls on its own shard until the leader stops. The
+  follower's trainer comes in as an argument (a ``Follower``: ``Trainer.follower`` builds one), so
+  this module imports nothing of ``trainer.trainer``.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
+
+from asyncrl.config import AlgoConfig, TrainerConfig
 
 T = TypeVar("T")
 
@@ -220,6 +224,20 @@ def send_command(ctx: DistContext, name: str, payload: Any = None) -> None:
     ctx.broadcast_object((name, payload))
 
 
+def init_payload(
+    model: Any, dtype: torch.dtype, train_cfg: TrainerConfig, algo_cfg: AlgoConfig, kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """The leader's ``init`` command: the model's architecture and dtype, the configs and the trainer's
+    keyword arguments (a follower's ``Trainer.follower`` builds the same trainer from it)."""
+    return {
+        "model_config": model.config,
+        "dtype": dtype,
+        "train_cfg": train_cfg,
+        "algo_cfg": algo_cfg,
+        "kwargs": kwargs,
+    }
+
+
 def build_follower_model(payload: dict[str, Any]) -> Any:
     """A model of the leader's architecture (weights arrive from rank 0 afterwards)."""
     from transformers import AutoModelForCausalLM
@@ -227,48 +245,49 @@ def build_follower_model(payload: dict[str, Any]) -> Any:
     return AutoModelForCausalLM.from_config(payload["model_config"], dtype=payload["dtype"])
 
 
-def run_trainer_worker(ctx: DistContext | None = None) -> int:
+class Follower(Protocol):
+    """A non-zero rank's trainer, as the follower loop drives it (``Trainer`` is one)."""
+
+    def follow(self, name: str, payload: Any) -> None:
+        """Run the leader's command ``name`` (``train_step``, ``compute_logprobs``, ``state_dict``,
+        ``save_checkpoint``, ``load_checkpoint``) with ``payload`` on this rank's shard."""
+        ...
+
+
+FollowerFactory = Callable[[dict[str, Any]], Follower]
+"""Builds a rank's ``Follower`` from the leader's ``init`` payload (``Trainer.follower``)."""
+
+
+def run_trainer_worker(make_follower: FollowerFactory, ctx: DistContext | None = None) -> int:
     """Follower loop of a non-zero rank: mirror the leader's trainer calls until it stops.
 
     Returns the number of training steps taken. The leader's ``Trainer`` sends ``init`` (model
-    architecture, configs), then any of ``train_step``, ``compute_logprobs``, ``state_dict``,
-    ``save_checkpoint``, ``load_checkpoint``, and finally ``stop``."""
-    from asyncrl.trainer.trainer import Trainer
-
+    architecture, configs: ``make_follower`` builds this rank's trainer from it), then any of
+    ``train_step``, ``compute_logprobs``, ``state_dict``, ``save_checkpoint``, ``load_checkpoint``
+    (each run by ``Follower.follow``), and finally ``stop``."""
     ctx = ctx or current_context()
     if ctx is None or ctx.rank == 0:
         raise RuntimeError("run_trainer_worker runs on a non-zero rank of an initialised process group")
-    trainer: Trainer | None = None
+    follower: Follower | None = None
     steps = 0
     while True:
         name, payload = ctx.broadcast_object()
         if name == "stop":
             return steps
         if name == "init":
-            model = build_follower_model(payload)
-            trainer = Trainer(model, payload["train_cfg"], payload["algo_cfg"], _follower=True, **payload["kwargs"])
+            follower = make_follower(payload)
             continue
-        if trainer is None:
+        if follower is None:
             raise RuntimeError(f"follower got {name!r} before init")
-        match name:
-            case "train_step":
-                trainer._train_step(payload)
-                steps += 1
-            case "compute_logprobs":
-                trainer._compute_logprobs(payload)
-            case "state_dict":
-                trainer._full_state_dict()
-            case "save_checkpoint":
-                trainer._save_checkpoint(**payload)
-            case "load_checkpoint":
-                trainer._load_checkpoint(payload)
-            case other:
-                raise RuntimeError(f"follower got unknown command {other!r}")
+        follower.follow(name, payload)
+        if name == "train_step":
+            steps += 1
 
 
 def run_distributed(
     leader_fn: Callable[[], T],
     *,
+    follower: FollowerFactory,
     backend: str | None = None,
     timeout_s: int = 7200,
     rank: int | None = None,
@@ -276,7 +295,8 @@ def run_distributed(
     init_method: str | None = None,
 ) -> T | None:
     """Entry point for every ``torchrun`` rank: rank 0 runs ``leader_fn`` (the controller and
-    its ``Trainer``, which leads), the other ranks follow. Returns ``leader_fn``'s result on
+    its ``Trainer``, which leads), the other ranks follow (``run_trainer_worker`` with ``follower``,
+    ``Trainer.follower`` for ``asyncrl train``). Returns ``leader_fn``'s result on
     rank 0 and None elsewhere.
 
     When ``leader_fn`` raises, the exception propagates without a ``stop`` (the followers may be
@@ -286,7 +306,7 @@ def run_distributed(
     global _LEADER
     ctx = init_distributed(backend, timeout_s, rank=rank, world_size=world_size, init_method=init_method)
     if ctx.rank != 0:
-        run_trainer_worker(ctx)
+        run_trainer_worker(follower, ctx)
         shutdown_distributed()
         return None
     _LEADER = True

@@ -109,15 +109,9 @@ class Trainer(TrainerStateMixin):
         dtype = next(model.parameters()).dtype
         if self.leader:
             assert self.ctx is not None
-            payload = {
-                "model_config": model.config,
-                "dtype": dtype,
-                "train_cfg": train_cfg,
-                "algo_cfg": algo_cfg,
-                "kwargs": {"temperature": temperature, "device": self.device.type, "version": version,
-                           "total_steps": total_steps},
-            }  # fmt: skip
-            dist_mod.send_command(self.ctx, "init", payload)
+            kwargs = {"temperature": temperature, "device": self.device.type, "version": version,
+                      "total_steps": total_steps}  # fmt: skip
+            dist_mod.send_command(self.ctx, "init", dist_mod.init_payload(model, dtype, train_cfg, algo_cfg, kwargs))
         self._caller_model = model
         model.to(self.device)
         cuda = self.device.type == "cuda"
@@ -152,6 +146,29 @@ class Trainer(TrainerStateMixin):
         self._set_lr(self.version)
         if (self.ctx is not None or is_lora(model)) and not _follower:
             self._route_caller_save()
+
+    # ----------------------------------------------------------------- a follower rank
+    @staticmethod
+    def follower(payload: dict[str, Any]) -> Trainer:
+        """A non-zero rank's trainer from the leader's ``init`` payload (``distributed.run_distributed``)."""
+        model = dist_mod.build_follower_model(payload)
+        return Trainer(model, payload["train_cfg"], payload["algo_cfg"], _follower=True, **payload["kwargs"])
+
+    def follow(self, name: str, payload: Any) -> None:
+        """The leader's command ``name`` on this rank's shard (``distributed.Follower``)."""
+        match name:
+            case "train_step":
+                self._train_step(payload)
+            case "compute_logprobs":
+                self._compute_logprobs(payload)
+            case "state_dict":
+                self._full_state_dict()
+            case "save_checkpoint":
+                self._save_checkpoint(**payload)
+            case "load_checkpoint":
+                self._load_checkpoint(payload)
+            case other:
+                raise RuntimeError(f"follower got unknown command {other!r}")
 
     # ----------------------------------------------------------------- helpers
     @property

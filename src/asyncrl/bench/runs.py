@@ -1,0 +1,110 @@
+"""What the whole-run benches share (``bench async``, ``interrupt``, ``adaptive``, ``headline``,
+``plan-check``, ``agent-learning``): a fresh output directory per invocation (``fresh_out``), one real
+training run measured into a row (``run_and_measure``), the printed table and the JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncrl.bench.throughput import FINISHED, measure_throughput
+from asyncrl.bench.time_budget import time_budget
+
+__all__ = ["fresh_out", "mean_or_zero", "print_table", "run_and_measure", "write_json"]
+
+
+def fresh_out(out_dir: str) -> Path:
+    """A new ``out_dir/<timestamp>`` for this invocation's run directories (made now)."""
+    from asyncrl.controller.rundir import fresh_subdir
+
+    out = fresh_subdir(out_dir)
+    print(f"bench: run directories under {out}", flush=True)
+    return out
+
+
+def run_and_measure(overrides: list[str], run_dir: Path, warmup_s: float = 0.0) -> dict[str, Any]:
+    """One training run; the row of its summary, throughput (``measure_throughput`` with a warm-up
+    of ``warmup_s`` seconds of RL time), per-step averages and policy snapshots (if any)."""
+    from asyncrl.config import load_config
+    from asyncrl.controller.rundir import check_one_run, read_jsonl
+    from asyncrl.launch.local import train
+
+    cfg = load_config(None, [*overrides, f"run.run_dir={run_dir}", "run.progress=false"])
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
+    _, summary = train(cfg)  # refuses a run_dir that already holds a run
+    load1 = os.getloadavg()[0]
+    check_one_run(run_dir)  # every number below comes from this run's lines alone
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    ledger = read_jsonl(run_dir / "trajectories.jsonl")
+    timeline = read_jsonl(run_dir / "timeline.jsonl")
+    try:
+        speed = measure_throughput(metrics, ledger, timeline, warmup_s=warmup_s)
+        throughput: dict[str, Any] = speed.as_row()
+        throughput["time_budget"] = time_budget(metrics, timeline)
+    except ValueError as exc:  # a run shorter than the warm-up: keep the row, say why it has no window
+        print(f"bench: {run_dir}: no steady-state throughput ({exc})", flush=True)
+        throughput = {"steady_state_tokens_per_s": None, "steady_state_error": str(exc)}
+    finished = [r for r in ledger if r["status"] in FINISHED]
+    generated = sum(r["response_len"] for r in finished)
+    trained = sum(m["trained_tokens"] for m in metrics)
+    busy = sum(m["train_step_s"] + m["weight_sync_s"] for m in metrics)
+    lens = sorted(r["response_len"] for r in finished) or [0]
+    return {
+        **throughput,
+        "trained_tokens_per_s": summary["trained_tokens_per_s"],
+        "accuracy_before": summary["accuracy_before"],
+        "accuracy_after": summary["accuracy_after"],
+        "rl_wall_s": summary["rl_wall_s"],
+        "wall_s": time.perf_counter() - t0,
+        "steps": summary["steps"],
+        "trained_tokens": summary["trained_tokens"],
+        "trainer_alone_tokens_per_s": trained / busy if busy else 0.0,
+        "trained_per_generated_token": summary["trained_tokens"] / max(1, generated),
+        "response_len_p50": lens[len(lens) // 2],
+        "response_len_p90": lens[int(0.9 * (len(lens) - 1))],
+        "response_len_max": lens[-1],
+        "staleness_mean": mean_or_zero([m["staleness_mean"] for m in metrics]),
+        "max_staleness_seen": summary["max_staleness_seen"],
+        "stale_groups": summary["stale_groups"],
+        "filtered_groups": summary["filtered_groups"],
+        "unused_groups": sum(1 for r in ledger if r["status"] == "unused") // cfg.rollout.group_size,
+        "buffered_max": max((m["buffer_groups"] for m in metrics), default=0),
+        "engine_busy_frac": mean_or_zero([m["engine_busy_frac"] for m in metrics]),
+        "trainer_busy_frac": mean_or_zero([m["trainer_busy_frac"] for m in metrics]),
+        "load_avg_1m_start_end": [load0, load1],
+        "train_step_s": mean_or_zero([m["train_step_s"] for m in metrics]),
+        "interruptions_per_sample": mean_or_zero([m["interruptions_per_sample"] for m in metrics]),
+        "weight_sync_s": mean_or_zero([m["weight_sync_s"] for m in metrics]),
+        "snapshots": read_jsonl(run_dir / "snapshots.jsonl"),
+        "run_dir": str(run_dir),
+    }
+
+
+def mean_or_zero(values: list[float]) -> float:
+    """The mean of ``values``; 0.0 for none."""
+    return statistics.fmean(values) if values else 0.0
+
+
+def print_table(title: str, rows: list[dict[str, Any]], keys: list[str], width: int = 22, digits: int = 3) -> None:
+    """``rows`` under ``title``, one column per key, ``width`` characters each (floats to ``digits`` places)."""
+    print(f"\n{title}")
+    print("  ".join(f"{k:>{width}}" for k in keys))
+    for row in rows:
+        cells = []
+        for k in keys:
+            v = row.get(k)
+            cells.append(f"{v:>{width}.{digits}f}" if isinstance(v, float) else f"{v!s:>{width}}")
+        print("  ".join(cells))
+
+
+def write_json(json_path: str | None, payload: dict[str, Any]) -> None:
+    """``payload`` to ``json_path`` (its folder made; nothing without a path)."""
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(payload, indent=2))
+        print(f"\nwrote {json_path}")
