@@ -9,7 +9,7 @@ wait drawn from a long-tailed distribution (``agent.tool_latency=lognormal``, me
 the same episodes). Every group is trained (``algo.filter_equal_rewards=false``: the warm-started
 policy rarely answers right, and this bench measures throughput, not learning).
 
-1. **The synchronous setting.** As ``bench headline`` does it (``headline._probe_sync`` over
+1. **The synchronous setting.** As ``bench headline`` does it (``headline.probe_sync`` over
    ``headline.SYNC_CANDIDATES``, imported, not repeated): η = 0 once per candidate (seed ``seeds[0]``,
    ``probe_steps`` steps), the one with the highest whole-run trained tokens/s wins; or ``sync_setting``
    names one without probing.
@@ -179,13 +179,13 @@ def plot(payload: dict[str, Any], path: Path) -> None:
 
 def _arm_row(seed: int, eta: int, setting: str, extra: list[str], base: list[str], run_dir: Path,
              warmup_s: float) -> dict[str, Any]:  # fmt: skip
-    """One run of an arm: ``async_bench._run``'s row and its tool waits."""
-    from asyncrl.bench.async_bench import _run
+    """One run of an arm: ``runs.run_and_measure``'s row and its tool waits."""
+    from asyncrl.bench.runs import run_and_measure
     from asyncrl.controller.rundir import read_jsonl
 
     over = [*base, *extra, f"run.seed={seed}", f"controller.max_staleness={eta}"]
     row: dict[str, Any] = {"seed": seed, "max_staleness": eta, "setting": setting, "overrides": extra}
-    row.update({k: v for k, v in _run(over, run_dir, warmup_s).items() if k != "snapshots"})
+    row.update({k: v for k, v in run_and_measure(over, run_dir, warmup_s).items() if k != "snapshots"})
     row.update(tool_wait_row(read_jsonl(run_dir / "trajectories.jsonl"), read_jsonl(run_dir / "timeline.jsonl")))
     return row
 
@@ -203,7 +203,7 @@ def run_agent_throughput_bench(
 ) -> dict[str, Any]:
     """The benchmark (see the module docstring); ``probe_steps`` 0: the probes run ``steps`` steps.
     Writes ``json_path`` and a PNG beside it."""
-    from asyncrl.bench.headline import ASYNC_SETTING, SYNC_CANDIDATES, _probe_sync
+    from asyncrl.bench.headline import ASYNC_SETTING, SYNC_CANDIDATES, probe_sync
     from asyncrl.controller.rundir import fresh_subdir
 
     base = [*WORKLOAD, *(overrides or []), f"controller.total_steps={steps}"]
@@ -211,7 +211,7 @@ def run_agent_throughput_bench(
     print(f"bench agent-throughput: run directories under {out}", flush=True)
     probes: list[dict[str, Any]] = []
     if sync_setting is None:
-        sync_setting, probes = _probe_sync(base, seeds[0], probe_steps or steps, out, warmup_s)
+        sync_setting, probes = probe_sync(base, seeds[0], probe_steps or steps, out, warmup_s)
     elif sync_setting not in SYNC_CANDIDATES:
         raise ValueError(f"sync setting {sync_setting!r}: expected one of {', '.join(SYNC_CANDIDATES)}")
     rows = []

@@ -177,7 +177,7 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, targets: dict[int, float
     plt.close(fig)
 
 
-def _probe_sync(base: list[str], seed: int, steps: int, out: Path, warmup_s: float) -> tuple[str, list[dict]]:
+def probe_sync(base: list[str], seed: int, steps: int, out: Path, warmup_s: float) -> tuple[str, list[dict]]:
     """Run each synchronous candidate; the name of the fastest (whole-run trained tokens/s)."""
     probes = []
     for name, extra in SYNC_CANDIDATES.items():
@@ -218,7 +218,7 @@ def run_headline_bench(
         from asyncrl.config import load_config
 
         n_probe = probe_steps or load_config(None, base).controller.total_steps
-        sync_setting, probes = _probe_sync(base, seeds[0], n_probe, out, warmup_s)
+        sync_setting, probes = probe_sync(base, seeds[0], n_probe, out, warmup_s)
     elif sync_setting not in SYNC_CANDIDATES:
         raise ValueError(f"sync setting {sync_setting!r}: expected one of {', '.join(SYNC_CANDIDATES)}")
     rows: list[dict[str, Any]] = []
