@@ -408,6 +408,7 @@ class JsonClient:
             await session.close()
         elif loop.is_running():  # another thread's loop
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(session.close(), loop))
+        # else: a stopped (not closed) loop's session cannot be closed from this one; it goes with that loop
 
     def close(self) -> None:
         """``aclose`` from synchronous code: inside the session's loop the close finishes in the

@@ -72,7 +72,8 @@ class RewardServer:
         self.default_verifier = default_verifier
         self.allow_custom = allow_custom
         self._service_args = dict(num_workers=num_workers, timeout_s=timeout_s, **service_kwargs)
-        self.request_timeout_s = timeout_s + 60.0
+        self.score_timeout_s = timeout_s + 60.0
+        """How long one scoring may take (the service has its own timeouts inside it)."""
         self.read_timeout_s = read_timeout_s
         self.http = JsonServer(
             "reward server", self._dispatch, _error, self.auth, max_body_bytes=max_body_bytes,
@@ -94,9 +95,8 @@ class RewardServer:
         self._loop_thread.start()
 
         async def make() -> int:
-            port = await self.http.start(self.host, self.port)  # first: a refused bind starts no worker
-            self.service = RewardService(**self._service_args)
-            return port
+            self.service = RewardService(**self._service_args)  # starts no worker until a request needs one
+            return await self.http.start(self.host, self.port)
 
         try:
             self.port = asyncio.run_coroutine_threadsafe(make(), loop).result()
@@ -164,7 +164,7 @@ class RewardServer:
             raise HTTPError(403, "custom verifiers are disabled on this server (allow_custom=False)")
         assert self.service is not None
         coro = self.service.score(verifier, response, reference, prompt=prompt, row=row)
-        result = await asyncio.wait_for(coro, self.request_timeout_s)
+        result = await asyncio.wait_for(coro, self.score_timeout_s)
         return {
             "reward": result.reward,
             "failure": result.failure,

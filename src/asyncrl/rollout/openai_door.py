@@ -25,7 +25,6 @@ are then those the trainer expects.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -52,8 +51,6 @@ from asyncrl.types import Completion, ModelSegment
 from asyncrl.web import HTTPError, JsonServer, Request, parse_json
 
 __all__ = ["ChatDoor", "DoorServer", "SESSION_ID"]
-
-log = logging.getLogger(__name__)
 
 SESSION_ID = re.compile(r"[A-Za-z0-9_.@:-]{1,160}")
 _SESSION_PATH = re.compile(r"/sessions/([^/]+)(/v1/chat/completions|/v1/models|/end|)")
