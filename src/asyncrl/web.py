@@ -217,8 +217,9 @@ class JsonServer:
             log.exception("%s: %s %s failed", self.name, req.method, req.path)
             return self.answer(500, self.error_body(500, f"{type(e).__name__}: {e}"))
 
-    async def _read(self, request: web.BaseRequest, connection: Any) -> Request:
-        """The checks in their order (key, GET body, size), then the body within the request's deadline."""
+    async def _read(self, request: web.BaseRequest, connection: object) -> Request:
+        """The checks in their order (a GET's body, the key, the declared size), then the body, within
+        the request's deadline."""
         method, path = request.method.upper(), request.rel_url.raw_path
         transport = request.transport
         peer = peer_name(transport.get_extra_info("peername") if transport is not None else None)
@@ -250,6 +251,8 @@ class JsonServer:
                 chunks.append(chunk)
         except web.RequestPayloadError as e:
             raise HTTPError(400, f"malformed request body: {e}") from None
+        except ConnectionError:  # the client left mid-body: nobody will read the answer
+            raise HTTPError(400, "the connection closed before the body was complete") from None
         return b"".join(chunks)
 
     def late_message(self) -> str:

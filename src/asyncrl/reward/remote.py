@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from asyncrl.auth import ApiKeyAuth
+from asyncrl.auth import ApiKeyAuth, check_bind
 from asyncrl.reward.service import RemoteTarget, RewardService, resolve_verifier
 from asyncrl.web import HTTPError, JsonServer, Request, parse_json
 
@@ -89,6 +89,7 @@ class RewardServer:
 
     def start(self) -> RewardServer:
         """Start serving; raises ``auth.InsecureBindError`` beyond loopback without an API key."""
+        check_bind(self.host, self.auth.enabled, "reward server")  # before anything starts
         loop = asyncio.new_event_loop()
         self._loop = loop
         self._loop_thread = threading.Thread(target=loop.run_forever, name="asyncrl-reward-loop", daemon=True)
