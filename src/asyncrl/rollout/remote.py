@@ -208,17 +208,19 @@ class RemoteEngine:
             self._stats_task = None
 
     def close(self) -> None:
-        if self._stats_task is not None:
-            self._stats_task.cancel()
-            self._stats_task = None
+        """Release the pooled connections (inside their event loop the close ends in the background)."""
+        self._stop_stats()
         self._http.close()
 
     async def aclose(self) -> None:
         """``close`` inside the event loop, waiting until the connections are closed."""
+        self._stop_stats()
+        await self._http.aclose()
+
+    def _stop_stats(self) -> None:
         if self._stats_task is not None:
             self._stats_task.cancel()
             self._stats_task = None
-        await self._http.aclose()
 
     # ------------------------------------------------------------------------------ extras
     async def health(self) -> bool:

@@ -133,7 +133,8 @@ class EngineServer:
         return await self.http.start(host, port)
 
     async def stop(self) -> None:
-        """Stop listening and close every open connection (in-flight requests are cancelled)."""
+        """Stop listening and close every open connection (a request still running after
+        ``web.SHUTDOWN_S`` is cancelled)."""
         await self.http.stop()
 
     async def _dispatch(self, req: Request) -> Any:
