@@ -23,7 +23,7 @@ ALIASES: dict[str, str] = {
 }
 
 # The foundation every stage may meet in (DESIGN: "they meet in types and models").
-BASE = frozenset({"types", "config", "choices", "auth", "models", "storage"})
+BASE = frozenset({"types", "config", "choices", "auth", "web", "models", "storage"})
 # The stages of DESIGN §1; they do not import each other (the trainer may use algo).
 STAGES = frozenset({"algo", "data", "rollout", "reward", "trainer"})
 
@@ -34,13 +34,14 @@ LAYERS: dict[str, frozenset[str]] = {
     "choices": frozenset(),  # the Literal alias of every config choice, shared by the config and the stages
     "config": frozenset({"choices"}),  # the config tree; its choice fields are typed by the aliases
     "auth": frozenset(),  # API keys and bind checks of the servers (not named in DESIGN §2)
+    "web": frozenset({"auth"}),  # the one HTTP stack (aiohttp) of every server and client (not named in DESIGN §2)
     "storage": frozenset(),  # the disk-full error of a run's writers (not named in DESIGN §2)
     "models": frozenset({"types", "config", "choices"}),
     # the stages
     # pure tensor functions (DESIGN: "algo/ advantages.py, losses.py (pure)"); ``choices`` is a leaf of Literal
     # aliases (``LossType``, ...) that types both algo's parameters and the config's fields: one definition
     "algo": frozenset({"choices"}),
-    "reward": frozenset({"auth"}),  # verifiers run in worker processes: nothing else of the project
+    "reward": frozenset({"auth", "web"}),  # verifiers run in worker processes: nothing else of the project
     "data": BASE,
     "rollout": BASE,
     "trainer": BASE | {"algo"},

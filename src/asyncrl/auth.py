@@ -1,8 +1,8 @@
 """API-key authentication and path confinement shared by the engine and reward HTTP servers.
 
-The two servers run on different HTTP stacks (``rollout.http`` over asyncio streams, and the
-standard library's ``http.server``), so each calls this one module rather than sharing a stack.
-Standard library only; imports no sibling (like ``types`` and ``config``).
+The servers' one HTTP stack, ``asyncrl.web``, checks each request with :class:`ApiKeyAuth` before
+it reads the body; the servers call :func:`check_bind` and :func:`confine_path`. Standard library
+only; imports no sibling (like ``types`` and ``config``).
 
 - The key is a bearer token (``Authorization: Bearer <key>``, as SGLang's and vLLM's
   ``--api-key``). :func:`resolve_api_key` takes it from an option, a file, or the environment

@@ -7,7 +7,7 @@ import asyncio
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 import pytest
@@ -22,6 +22,18 @@ from asyncrl.reward.service import RewardService
 def server() -> Iterator[RewardServer]:
     with RewardServer(num_workers=2, timeout_s=10, max_body_bytes=200_000) as srv:
         yield srv
+
+
+def once(client: RemoteRewardClient, call: Coroutine[Any, Any, Any]) -> Any:
+    """``call`` on a fresh event loop, then the client's pooled connections closed (they are that loop's)."""
+
+    async def go() -> Any:
+        try:
+            return await call
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
 
 
 def raw_http(port: int, data: bytes) -> tuple[int, dict[str, Any]]:
@@ -39,21 +51,19 @@ def raw_http(port: int, data: bytes) -> tuple[int, dict[str, Any]]:
     return status, json.loads(body) if body else {}
 
 
-def post(
-    port: int, body: bytes, path: str = "/score", headers: str | None = None
-) -> tuple[int, dict[str, Any]]:
+def post(port: int, body: bytes, path: str = "/score", headers: str | None = None) -> tuple[int, dict[str, Any]]:
     headers = headers if headers is not None else f"Content-Length: {len(body)}\r\n"
     return raw_http(port, f"POST {path} HTTP/1.1\r\nHost: x\r\n{headers}\r\n".encode() + body)
 
 
 def test_score_and_health(server: RewardServer) -> None:
     client = RemoteRewardClient(server.url)
-    assert asyncio.run(client.score("so \\boxed{1,234}", "1234")) == (1.0, None)
-    assert asyncio.run(client.score("so \\boxed{5}", "1234")) == (0.0, None)
+    assert once(client, client.score("so \\boxed{1,234}", "1234")) == (1.0, None)
+    assert once(client, client.score("so \\boxed{5}", "1234")) == (0.0, None)
     assert client.score_sync("#### 7", "7") == (1.0, None)
     code = RemoteRewardClient(server.url + "#code")
-    assert asyncio.run(code.score("def f():\n    return 1\n", "assert f() == 1")) == (1.0, None)
-    health = asyncio.run(client.health())
+    assert once(code, code.score("def f():\n    return 1\n", "assert f() == 1")) == (1.0, None)
+    health = once(client, client.health())
     assert health["status"] == "ok" and health["metrics"]["verdicts"] >= 4
 
 
@@ -81,7 +91,8 @@ def test_malformed_requests_get_4xx(server: RewardServer, body: bytes, status: i
 def test_protocol_errors_and_the_server_keeps_serving(server: RewardServer) -> None:
     assert post(server.port, b"{}", path="/nope")[0] == 404
     assert raw_http(server.port, b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n")[0] == 404
-    assert post(server.port, b"{}", headers="")[0] == 411
+    assert post(server.port, b"", headers="")[0] == 411  # a POST without a framed body
+    assert post(server.port, b"{}", headers="")[0] == 400  # and what follows it is no request
     assert post(server.port, b"{}", headers="Content-Length: abc\r\n")[0] == 400
     assert post(server.port, b"x" * 300_000)[0] == 413
     with socket.create_connection(("127.0.0.1", server.port)) as s:
@@ -98,7 +109,7 @@ def test_client_errors() -> None:
         port = s.getsockname()[1]  # nothing listens once closed
     client = RemoteRewardClient(f"http://127.0.0.1:{port}", timeout_s=2)
     with pytest.raises(InfrastructureError):
-        asyncio.run(client.score("a", "b"))
+        once(client, client.score("a", "b"))
     with pytest.raises(InfrastructureError):
         client.score_sync("a", "b")
 

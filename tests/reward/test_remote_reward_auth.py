@@ -18,6 +18,7 @@ from asyncrl.cli import main as cli_main
 from asyncrl.reward.client import RemoteRewardClient
 from asyncrl.reward.remote import ROUTES, RewardServer
 from asyncrl.reward.service import RewardService
+from tests.reward.test_remote_reward import once
 
 KEY = "reward-key-0123456789"
 
@@ -87,12 +88,12 @@ def test_unknown_paths_are_refused_before_routing(secured: RewardServer) -> None
 def test_clients_send_the_key(secured: RewardServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(API_KEY_ENV, raising=False)
     good = RemoteRewardClient(secured.url + "#arithmetic", api_key=KEY)
-    assert asyncio.run(good.score("3+4=7 #7", "7")) == (1.0, None)
+    assert once(good, good.score("3+4=7 #7", "7")) == (1.0, None)
     assert good.score_sync("3+4=7 #7", "8") == (0.0, None)
-    assert "metrics" in asyncio.run(good.health())
+    assert "metrics" in once(good, good.health())
     for bad in (RemoteRewardClient(secured.url + "#arithmetic"), RemoteRewardClient(secured.url, api_key="no")):
         with pytest.raises(ValueError, match=f"401.*{API_KEY_ENV}"):
-            asyncio.run(bad.score("3+4=7 #7", "7"))
+            once(bad, bad.score("3+4=7 #7", "7"))
         with pytest.raises(ValueError, match="401"):
             bad.score_sync("3+4=7 #7", "7")
     monkeypatch.setenv(API_KEY_ENV, KEY)  # the service's remote: verifier takes the key from the environment

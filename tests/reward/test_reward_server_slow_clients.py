@@ -1,6 +1,7 @@
-"""The reward server against slow clients (issue 14 item 6): a request not read within
-``read_timeout_s`` gets 408 and its connection is closed, however slowly its bytes trickle in, while
-other clients are scored. (Invalid UTF-8 and huge bodies: ``test_remote_reward.py``.)"""
+"""The reward server against slow clients (issue 14 item 6): a request not complete within
+``read_timeout_s`` of its first byte gets 408 and its connection is closed, however slowly its bytes
+trickle in, and a connection that sends nothing is closed that long after, while other clients are
+scored. (Invalid UTF-8 and huge bodies: ``test_remote_reward.py``.)"""
 
 from __future__ import annotations
 
@@ -21,11 +22,16 @@ def server() -> Iterator[RewardServer]:
         yield srv
 
 
-def _answer(sock: socket.socket) -> tuple[int, dict, bytes]:
+def _reply(sock: socket.socket) -> bytes:
     sock.settimeout(10)
     reply = b""
     while chunk := sock.recv(65536):
         reply += chunk
+    return reply
+
+
+def _answer(sock: socket.socket) -> tuple[int, dict, bytes]:
+    reply = _reply(sock)
     head, _, body = reply.partition(b"\r\n\r\n")
     return int(head.split()[1]), json.loads(body), reply
 
@@ -35,9 +41,8 @@ def _answer(sock: socket.socket) -> tuple[int, dict, bytes]:
     [
         b"POST /score HTTP/1.1\r\nHost: x\r\n",  # headers never finished
         b'POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"response": ',  # body never finished
-        b"",  # a connection that sends nothing
     ],
-    ids=["headers", "body", "nothing"],
+    ids=["headers", "body"],
 )
 def test_a_stalled_request_gets_408_and_others_are_scored(server: RewardServer, sent: bytes) -> None:
     with socket.create_connection(("127.0.0.1", server.port)) as slow:
@@ -45,8 +50,17 @@ def test_a_stalled_request_gets_408_and_others_are_scored(server: RewardServer, 
         t0 = time.perf_counter()
         assert RemoteRewardClient(server.url).score_sync("\\boxed{2}", "2") == (1.0, None)  # meanwhile
         status, body, _ = _answer(slow)
-    assert status == 408 and body == {"error": "request not complete within 0.5 s"}
+    assert status == 408 and body == {"error": "request not complete within 0.5 s of its first byte"}
     assert time.perf_counter() - t0 < 5
+
+
+def test_a_silent_connection_is_closed_without_an_answer(server: RewardServer) -> None:
+    """Nothing was asked, so nothing is answered (a keep-alive client reconnects, as from any idle close)."""
+    with socket.create_connection(("127.0.0.1", server.port)) as silent:
+        t0 = time.perf_counter()
+        assert RemoteRewardClient(server.url).score_sync("\\boxed{2}", "2") == (1.0, None)  # meanwhile
+        assert _reply(silent) == b""
+    assert 0.4 < time.perf_counter() - t0 < 5
 
 
 def test_a_trickling_client_slowloris_is_cut_off(server: RewardServer) -> None:

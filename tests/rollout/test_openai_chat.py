@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from asyncrl.rollout.http import HTTPError
 from asyncrl.rollout.openai_chat import (
     assistant_reply,
     completion_response,
@@ -19,6 +18,7 @@ from asyncrl.rollout.openai_chat import (
     tool_tags,
 )
 from asyncrl.rollout.tools import parse_tool_calls
+from asyncrl.web import HTTPError
 from tests.rollout.chat_templates import qwen_tokenizer
 
 TOOL = {

@@ -16,9 +16,9 @@ import pytest
 from asyncrl.rollout import openai_session
 from asyncrl.rollout.chat import ChatRenderer
 from asyncrl.rollout.envs.base import Message
-from asyncrl.rollout.http import HTTPError
 from asyncrl.rollout.openai_door import ChatDoor
 from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.web import HTTPError
 from tests.rollout.chat_templates import qwen_tokenizer
 from tests.rollout.scripted_engine import ScriptedEngine, Turn, exactness
 

@@ -1,9 +1,10 @@
 """The client of a reward server (``asyncrl serve reward``, :mod:`asyncrl.reward.remote`).
 
-:class:`RemoteRewardClient` makes async (asyncio streams) and sync (urllib) calls. Network errors
-and 5xx raise :class:`~asyncrl.reward.InfrastructureError` (retried by the service); 4xx raise
-ValueError. It sends the API key it is given, or else ``$ASYNCRL_API_KEY``. The reward service uses
-it for ``remote:`` verifiers; it imports nothing of the server.
+:class:`RemoteRewardClient` makes async calls (``asyncrl.web.JsonClient``: one keep-alive aiohttp
+session per client) and sync ones (the standard library's ``urllib``, for code without an event loop).
+Network errors and 5xx raise :class:`~asyncrl.reward.InfrastructureError` (retried by the service);
+4xx raise ValueError. It sends the API key it is given, or else ``$ASYNCRL_API_KEY``. The reward
+service uses it for ``remote:`` verifiers; it imports nothing of the server.
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import ssl
 import urllib.error
 import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
+
 from asyncrl.auth import auth_headers, resolve_api_key
 from asyncrl.reward import InfrastructureError
+from asyncrl.web import JsonClient
 
 __all__ = ["RemoteRewardClient"]
 
@@ -41,10 +44,9 @@ class RemoteRewardClient:
         self.verifier = parts.fragment or None
         self.timeout_s = timeout_s
         self._headers = auth_headers(api_key or resolve_api_key())
+        self._http = JsonClient(f"{parts.scheme}://{parts.netloc}{self.base_path}", self._headers)
 
-    def _payload(
-        self, response: str, reference: str, prompt: str, row: dict | None, verifier: str | None
-    ) -> bytes:
+    def _payload(self, response: str, reference: str, prompt: str, row: dict | None, verifier: str | None) -> bytes:
         body = {
             "verifier": verifier or self.verifier,
             "response": response,
@@ -83,9 +85,7 @@ class RemoteRewardClient:
         verifier: str | None = None,
     ) -> tuple[float, str | None]:
         """POST /score; returns (reward, failure)."""
-        status, data = await self._request(
-            "POST", "/score", self._payload(response, reference, prompt, row, verifier)
-        )
+        status, data = await self._request("POST", "/score", self._payload(response, reference, prompt, row, verifier))
         return self._result(status, data, f"{self.host}:{self.port}")
 
     async def health(self) -> dict[str, Any]:
@@ -95,46 +95,12 @@ class RemoteRewardClient:
         return json.loads(data.decode())
 
     async def _request(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
-        ssl_ctx = ssl.create_default_context() if self.scheme == "https" else None
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, ssl=ssl_ctx), self.timeout_s
-            )
-        except (OSError, asyncio.TimeoutError) as e:
+            return await self._http.request(method, path, body, timeout=self.timeout_s)
+        except aiohttp.ClientConnectorError as e:
             raise InfrastructureError(f"cannot reach reward server {self.host}:{self.port}: {e!r}") from e
-        try:
-            head = (
-                f"{method} {self.base_path}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body or b'')}\r\n"
-                + "".join(f"{k}: {v}\r\n" for k, v in self._headers.items())
-                + "Connection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + (body or b""))
-            await writer.drain()
-            status_line = await reader.readline()
-            fields = status_line.decode("latin-1").split()
-            if len(fields) < 2 or not fields[1].isdigit():
-                raise InfrastructureError(f"reward server sent a malformed status line {status_line[:100]!r}")
-            length = None
-            while True:
-                line = await reader.readline()
-                if line in (b"\r\n", b"\n", b""):
-                    break
-                name, _, value = line.decode("latin-1").partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value.strip())
-            data = await (reader.readexactly(length) if length is not None else reader.read())
-            return int(fields[1]), data
-        except (OSError, asyncio.IncompleteReadError, ValueError) as e:
-            raise InfrastructureError(
-                f"reward server {self.host}:{self.port} connection failed: {e!r}"
-            ) from e
-        finally:
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except OSError:
-                pass
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+            raise InfrastructureError(f"reward server {self.host}:{self.port} connection failed: {e!r}") from e
 
     def score_sync(
         self,
@@ -161,4 +127,5 @@ class RemoteRewardClient:
             raise InfrastructureError(f"cannot reach reward server {self.host}:{self.port}: {e!r}") from e
 
     async def close(self) -> None:
-        """Nothing persistent to release (one connection per request); kept for symmetry."""
+        """Close the pooled connections."""
+        await self._http.aclose()

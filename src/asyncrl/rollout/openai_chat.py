@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from asyncrl.rollout.envs.base import Message
-from asyncrl.rollout.http import HTTPError, is_int, is_num
 from asyncrl.rollout.tools import HERMES_CLOSE, HERMES_OPEN, ParsedTurn, ToolCall, ToolFormat, format_tool_call
+from asyncrl.web import HTTPError, is_int, is_num
 
 __all__ = [
     "ChatRequest",

@@ -25,17 +25,14 @@ are then those the trainer expects.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any
 
-from asyncrl.auth import ApiKeyAuth, check_bind, peer_name
+from asyncrl.auth import ApiKeyAuth
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.chat import ChatRenderer
-from asyncrl.rollout.http import HTTPError, Request, encode_response, parse_json, read_request
 from asyncrl.rollout.interruptible import generate_group
 from asyncrl.rollout.openai_chat import (
     ChatRequest,
@@ -51,10 +48,9 @@ from asyncrl.rollout.openai_session import ChatSession, SessionStore
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.tools import ToolFormat, parse_tool_calls
 from asyncrl.types import Completion, ModelSegment
+from asyncrl.web import HTTPError, JsonServer, Request, parse_json
 
 __all__ = ["ChatDoor", "DoorServer", "SESSION_ID"]
-
-log = logging.getLogger(__name__)
 
 SESSION_ID = re.compile(r"[A-Za-z0-9_.@:-]{1,160}")
 _SESSION_PATH = re.compile(r"/sessions/([^/]+)(/v1/chat/completions|/v1/models|/end|)")
@@ -255,22 +251,35 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 
 
 class DoorServer:
-    """A loopback HTTP server of one ``ChatDoor`` with a bearer key (an in-process engine's door)."""
+    """A loopback HTTP server of one ``ChatDoor`` (an in-process engine's door) on ``asyncrl.web``.
 
-    def __init__(self, door: ChatDoor, api_key: str, *, max_body_bytes: int = 8 * 1024 * 1024) -> None:
+    ``api_key``: the bearer key every request must carry (``GET /health`` aside, which the door does
+    not serve: 404); it is handed to ``auth.ApiKeyAuth`` and not kept elsewhere. Slow clients: a
+    request not complete ``request_timeout_s`` after its first byte gets 408; a connection idle for
+    ``idle_timeout_s`` is closed."""
+
+    def __init__(
+        self,
+        door: ChatDoor,
+        api_key: str,
+        *,
+        max_body_bytes: int = 8 * 1024 * 1024,
+        request_timeout_s: float = 60.0,
+        idle_timeout_s: float = 60.0,
+    ) -> None:
         self.door = door
-        self.api_key = api_key
         self.auth = ApiKeyAuth(api_key, "openai door")
-        self.max_body_bytes = max_body_bytes
-        self.port = 0
-        self._server: asyncio.base_events.Server | None = None
-        self._conns: dict[asyncio.Task, asyncio.StreamWriter] = {}
+        self.http = JsonServer(
+            "openai door", self._dispatch, error_body, self.auth, max_body_bytes=max_body_bytes,
+            request_timeout_s=request_timeout_s, idle_timeout_s=idle_timeout_s, backlog=128,
+        )  # fmt: skip
+
+    @property
+    def port(self) -> int:
+        return self.http.port
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        check_bind(host, True, "openai door")
-        self._server = await asyncio.start_server(self._handle, host, port, limit=2 * 1024 * 1024)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.port
+        return await self.http.start(host, port)
 
     def base_url(self, session_id: str | None = None) -> str:
         """What an ``openai`` client takes as ``base_url`` (of a session, or unrecorded)."""
@@ -278,62 +287,12 @@ class DoorServer:
         return f"{root}/sessions/{session_id}/v1" if session_id else f"{root}/v1"
 
     async def stop(self) -> None:
-        """Stop listening and end every connection: closing its socket ends an idle keep-alive wait
-        (cancelling a task inside ``asyncio.wait_for`` alone can leave it pending on Python 3.11), and a
-        request in progress is cancelled."""
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        conns = [(t, w) for t, w in self._conns.items() if not t.done()]
-        for task, writer in conns:
-            writer.close()
-            task.cancel()
-        if conns:
-            await asyncio.wait([t for t, _ in conns], timeout=10.0)
+        """Stop listening and end every connection, idle keep-alive ones included (a request still in
+        progress is cancelled)."""
+        await self.http.stop()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._conns[task] = writer
-        peer = peer_name(writer.get_extra_info("peername"))
-        try:
-            while True:
-                try:
-                    req = await read_request(
-                        reader, self.max_body_bytes,
-                        lambda m, p, h: self.auth.allows(m, p, h.get("authorization"), peer),
-                        idle_timeout_s=60.0, timeout_s=60.0,
-                    )  # fmt: skip
-                except HTTPError as e:
-                    writer.write(encode_response(e.status, error_body(e.status, e.message), False))
-                    await writer.drain()
-                    return
-                if req is None:
-                    return
-                status, payload = await self._dispatch(req)
-                writer.write(encode_response(status, payload, req.keep_alive))
-                await writer.drain()
-                if not req.keep_alive:
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
-            pass  # a cancelled connection (``stop``) ends quietly
-        except Exception:
-            log.exception("openai door: connection handler failed")
-        finally:
-            if task is not None:
-                self._conns.pop(task, None)
-            writer.close()
-
-    async def _dispatch(self, req: Request) -> tuple[int, Any]:
-        try:
-            handler = self.door.route(req.method, req.path)
-            if handler is None:
-                raise HTTPError(404, f"no route {req.path}")
-            return 200, await handler(parse_json(req.body))
-        except HTTPError as e:
-            return e.status, error_body(e.status, e.message)
-        except ValueError as e:  # engine-side validation (e.g. a prompt longer than the context)
-            return 400, error_body(400, str(e))
-        except Exception as e:
-            log.exception("openai door: %s %s failed", req.method, req.path)
-            return 500, error_body(500, f"{type(e).__name__}: {e}")
+    async def _dispatch(self, req: Request) -> Any:
+        handler = self.door.route(req.method, req.path)
+        if handler is None:
+            raise HTTPError(404, f"no route {req.path}")
+        return await handler(parse_json(req.body))

@@ -31,11 +31,11 @@ from typing import Any
 from asyncrl.rollout.agent import turn_record
 from asyncrl.rollout.chat import ChatRenderer
 from asyncrl.rollout.envs.base import Message
-from asyncrl.rollout.http import HTTPError
 from asyncrl.rollout.openai_chat import ChatRequest, Reply, normalized, same_message, template_messages, tool_tags
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.tools import ParsedTurn, ToolFormat
 from asyncrl.types import EnvKind, EnvSegment, EpisodeEnd, ModelSegment, Segment, Trajectory, TurnRecord
+from asyncrl.web import HTTPError
 
 __all__ = ["ChatSession", "SessionStore", "TurnPlan"]
 

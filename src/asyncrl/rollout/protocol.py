@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.rollout.http import HTTPError, is_int, is_num
 from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.web import HTTPError, is_int, is_num
 
 __all__ = ["GenerateRequest", "parse_generate", "bad_request"]
 

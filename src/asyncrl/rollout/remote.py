@@ -15,10 +15,11 @@ tokens: exact when the server aborts running requests on an update (pause mode "
 AReaL flow), approximate otherwise. Requests always send ``ignore_eos: true`` with explicit
 ``stop_token_ids`` so that stopping matches ``LocalEngine`` (stop only at the given ids).
 
-Transport: stdlib asyncio HTTP/1.1 with a keep-alive connection pool per event loop (at most
-``max_connections`` concurrent requests; more wait for a connection). A reused connection that the
-server closed while idle is retried once on a fresh one. 4xx answers raise ``ValueError`` with the
-server's message (as ``LocalEngine`` does for bad input); other failures raise ``RuntimeError``.
+Transport: ``asyncrl.web.JsonClient``, one keep-alive ``aiohttp`` session per event loop (at most
+``max_connections`` concurrent requests; more wait for a connection). A request whose pooled
+connection the server closed before answering is sent once more on a fresh one. 4xx answers raise
+``ValueError`` with the server's message (as ``LocalEngine`` does for bad input); other failures
+raise ``RuntimeError``.
 
 Authentication: every request carries ``Authorization: Bearer <api_key>`` when a key is given, or
 else set in ``$ASYNCRL_API_KEY`` (see docs/security.md); a 401 raises ``PermissionError``.
@@ -35,11 +36,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import aiohttp
+
 from asyncrl.auth import API_KEY_ENV, auth_headers, resolve_api_key
 from asyncrl.rollout.api import SampleDone, refuse_on_sample_done
-from asyncrl.rollout.http import encode_request, read_response
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Completion, WeightUpdate
+from asyncrl.web import JsonClient
 
 __all__ = ["RemoteEngine", "completion_from_sglang"]
 
@@ -74,23 +77,6 @@ def completion_from_sglang(item: dict[str, Any], prompt: Sequence[int], fallback
     )
 
 
-class _Pool:
-    """Keep-alive connections of one event loop."""
-
-    def __init__(self, limit: int) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.sem = asyncio.Semaphore(limit)
-        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-
-    def close(self) -> None:
-        for _, w in self.idle:
-            try:
-                w.close()
-            except Exception:
-                pass
-        self.idle.clear()
-
-
 class RemoteEngine:
     """Client of an engine server with ``LocalEngine``'s interface (see module docstring)."""
 
@@ -114,7 +100,7 @@ class RemoteEngine:
         self._version = version
         self._headers = auth_headers(api_key or resolve_api_key())
         self._weights_root: str | None | bool = False  # False: not asked yet
-        self._pool: _Pool | None = None
+        self._http = JsonClient(f"http://{url.netloc}", self._headers, max_connections=max_connections)
         self._stats = dict.fromkeys(
             ("requests", "generated_tokens", "errors", "http_s", "retries", "aborted_samples"), 0.0
         )
@@ -222,12 +208,19 @@ class RemoteEngine:
             self._stats_task = None
 
     def close(self) -> None:
+        """Release the pooled connections (inside their event loop the close ends in the background)."""
+        self._stop_stats()
+        self._http.close()
+
+    async def aclose(self) -> None:
+        """``close`` inside the event loop, waiting until the connections are closed."""
+        self._stop_stats()
+        await self._http.aclose()
+
+    def _stop_stats(self) -> None:
         if self._stats_task is not None:
             self._stats_task.cancel()
             self._stats_task = None
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
 
     # ------------------------------------------------------------------------------ extras
     async def health(self) -> bool:
@@ -262,42 +255,20 @@ class RemoteEngine:
         if isinstance(out, dict) and out.get("success") is False:
             raise RuntimeError(f"update_weights_from_disk failed: {out.get('message')}")
 
-    def _get_pool(self) -> _Pool:
-        loop = asyncio.get_running_loop()
-        if self._pool is None or self._pool.loop is not loop:
-            if self._pool is not None:
-                self._pool.close()
-            self._pool = _Pool(self.max_connections)
-        return self._pool
-
     async def _call(self, method: str, path: str, body: Any, timeout: float | None = 60.0) -> Any:
-        pool = self._get_pool()
         t0 = time.perf_counter()
         self._stats["requests"] += 1
-        data = encode_request(method, path, f"{self.host}:{self.port}", body, self._headers)
-        async with pool.sem:
-            for attempt in range(2):
-                reused = bool(pool.idle)
-                reader, writer = pool.idle.pop() if reused else await self._connect()
-                try:
-                    writer.write(data)
-                    await writer.drain()
-                    status, headers, raw = await asyncio.wait_for(read_response(reader), timeout)
-                except (ConnectionError, asyncio.IncompleteReadError, OSError) as e:
-                    writer.close()
-                    if reused and attempt == 0:  # the server dropped an idle keep-alive connection
-                        self._stats["retries"] += 1
-                        continue
-                    self._stats["errors"] += 1
-                    raise RuntimeError(f"{method} {path} on {self.base_url} failed: {e!r}") from e
-                except BaseException:
-                    writer.close()
-                    raise
-                if headers.get("connection", "").lower() == "close":
-                    writer.close()
-                else:
-                    pool.idle.append((reader, writer))
-                break
+        retries = self._http.retries
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        try:
+            status, raw = await self._http.request(method, path, data, timeout=timeout)
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+            self._stats["errors"] += 1
+            if isinstance(e, aiohttp.ClientConnectorError):
+                raise RuntimeError(f"cannot connect to engine server {self.base_url}: {e}") from e
+            raise RuntimeError(f"{method} {path} on {self.base_url} failed: {e!r}") from e
+        finally:
+            self._stats["retries"] += self._http.retries - retries
         self._stats["http_s"] += time.perf_counter() - t0
         try:
             payload = json.loads(raw) if raw else {}
@@ -313,10 +284,3 @@ class RemoteEngine:
                 raise ValueError(f"{method} {path}: HTTP {status}: {msg}")
             raise RuntimeError(f"{method} {path}: HTTP {status}: {msg}")
         return payload
-
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        try:
-            return await asyncio.open_connection(self.host, self.port, limit=16 * 1024 * 1024)
-        except OSError as e:
-            self._stats["errors"] += 1
-            raise RuntimeError(f"cannot connect to engine server {self.base_url}: {e}") from e

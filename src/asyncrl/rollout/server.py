@@ -1,7 +1,8 @@
 """``asyncrl serve engine``: a ``LocalEngine`` behind the SGLang-native HTTP protocol (subset).
 
-Owns the HTTP front end (stdlib asyncio, see ``rollout.http``). Endpoints, request and response
-shapes follow SGLang's native API (``sglang/srt/entrypoints/http_server.py``, v0.4.6 - v0.5.x):
+Owns the engine's routes and what each answers; the HTTP itself (aiohttp, keep-alive, the checks every
+server shares) is ``asyncrl.web``'s ``JsonServer``. Endpoints, request and response shapes follow
+SGLang's native API (``sglang/srt/entrypoints/http_server.py``, v0.4.6 - v0.5.x):
 
 - ``POST /generate``: ``input_ids`` (a list of ints, or a batch: list of lists) or ``text``;
   ``sampling_params`` {max_new_tokens, temperature, top_p, top_k (<=0 off), stop_token_ids, n,
@@ -22,10 +23,10 @@ shapes follow SGLang's native API (``sglang/srt/entrypoints/http_server.py``, v0
 
 Robustness: malformed JSON (invalid UTF-8 included), wrong types, unknown or unsupported sampling
 options, out-of-vocab ids and over-long inputs get a 4xx with a message (SGLang's error object); a body
-over ``max_body_bytes`` gets 413 before it is read; a request not complete ``request_timeout_s`` after
-its first byte (a slow client, slowloris) gets 408 and its connection is closed; a connection idle for
-``idle_timeout_s`` between requests is closed; an unexpected exception in a handler answers 500 and
-the server keeps serving.
+over ``max_body_bytes`` gets 413 (before it is read when its length is declared; chunked bodies are
+read up to the limit); a request not complete ``request_timeout_s`` after its first byte (a slow
+client, slowloris) gets 408 and its connection is closed; a connection idle for ``idle_timeout_s`` is
+closed; an unexpected exception in a handler answers 500 and the server keeps serving.
 
 Security (``asyncrl.auth``, docs/security.md): binds to 127.0.0.1 unless told otherwise, and refuses
 to listen beyond loopback without an API key. With a key, every route but ``GET /health`` (which
@@ -43,14 +44,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from asyncrl.auth import ApiKeyAuth, PathOutsideRoot, check_bind, confine_path, peer_name
+from asyncrl.auth import ApiKeyAuth, PathOutsideRoot, check_bind, confine_path
 from asyncrl.choices import InterruptMode
 from asyncrl.rollout.engine import LocalEngine
-from asyncrl.rollout.http import HTTPError, Request, encode_response, parse_json, read_request
 from asyncrl.rollout.openai_door import ChatDoor
 from asyncrl.rollout.protocol import GenerateRequest, bad_request, parse_generate
 from asyncrl.rollout.tools import ToolFormat
 from asyncrl.types import WeightUpdate
+from asyncrl.web import HTTPError, JsonServer, Request, parse_json
 
 __all__ = ["EngineServer", "GenerateRequest", "ServerThread", "serve_engine", "parse_generate"]
 
@@ -95,106 +96,56 @@ class EngineServer:
     ) -> None:
         """``tool_format``: how the door's ``/v1/chat/completions`` reads tool calls in model text."""
         self.engine = engine
-        self.request_timeout_s = request_timeout_s
-        self.idle_timeout_s = idle_timeout_s
         self.model_path = model_path
-        self.max_body_bytes = max_body_bytes
         self.eos_ids = eos_ids
         self.auth = ApiKeyAuth(api_key, "engine server")
         self.weights_root = Path(weights_root) if weights_root is not None else None
-        self._server: asyncio.base_events.Server | None = None
-        self._conns: set[asyncio.Task] = set()
-        self.port = 0
-        self.requests_served = 0
-        self.errors_4xx = 0
-        self.errors_5xx = 0
+        self.http = JsonServer(
+            "engine server", self._dispatch, _error, self.auth, max_body_bytes=max_body_bytes,
+            request_timeout_s=request_timeout_s, idle_timeout_s=idle_timeout_s,
+        )  # fmt: skip
         self.door = ChatDoor(
             engine, engine.tokenizer, model_name=model_path or "asyncrl", tool_format=tool_format,
             end_of_turn_ids=eos_ids, max_slots=engine.max_slots, max_seq_len=engine.max_seq_len,
         )  # fmt: skip
+
+    @property
+    def port(self) -> int:
+        return self.http.port
+
+    @property
+    def requests_served(self) -> int:
+        return self.http.served
+
+    @property
+    def errors_4xx(self) -> int:
+        return self.http.errors_4xx
+
+    @property
+    def errors_5xx(self) -> int:
+        return self.http.errors_5xx
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen; returns the bound port (``port=0`` picks a free one). Raises
         ``auth.InsecureBindError`` for a non-loopback ``host`` without an API key."""
         check_bind(host, self.auth.enabled, "engine server")
         self.engine.start()
-        self._server = await asyncio.start_server(self._handle, host, port, backlog=4096, limit=2 * 1024 * 1024)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.port
+        return await self.http.start(host, port)
 
     async def stop(self) -> None:
-        """Stop listening and close every open connection (in-flight requests are cancelled)."""
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        tasks = [t for t in self._conns if not t.done()]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Stop listening and close every open connection (a request still running after
+        ``web.SHUTDOWN_S`` is cancelled)."""
+        await self.http.stop()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._conns.add(task)
-        peer = peer_name(writer.get_extra_info("peername"))
-
-        def authorize(method: str, path: str, headers: dict[str, str]) -> bool:
-            return self.auth.allows(method, path, headers.get("authorization"), peer)
-
-        try:
-            while True:
-                try:
-                    req = await read_request(
-                        reader, self.max_body_bytes, authorize,
-                        idle_timeout_s=self.idle_timeout_s, timeout_s=self.request_timeout_s,
-                    )  # fmt: skip
-                except HTTPError as e:
-                    self.errors_4xx += 1
-                    extra = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
-                    writer.write(encode_response(e.status, _error(e.status, e.message), False, extra))
-                    await writer.drain()
-                    return
-                if req is None:
-                    return
-                status, payload = await self._dispatch(req)
-                writer.write(encode_response(status, payload, req.keep_alive))
-                await writer.drain()
-                if not req.keep_alive:
-                    return
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        except Exception:  # never let one connection take the server down
-            log.exception("engine server: connection handler failed")
-        finally:
-            if task is not None:
-                self._conns.discard(task)
-            try:
-                writer.close()
-            except Exception:
-                pass
-
-    async def _dispatch(self, req: Request) -> tuple[int, Any]:
+    async def _dispatch(self, req: Request) -> Any:
         name = self.ROUTES.get((req.method, req.path))
-        try:
-            door = self.door.route(req.method, req.path) if name is None else None
-            if name is None and door is None:
-                if any(path == req.path for _, path in self.ROUTES):
-                    raise HTTPError(405, f"method {req.method} not allowed on {req.path}")
-                raise HTTPError(404, f"no route {req.path}")
-            body = parse_json(req.body)
-            result = await (door(body) if door is not None else getattr(self, name)(body))
-            self.requests_served += 1
-            return 200, result
-        except HTTPError as e:
-            self.errors_4xx += 1
-            return e.status, _error(e.status, e.message)
-        except ValueError as e:  # engine-side validation
-            self.errors_4xx += 1
-            return 400, _error(400, str(e))
-        except Exception as e:
-            self.errors_5xx += 1
-            log.exception("engine server: %s %s failed", req.method, req.path)
-            return 500, _error(500, f"{type(e).__name__}: {e}")
+        door = self.door.route(req.method, req.path) if name is None else None
+        if name is None and door is None:
+            if any(path == req.path for _, path in self.ROUTES):
+                raise HTTPError(405, f"method {req.method} not allowed on {req.path}")
+            raise HTTPError(404, f"no route {req.path}")
+        body = parse_json(req.body)
+        return await (door(body) if door is not None else getattr(self, name)(body))
 
     # ------------------------------------------------------------------------------ handlers
     async def _health(self, body: Any) -> dict[str, Any]:
@@ -451,9 +402,18 @@ class ServerThread:
         return f"http://{self.host}:{self.server.port}"
 
     def stop(self) -> None:
+        """Stop the server, end what still runs on its loop (e.g. a refused body being drained), and the thread."""
         if self._loop.is_closed() or not self._loop.is_running():
             return
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result(30)
+
+        async def stop_all() -> None:
+            await self.server.stop()
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(stop_all(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(30)
 
