@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import get_args
 
 from asyncrl.choices import InterruptMode, LaunchKind, ToolFormat
-from asyncrl.cli_bench import cmd_bench
+from asyncrl.cli_bench import BENCHMARKS, cmd_bench
 from asyncrl.cli_errors import known_error
 from asyncrl.config import Config, ConfigError, RewardConfig, RolloutConfig, dump_yaml, load_config, with_values
 from asyncrl.controller.rundir import RunDirError
@@ -270,10 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
-    p.add_argument(
-        "name", help="engine | decode | train | async | interrupt | ablation | headline | profile | sim-validate | "
-        "prefix-reuse | agent-learning | agent-throughput | adaptive | plan-check | paper-curves | paper-curves-fitted",
-    )  # fmt: skip
+    p.add_argument("name", help=" | ".join(BENCHMARKS))
     p.add_argument("--json", help="write the result rows and ratios here")
     p.add_argument(
         "--model", help="engine|decode|async|interrupt|ablation|headline: model directory (default: the tiny "

@@ -12,7 +12,14 @@ import argparse
 
 from asyncrl.config import ConfigError, load_config
 
-__all__ = ["cmd_bench"]
+__all__ = ["BENCHMARKS", "cmd_bench"]
+
+BENCHMARKS = (
+    "engine", "decode", "train", "async", "interrupt", "ablation", "headline", "profile", "sim-validate",
+    "prefix-reuse", "agent-learning", "agent-throughput", "adaptive", "plan-check", "paper-curves",
+    "paper-curves-fitted",
+)  # fmt: skip
+"""The names ``cmd_bench`` dispatches (its ``match``), for the parser's help and the unknown-name error."""
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -90,11 +97,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
             bench_paper_curves(args.json, args.steps, fit_lengths=args.name == "paper-curves-fitted")
         case other:
-            raise ConfigError(
-                f"unknown benchmark {other!r} (available: engine, decode, train, async, interrupt, ablation, headline, "
-                "profile, sim-validate, prefix-reuse, agent-learning, agent-throughput, adaptive, plan-check, "
-                "paper-curves[-fitted])"
-            )
+            raise ConfigError(f"unknown benchmark {other!r} (available: {', '.join(BENCHMARKS)})")
     return 0
 
 
