@@ -68,7 +68,8 @@ def _play(door: ChatDoor, body_messages: list, *, tools=(TOOL,), **extra):
 
 
 def test_a_tool_session_is_exact_across_turns(tok, monkeypatch) -> None:
-    monkeypatch.setattr(openai_session, "time", _Clock([100.0, 103.5]))  # when each call is recorded
+    # monotonic ticks: call 1 planned, recorded (its reply leaves); call 2 planned (arrives), recorded
+    monkeypatch.setattr(openai_session, "time", _Clock([99.0, 100.0, 103.5, 110.0]))
     first = _ids(tok, CALL)
     # a weight update lands inside the answer turn (abort after 3 tokens: the door resumes it)
     answer = _ids(tok, "The product is 18272727. #18272727")

@@ -52,6 +52,8 @@ class TurnPlan:
     """The template messages the call adds (after the latest assistant turn)."""
     budget: int
     """Tokens left to the session after the glue (``max_tokens`` minus what is recorded)."""
+    arrived_at: float = 0.0
+    """``time.monotonic()`` when the call arrived (planned): the end of the agent's time since the last reply."""
 
 
 @dataclass
@@ -92,10 +94,11 @@ class ChatSession:
         calls it on open sessions only: ``SessionStore.end`` takes an ended one out of ``open``)."""
         if req.n != 1:
             raise HTTPError(400, "a session records one conversation: n must be 1")
+        arrived_at = time.monotonic()
         messages = template_messages(req.messages, self.tool_format, tool_tags(req.tools))
         if not self.segments:
             opening = self.renderer.opening_ids(messages, req.tools)
-            return TurnPlan(opening, (), messages, self._budget(0))
+            return TurnPlan(opening, (), messages, self._budget(0), arrived_at)
         prev = self.conversation
         if len(req.messages) < len(prev) or not all(
             same_message(a, b) for a, b in zip(req.messages, prev, strict=False)
@@ -110,7 +113,7 @@ class ChatSession:
         new_messages = messages[len(prev) :]
         env = self.renderer.env_ids(self.history, new_messages, self.tools, self.last_closed_by)
         budget = self._budget(len(env))
-        return TurnPlan((*self.ids, *env), env, new_messages, budget)
+        return TurnPlan((*self.ids, *env), env, new_messages, budget, arrived_at)
 
     def _budget(self, glue: int) -> int:
         if self.max_tokens is None:
@@ -152,7 +155,8 @@ class ChatSession:
             self.segments.append(EnvSegment(plan.env_ids, _env_kind(req.messages[len(self.conversation) :])))
             self.ids.extend(plan.env_ids)
             last = self.turns[-1]
-            self.turns[-1] = replace(last, env_tokens=len(plan.env_ids), tool_latency_s=now - self.last_reply_at,
+            waited = plan.arrived_at - self.last_reply_at  # the agent's time: reply out -> this call in
+            self.turns[-1] = replace(last, env_tokens=len(plan.env_ids), tool_latency_s=waited,
                                      tool_started_at=self.last_reply_wall)  # fmt: skip
             self.history += [Message("assistant", self.last_text), *plan.new_history]
         self.segments.append(segment)
