@@ -332,8 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps)",
     )  # fmt: skip
     p.add_argument(
-        "--reanalyse", metavar="FILE", help="ablation|headline: recompute a finished result file from its runs"
-    )
+        "--reanalyse", metavar="FILE",
+        help="ablation|headline|agent-throughput: recompute a finished result file from its runs",
+    )  # fmt: skip
     p.add_argument(
         "--high-water", help="async: controller.high_water_batches values for max_staleness > 0 (default: config)"
     )

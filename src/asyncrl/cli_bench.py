@@ -136,6 +136,9 @@ def _bench_agent_throughput(args: argparse.Namespace) -> None:
     setting, per seed (``bench/agent_throughput.py``)."""
     from asyncrl.bench import agent_throughput, headline
 
+    if args.reanalyse:
+        agent_throughput.reanalyse(args.reanalyse)
+        return
     try:
         seeds = tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (0, 1, 2)
     except ValueError as exc:

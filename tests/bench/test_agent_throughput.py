@@ -10,7 +10,7 @@ import pytest
 
 from asyncrl import cli
 from asyncrl.bench import agent_throughput
-from asyncrl.bench.agent_throughput import analyse, plot, run_agent_throughput_bench, tool_wait_row
+from asyncrl.bench.agent_throughput import analyse, plot, reanalyse, run_agent_throughput_bench, tool_wait_row
 
 
 def _row(seed: int, eta: int, steady: float | None, whole: float, share: float) -> dict:
@@ -109,3 +109,9 @@ def test_a_tiny_run(tiny_policy_dir, tmp_path) -> None:
     saved = json.loads(out.read_text())
     assert saved["bench"] == "agent-throughput" and "agent.tool_latency=lognormal" in saved["overrides"]
     assert saved["summary"]["whole_run_ratio"]["n"] == 1 and out.with_suffix(".png").stat().st_size > 0
+    # read back from the run directories, the same figures (nothing re-run), and the file says so
+    again = reanalyse(str(out))
+    for before, after in zip(result["rows"], again["rows"], strict=True):
+        assert after["steady_state_tokens_per_s"] == pytest.approx(before["steady_state_tokens_per_s"])
+        assert after["tool_wait_share"] == pytest.approx(before["tool_wait_share"])
+    assert len(json.loads(out.read_text())["reanalysed"]) == 1

@@ -78,3 +78,18 @@ def test_inventory_built_up_inside_the_window_does_not_flatter_it() -> None:
     assert speed.never_finished_tokens == pytest.approx(40_000)
     assert speed.steady_state_tokens_per_s == pytest.approx(600)  # what was produced *and* finished
     assert speed.steady_state_tokens_per_s == pytest.approx(speed.whole_run_tokens_per_s)
+
+
+def test_a_multi_turn_episode_counts_its_model_tokens_as_generated() -> None:
+    # Episodes of 30 model + 10 environment tokens (prefilled, never counted by the engine): the engine
+    # generates 300 tok/s, every finished episode is trained (40 tokens each), 600 model tokens are
+    # still in flight at the end. Counting response_len (40) as generated would hide the in-flight
+    # tokens (counter - generated < 0) and under-state the trained tokens per generated one.
+    timeline = _timeline(300, 300, 0, 100)
+    episodes = (300 * 100 - 600) // 30
+    metrics = [{"time_s": 100.0, "trained_tokens": 40 * episodes}]
+    ledger = [{"status": "trained", "response_len": 40, "model_tokens": 30, "env_tokens": 10}] * episodes
+    speed = measure_throughput(metrics, ledger, timeline, warmup_s=20)
+    assert speed.trained_per_generated == pytest.approx(40 / 30)
+    assert speed.never_finished_tokens == pytest.approx(600)
+    assert speed.steady_state_tokens_per_s == pytest.approx((300 * 80 - 600) * (40 / 30) / 80)

@@ -32,7 +32,9 @@ from typing import Any
 
 from asyncrl.bench.stats import mean_ci95
 
-__all__ = ["ASYNC_ETA", "TARGET_RATIO", "WORKLOAD", "analyse", "run_agent_throughput_bench", "tool_wait_row"]
+__all__ = [
+    "ASYNC_ETA", "TARGET_RATIO", "WORKLOAD", "analyse", "reanalyse", "run_agent_throughput_bench", "tool_wait_row",
+]  # fmt: skip
 
 WORKLOAD = (
     # the warm start of bench prefix-reuse (the cache key: task, sft, call format, environment)
@@ -224,7 +226,12 @@ def run_agent_throughput_bench(
         "bench": "agent-throughput", "overrides": base, "seeds": list(seeds), "steps": steps, "warmup_s": warmup_s,
         "sync_setting": sync_setting, "sync_probes": probes, "rows": rows, "out_dir": str(out),
     }  # fmt: skip
-    payload.update(analyse(rows))
+    return _finish(payload, json_path)
+
+
+def _finish(payload: dict[str, Any], json_path: str | None) -> dict[str, Any]:
+    """The analysis of ``payload``'s rows, printed; the JSON and its plot written to ``json_path``."""
+    payload.update(analyse(payload["rows"]))
     _print_summary(payload)
     if json_path:
         path = Path(json_path)
@@ -233,6 +240,28 @@ def run_agent_throughput_bench(
         plot(payload, path.with_suffix(".png"))
         print(f"\nwrote {path} and {path.with_suffix('.png')}")
     return payload
+
+
+def reanalyse(json_path: str) -> dict[str, Any]:
+    """Recompute a finished JSON in place from its run directories (throughput with the current
+    ``measure_throughput``, tool waits with the current ``tool_wait_row``) without running anything
+    again; records that it did."""
+    import time
+
+    from asyncrl.bench.throughput import FINISHED, generated_tokens, measure_throughput
+    from asyncrl.controller.rundir import read_jsonl
+
+    payload = json.loads(Path(json_path).read_text())
+    for row in payload["rows"]:
+        run_dir = Path(row["run_dir"])
+        metrics, timeline = read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "timeline.jsonl")
+        ledger = read_jsonl(run_dir / "trajectories.jsonl")
+        row.update(measure_throughput(metrics, ledger, timeline, warmup_s=payload["warmup_s"]).as_row())
+        generated = sum(generated_tokens(r) for r in ledger if r["status"] in FINISHED)
+        row["trained_per_generated_token"] = row["trained_tokens"] / max(1, generated)
+        row.update(tool_wait_row(ledger, timeline))
+    payload.setdefault("reanalysed", []).append(time.strftime("%Y-%m-%d %H:%M:%S"))
+    return _finish(payload, json_path)
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

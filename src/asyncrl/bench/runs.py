@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncrl.bench.throughput import FINISHED, measure_throughput
+from asyncrl.bench.throughput import FINISHED, generated_tokens, measure_throughput
 from asyncrl.bench.time_budget import time_budget
 
 __all__ = ["fresh_out", "mean_or_zero", "print_table", "run_and_measure", "write_json"]
@@ -50,7 +50,7 @@ def run_and_measure(overrides: list[str], run_dir: Path, warmup_s: float = 0.0) 
         print(f"bench: {run_dir}: no steady-state throughput ({exc})", flush=True)
         throughput = {"steady_state_tokens_per_s": None, "steady_state_error": str(exc)}
     finished = [r for r in ledger if r["status"] in FINISHED]
-    generated = sum(r["response_len"] for r in finished)
+    generated = sum(generated_tokens(r) for r in finished)
     trained = sum(m["trained_tokens"] for m in metrics)
     busy = sum(m["train_step_s"] + m["weight_sync_s"] for m in metrics)
     lens = sorted(r["response_len"] for r in finished) or [0]

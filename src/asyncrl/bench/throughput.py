@@ -17,7 +17,8 @@ errs against the run with more inventory at the end: the asynchronous one). What
 the run had ended with a drain. ``trained_per_generated`` is the run's ratio of trained tokens
 (prompt + response of every trained sample) to generated tokens of the samples that finished
 (trained, filtered, stale, skipped: a filtered group costs generation and trains nothing), from
-the ledger. The window opens ``warmup_s`` seconds of RL time after the start, the same for every
+the ledger (a multi-turn episode's generated tokens are its model tokens: the environment's are
+prefilled). The window opens ``warmup_s`` seconds of RL time after the start, the same for every
 arm, and closes at the end of the last training step. The whole-run figure (trained tokens over
 RL wall time) is reported beside it.
 """
@@ -31,6 +32,13 @@ from typing import Any
 
 FINISHED = ("trained", "filtered", "stale", "skipped")
 """Ledger statuses of samples whose generation ended (their tokens are all generated)."""
+
+
+def generated_tokens(line: dict[str, Any]) -> int:
+    """The tokens the engine generated for one finished ledger sample: a multi-turn episode's model
+    tokens (``model_tokens``; its ``response_len`` also holds the environment's tokens, which are
+    prefilled, not generated), else its response."""
+    return int(line.get("model_tokens", line["response_len"]))
 
 
 @dataclass(frozen=True)
@@ -82,7 +90,7 @@ def measure_throughput(
     if end <= warmup_s:
         raise ValueError(f"the run's RL time ({end:.1f} s) does not pass the warm-up ({warmup_s:.1f} s)")
     trained = sum(m["trained_tokens"] for m in metrics if m.get("applied", True))
-    generated = sum(r["response_len"] for r in ledger if r.get("status") in FINISHED)
+    generated = sum(generated_tokens(r) for r in ledger if r.get("status") in FINISHED)
     per_generated = trained / max(generated, 1)
     times = [float(s["t"]) for s in timeline]
     counter = [float(s["engine_generated_tokens"]) for s in timeline]
