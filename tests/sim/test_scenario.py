@@ -85,3 +85,15 @@ def test_lognormal_lengths_are_long_tailed_clipped_and_correlated_in_a_group() -
     spread_within = sum(max(g) / min(g) for g in groups) / len(groups)
     assert spread_within < 2.5  # samples of one prompt stay close (within_sigma), prompts differ a lot
     assert LengthSampler("constant", 4, 100, median=250).next_group() == [100] * 4  # clipped to the budget
+
+
+def test_a_multi_turn_ledger_replays_its_model_tokens(tmp_path: Path) -> None:
+    """A multi-turn line's response_len also holds the environment's (prefilled) tokens: the replayed
+    decode length is its model_tokens."""
+    rows = [
+        {"prompt_id": "a", "sample_idx": i, "status": "trained", "start_version": 0, "response_len": 40,
+         "model_tokens": 29 + i, "env_tokens": 11 - i}
+        for i in range(2)
+    ]  # fmt: skip
+    (tmp_path / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert ledger_groups(tmp_path) == [[29, 30]]

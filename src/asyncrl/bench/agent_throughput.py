@@ -256,7 +256,10 @@ def reanalyse(json_path: str) -> dict[str, Any]:
         run_dir = Path(row["run_dir"])
         metrics, timeline = read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "timeline.jsonl")
         ledger = read_jsonl(run_dir / "trajectories.jsonl")
-        row.update(measure_throughput(metrics, ledger, timeline, warmup_s=payload["warmup_s"]).as_row())
+        try:
+            row.update(measure_throughput(metrics, ledger, timeline, warmup_s=payload["warmup_s"]).as_row())
+        except ValueError as exc:  # shorter than the warm-up: the row keeps no window, as run_and_measure's
+            row.update({"steady_state_tokens_per_s": None, "steady_state_error": str(exc)})
         generated = sum(generated_tokens(r) for r in ledger if r["status"] in FINISHED)
         row["trained_per_generated_token"] = row["trained_tokens"] / max(1, generated)
         row.update(tool_wait_row(ledger, timeline))

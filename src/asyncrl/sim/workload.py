@@ -23,12 +23,11 @@ from typing import Literal
 
 import numpy as np
 
+from asyncrl.bench.throughput import FINISHED, generated_tokens
 from asyncrl.choices import check_choice
 
 LengthKind = Literal["constant", "lognormal", "ledger"]
 """``Scenario.lengths``: how response lengths are drawn (module docstring)."""
-FINISHED = ("trained", "filtered", "stale", "skipped")
-"""Ledger statuses of samples whose generation ended (as ``bench.throughput.FINISHED``)."""
 
 
 def ledger_path(path: str | Path) -> Path:
@@ -42,7 +41,8 @@ def ledger_path(path: str | Path) -> Path:
 
 
 def ledger_groups(path: str | Path) -> list[list[int]]:
-    """The response lengths of every finished group of a ledger (one list per prompt admission)."""
+    """The generated lengths of every finished group of a ledger (one list per prompt admission): a
+    response's tokens, or a multi-turn episode's model tokens (its environment's tokens are prefilled)."""
     groups: dict[str, list[int]] = defaultdict(list)
     for raw in ledger_path(path).read_text(encoding="utf-8").splitlines():
         try:
@@ -50,9 +50,7 @@ def ledger_groups(path: str | Path) -> list[list[int]]:
         except json.JSONDecodeError:
             continue
         if row.get("status") in FINISHED and row.get("response_len") is not None and row.get("sample_idx") is not None:
-            groups[f"{row.get('run_id')}/{row['prompt_id']}/{row.get('start_version')}"].append(
-                int(row["response_len"])
-            )
+            groups[f"{row.get('run_id')}/{row['prompt_id']}/{row.get('start_version')}"].append(generated_tokens(row))
     out = [g for g in groups.values() if g]
     if not out:
         raise ValueError(f"{path}: no finished sample with a response_len")
