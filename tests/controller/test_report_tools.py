@@ -22,8 +22,8 @@ def test_tool_use_plot(tmp_path, monkeypatch) -> None:
     summary = {"eval_before": {"accuracy": 0.05, "tool_call_hit_rate": 0.1},
                "eval_after": {"accuracy": 0.35, "tool_call_hit_rate": 0.5}}  # fmt: skip
     saved = []
-    real_save = report._save
-    monkeypatch.setattr(report, "_save", lambda fig, path: saved.append(fig) or real_save(fig, path))
+    real_save = report.save_figure
+    monkeypatch.setattr(report, "save_figure", lambda fig, path: saved.append(fig) or real_save(fig, path))
     path = report._tool_use(plt, metrics, summary, tmp_path / "tools.png")
     assert path.stat().st_size > 0
     lines = {line.get_label(): line for ax in saved[0].axes for line in ax.get_lines()}

@@ -68,8 +68,8 @@ def test_the_timeline_draws_episodes_waiting_on_a_tool(tmp_path, monkeypatch) ->
     timeline = [{"t": float(t), "engine_running": 1, "engine_waiting": 0, "reward_in_flight": 0, "buffer_groups": 0,
                  "running_groups": 1} for t in range(5)]  # fmt: skip
     saved = []
-    real_save = report._save
-    monkeypatch.setattr(report, "_save", lambda fig, path: saved.append(fig) or real_save(fig, path))
+    real_save = report.save_figure
+    monkeypatch.setattr(report, "save_figure", lambda fig, path: saved.append(fig) or real_save(fig, path))
     path = report._timeline(plt, metrics, timeline, {}, tmp_path / "timeline.png", [(0.5, 2.0), (1.0, 2.5)])
     assert path.stat().st_size > 0
     engine = saved[0].axes[0]

@@ -288,9 +288,9 @@ def plot_ablation(payload: dict[str, Any], path: Path) -> None:
         bottom.set_yscale("log")
         bottom.set_xlabel("lag k (versions)")
         top.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    from asyncrl.controller.report import save_figure
+
+    save_figure(fig, path)
 
 
 def run_ablation(

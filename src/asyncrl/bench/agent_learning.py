@@ -122,9 +122,9 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, budget_s: float) -> None
     bottom.set_ylabel("held-out tool calls that hit\n(result = the answer needed)")
     bottom.set_xlabel("wall time since the warm start began (s)")
     top.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    from asyncrl.controller.report import save_figure
+
+    save_figure(fig, path)
 
 
 def _run_seed(config: str | None, overrides: list[str], seed: int, out: Path, budget_s: float) -> dict[str, Any]:

@@ -174,9 +174,9 @@ def plot(payload: dict[str, Any], path: Path) -> None:
     right.legend(fontsize=7)
     fig.suptitle(f"calculator with slow tools: asynchronous (η={ASYNC_ETA}) vs synchronous trained tokens/s",
                  fontsize=10)  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    from asyncrl.controller.report import save_figure
+
+    save_figure(fig, path)
 
 
 def _arm_row(seed: int, eta: int, setting: str, extra: list[str], base: list[str], run_dir: Path,

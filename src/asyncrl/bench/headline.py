@@ -172,9 +172,9 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, targets: dict[int, float
     ax.set_ylabel("held-out accuracy")
     ax.set_title("time to accuracy (grey: each seed's target; line style: seed)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    from asyncrl.controller.report import save_figure
+
+    save_figure(fig, path)
 
 
 def probe_sync(base: list[str], seed: int, steps: int, out: Path, warmup_s: float) -> tuple[str, list[dict]]:

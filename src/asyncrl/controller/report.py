@@ -82,7 +82,7 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
     ax.set_title(f"Accuracy against wall time (max_staleness={eta}, {len(metrics)} steps)")
     ax.legend(loc="best", fontsize=8)
     ax.grid(alpha=0.3)
-    written.append(_save(fig, out / "reward.png"))
+    written.append(save_figure(fig, out / "reward.png"))
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     step_rate = [m.get("trained_tokens_per_s_step") for m in metrics]
@@ -99,7 +99,7 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
     ax.title.set_fontsize(9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    written.append(_save(fig, out / "throughput.png"))
+    written.append(save_figure(fig, out / "throughput.png"))
 
     trained = [r for r in ledger if r.get("status") == "trained" and r.get("min_version") is not None]
     counts = Counter(r["trained_step"] - r["min_version"] for r in trained)
@@ -115,7 +115,7 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
     ax.set_ylabel("samples")
     dropped = len({r["prompt_id"] for r in ledger if r.get("status") == "stale"})
     ax.set_title(f"Staleness of {len(trained)} trained samples ({dropped} groups dropped as stale)", fontsize=10)
-    written.append(_save(fig, out / "staleness.png"))
+    written.append(save_figure(fig, out / "staleness.png"))
 
     written.append(_timeline(plt, metrics, timeline, config, out / "timeline.png", tool_waits(ledger)))
     if any("episode_turns_mean" in m for m in metrics):
@@ -166,7 +166,7 @@ def _tool_use(plt: Any, metrics: list[dict], summary: dict[str, Any], path: Path
     top.set_title("Tool use: held-out accuracy and the rates of tool calls", fontsize=10)
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _smooth(points: list[tuple[float, float]], window: int = 5) -> list[tuple[float, float]]:
@@ -226,13 +226,17 @@ def _timeline(plt: Any, metrics: list[dict], timeline: list[dict], config: dict[
                       "reward, queues", fontsize=9)  # fmt: skip
     for ax in axes:
         ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Lay ``fig`` out, write it to ``path`` (its folder made) at the project's resolution and close it:
+    every plot of the reports, benches and simulator ends here."""
     import matplotlib.pyplot as plt
 
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
     plt.close(fig)
-    return path
+    return out

@@ -159,12 +159,9 @@ def plot_curves(d: dict[str, Any], path: str | Path) -> Path:
     right.set_title("strong scaling (the paper's points are in its figure only)", fontsize=10)
     right.grid(alpha=0.3, which="both")
     right.legend(fontsize=6, loc="upper left")
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    from asyncrl.controller.report import save_figure
+
+    return save_figure(fig, path)
 
 
 def bench_paper_curves(json_path: str | None, steps: int | None, fit_lengths: bool = False) -> int:

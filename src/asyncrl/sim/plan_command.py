@@ -206,9 +206,6 @@ def plot_plan(d: dict[str, Any], path: str | Path) -> Path:
                  f"(predicted)", fontsize=10)  # fmt: skip
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    from asyncrl.controller.report import save_figure
+
+    return save_figure(fig, path)
