@@ -332,6 +332,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps)",
     )  # fmt: skip
     p.add_argument(
+        "--reevaluate", metavar="FILE", nargs="+",
+        help="headline: evaluate the snapshots of finished result files again (--samples-per-prompt), analysed "
+        "together into --json (--etas: only those arms)",
+    )  # fmt: skip
+    p.add_argument(
+        "--samples-per-prompt", type=int, default=8, help="headline --reevaluate: samples per held-out prompt"
+    )
+    p.add_argument(
         "--reanalyse", metavar="FILE",
         help="ablation|headline|agent-throughput: recompute a finished result file from its runs",
     )  # fmt: skip

@@ -207,6 +207,14 @@ def _bench_headline(args: argparse.Namespace) -> None:
     if args.reanalyse:
         headline.reanalyse(args.reanalyse)
         return
+    if args.reevaluate:
+        from asyncrl.bench.reevaluate import reevaluate
+
+        if not args.json:
+            raise ConfigError("--reevaluate needs --json: where the re-evaluated analysis goes")
+        etas = tuple(int(x) for x in args.etas.split(",")) if args.etas else None
+        reevaluate(args.reevaluate, args.json, samples_per_prompt=args.samples_per_prompt, etas=etas)
+        return
     overrides = _bench_overrides(args)
     workload = args.workload or "reason"
     if async_bench.WORKLOAD_ALIASES.get(workload, workload) not in async_bench.WORKLOADS:

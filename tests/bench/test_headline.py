@@ -45,3 +45,24 @@ def test_synchronous_candidates_are_valid_configs() -> None:
     for overrides in SYNC_CANDIDATES.values():
         cfg = load_config(None, [*overrides, "controller.max_staleness=0"])
         assert cfg.controller.max_staleness == 0 and cfg.run.torch_threads in (1, 2)
+
+
+def test_a_plateau_target_averages_the_synchronous_runs_last_evaluations() -> None:
+    # the synchronous run peaks at 0.8 and ends at 0.6: the last-evaluation rule sets the target at
+    # 0.6, the plateau rule (mean of the last three, 0.7) higher; every arm's final is its own plateau
+    rows = [
+        _row(0, 0, [(0, 0.2), (50, 0.5), (100, 0.8), (150, 0.7), (200, 0.6)], 100.0, 100.0),
+        _row(0, 4, [(0, 0.2), (40, 0.6), (80, 0.7), (120, 0.7)], 150.0, 150.0),
+    ]
+    last = analyse(rows, target_fraction=1.0)["per_seed"][0]
+    assert last["target_accuracy"] == pytest.approx(0.6)
+    assert last["eta0_time_to_target_s"] == pytest.approx(50 + 50 * 0.1 / 0.3)
+    plateau = analyse(rows, target_fraction=1.0, eval_samples=100, final_window=3)["per_seed"][0]
+    assert plateau["sync_final"] == pytest.approx(0.7) and plateau["target_accuracy"] == pytest.approx(0.7)
+    assert plateau["eta0_time_to_target_s"] == pytest.approx(50 + 50 * 0.2 / 0.3)
+    assert plateau["eta4_time_to_target_s"] == pytest.approx(80.0)
+    assert plateau["eta4_final_minus_sync_points"] == pytest.approx(100 * ((0.6 + 0.7 + 0.7) / 3 - 0.7))
+    # three evaluations of 100 samples behind the final: a smaller standard error than one
+    assert plateau["sync_gain_se"] == pytest.approx(math.sqrt(0.2 * 0.8 / 100 + 0.7 * 0.3 / 300))
+    with pytest.raises(ValueError, match="final_window"):
+        analyse(rows, target_fraction=1.0, final_window=0)

@@ -38,7 +38,7 @@ from asyncrl.bench.throughput import measure_throughput
 from asyncrl.bench.time_budget import time_budget
 from asyncrl.controller.rundir import fresh_subdir
 
-__all__ = ["SYNC_CANDIDATES", "run_headline_bench", "analyse", "reanalyse"]
+__all__ = ["SYNC_CANDIDATES", "analyse", "evaluate_snapshots", "finish", "reanalyse", "run_headline_bench"]
 
 SYNC_CANDIDATES: dict[str, list[str]] = {
     "threads1-trainer-process": ["run.torch_threads=1", "controller.trainer_process=true"],
@@ -47,6 +47,10 @@ SYNC_CANDIDATES: dict[str, list[str]] = {
 }
 """The reasonable synchronous settings: how many intra-op threads each phase gets, and whether
 the trainer runs in its own process (no weights or batches cross a pipe) or in the engine's."""
+
+PLATEAU_WINDOW = 3
+"""The sensitivity check's synchronous final accuracy: the mean of the run's last three evaluations
+(its plateau), and every arm's final accuracy the same way."""
 
 ASYNC_SETTING = ["run.torch_threads=1", "controller.trainer_process=true"]
 """The asynchronous arms: engine and trainer overlap, one core each (DESIGN §6)."""
@@ -87,11 +91,25 @@ def _arm_name(eta: int) -> str:
     return f"eta{eta}"
 
 
-def analyse(rows: list[dict[str, Any]], target_fraction: float, eval_samples: int = 0) -> dict[str, Any]:
+def _final_accuracy(curve: list[tuple[float, float]], final_window: int) -> float:
+    """The mean accuracy of a run's last ``final_window`` evaluations after its start (the start
+    alone when it has no other)."""
+    last = [acc for _t, acc in curve[1:][-final_window:]] or [curve[0][1]]
+    return sum(last) / len(last)
+
+
+def analyse(
+    rows: list[dict[str, Any]], target_fraction: float, eval_samples: int = 0, final_window: int = 1
+) -> dict[str, Any]:
     """Targets, times to target, speed-ups and accuracy differences from evaluated rows (each row:
     ``seed``, ``max_staleness``, ``curve`` [(t, accuracy)], throughput fields). ``eval_samples``:
     scored samples per evaluation, for the standard error of the synchronous run's gain (a seed
-    whose gain is within two standard errors has no meaningful target, and says so)."""
+    whose gain is within two standard errors has no meaningful target, and says so).
+    ``final_window``: the synchronous run's final accuracy is the mean of its last ``final_window``
+    evaluations (1: the last one, the pre-registered rule; more: a plateau, less sensitive to one
+    evaluation of a run that peaked before its end)."""
+    if final_window < 1:
+        raise ValueError(f"final_window must be >= 1, got {final_window}")
     by_seed: dict[int, dict[int, dict[str, Any]]] = {}
     for row in rows:
         by_seed.setdefault(row["seed"], {})[row["max_staleness"]] = row
@@ -100,10 +118,11 @@ def analyse(rows: list[dict[str, Any]], target_fraction: float, eval_samples: in
         sync = arms.get(0)
         if sync is None or not sync["curve"]:
             continue
-        start, final = sync["curve"][0][1], sync["curve"][-1][1]
+        start, final = sync["curve"][0][1], _final_accuracy(sync["curve"], final_window)
         target = start + target_fraction * (final - start)
         t_sync = time_to_target(sync["curve"], target)
-        se = math.sqrt((start * (1 - start) + final * (1 - final)) / eval_samples) if eval_samples else None
+        samples = eval_samples * min(final_window, max(1, len(sync["curve"]) - 1))
+        se = math.sqrt(start * (1 - start) / eval_samples + final * (1 - final) / samples) if eval_samples else None
         item: dict[str, Any] = {
             "seed": seed, "target_accuracy": target, "sync_start": start, "sync_final": final,
             "sync_gain_se": se, "target_meaningful": se is None or final - start > 2 * se,
@@ -111,7 +130,7 @@ def analyse(rows: list[dict[str, Any]], target_fraction: float, eval_samples: in
         for eta, row in sorted(arms.items()):
             t_arm = time_to_target(row["curve"], target)
             row["time_to_target_s"] = t_arm
-            row["final_accuracy"] = row["curve"][-1][1]
+            row["final_accuracy"] = _final_accuracy(row["curve"], final_window)
             item[f"{_arm_name(eta)}_reached"] = math.isfinite(t_arm)
             item[f"{_arm_name(eta)}_time_to_target_s"] = t_arm
             item[f"{_arm_name(eta)}_speedup"] = t_sync / t_arm if t_arm > 0 and math.isfinite(t_arm) else 0.0
@@ -246,12 +265,16 @@ def run_headline_bench(
         "target_fraction": target_fraction, "warmup_s": warmup_s, "snapshot_every_s": snapshot_every_s,
         "eval_samples": eval_samples, "sync_setting": sync_setting, "sync_probes": probes, "rows": rows,
     }  # fmt: skip
-    return _finish(payload, json_path)
+    return finish(payload, json_path)
 
 
-def _finish(payload: dict[str, Any], json_path: str | None) -> dict[str, Any]:
-    """Analyse the evaluated rows, print the summary, write the JSON and the plot."""
-    result = analyse(payload["rows"], payload["target_fraction"], payload.get("eval_samples", 0))
+def finish(payload: dict[str, Any], json_path: str | None) -> dict[str, Any]:
+    """Analyse the evaluated rows (the pre-registered rule, and beside it the plateau rule as a
+    sensitivity check), print the summary, write the JSON and the plot."""
+    samples = payload.get("eval_samples", 0)
+    plateau = analyse(payload["rows"], payload["target_fraction"], samples, final_window=PLATEAU_WINDOW)
+    payload["target_from_sync_plateau"] = {"final_window": PLATEAU_WINDOW, **plateau}
+    result = analyse(payload["rows"], payload["target_fraction"], samples)  # last: the rows carry this rule's times
     payload.update(result)
     _print_summary(payload)
     if json_path:
@@ -287,7 +310,7 @@ def reanalyse(json_path: str, *, eval_samples: int | None = None) -> dict[str, A
         cfg = load_config(None, payload["overrides"])
         payload["eval_samples"] = cfg.task.eval_size * (1 if cfg.eval.greedy else cfg.eval.samples_per_prompt)
     payload.setdefault("reanalysed", []).append(time.strftime("%Y-%m-%d %H:%M:%S"))
-    return _finish(payload, json_path)
+    return finish(payload, json_path)
 
 
 def _fmt(stat: dict[str, Any]) -> str:
