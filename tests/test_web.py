@@ -1,5 +1,7 @@
 """``asyncrl.web``'s client side: a request whose connection the server dropped unanswered is sent once
-more (and only once), and a client used from ``asyncio.run`` closes cleanly from synchronous code.
+more (and only once); a client used from several event loops (``asyncio.run`` after ``asyncio.run``,
+another thread's loop, a stopped loop) leaves no connection open and no ResourceWarning once closed,
+from synchronous code or inside a loop; concurrent first requests on a loop share one session.
 (The server side is tested through the engine, door and reward servers: tests/rollout, tests/reward.)"""
 
 from __future__ import annotations
@@ -7,6 +9,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
+import time
+import warnings
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import aiohttp
@@ -77,3 +83,183 @@ def test_close_after_the_loop_ended_leaves_no_open_session(caplog: Any) -> None:
         asyncio.run(serve_twice())
         gc.collect()
     assert "Unclosed" not in caplog.text
+
+
+# ---------------------------------------------------------------- the client across event loops
+
+
+class _CountingServer:
+    """A keep-alive HTTP server on its own thread and loop that counts the connections open to it."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.accepted = 0
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="counting-server", daemon=True)
+        self.thread.start()
+        listening = asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.server = asyncio.run_coroutine_threadsafe(listening, self.loop).result(10)
+        self.url = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.open += 1
+        self.accepted += 1
+        try:
+            while await reader.readuntil(b"\r\n\r\n"):
+                writer.write(ANSWER)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass  # the client closed its connection (or the server stops)
+        finally:
+            self.open -= 1
+            writer.close()
+
+    def settled_open(self, timeout_s: float = 3.0) -> int:
+        """Connections still open once the client's closes have had ``timeout_s`` to arrive."""
+        deadline = time.monotonic() + timeout_s
+        while self.open and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.open
+
+    def stop(self) -> None:
+        async def stop() -> None:
+            self.server.close()
+            handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in handlers:  # the connections a failing test left open
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
+            await self.server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture
+def counting() -> Iterator[_CountingServer]:
+    server = _CountingServer()
+    yield server
+    server.stop()
+
+
+async def _use(client: JsonClient, concurrent: int = 3) -> None:
+    """Several requests at once, so that the pool holds several keep-alive connections."""
+    answers = await asyncio.gather(*(client.request("GET", "/", timeout=10) for _ in range(concurrent)))
+    assert [status for status, _ in answers] == [200] * concurrent
+
+
+class _LoopThread:
+    """An event loop running on another thread (as the reward server's and the engine server's do)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, call: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(call, self.loop).result(10)
+
+    def end(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+def _two_runs_then_close(client: JsonClient) -> None:
+    asyncio.run(_use(client))
+    asyncio.run(_use(client))
+    client.close()
+
+
+def _one_run_then_close(client: JsonClient) -> None:
+    asyncio.run(_use(client))
+    client.close()
+
+
+def _close_inside_the_loop(client: JsonClient) -> None:
+    async def go() -> None:
+        await _use(client)
+        client.close()  # synchronous, inside the loop: finishes before the loop ends
+
+    asyncio.run(go())
+
+
+def _a_stopped_loop_then_another(client: JsonClient) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(_use(client))  # this loop stops, but is not closed yet
+        asyncio.run(_use(client))
+        client.close()
+    finally:
+        loop.close()
+
+
+def _a_thread_loop_and_this_one(client: JsonClient) -> None:
+    other = _LoopThread()
+    try:
+        other.run(_use(client))
+        asyncio.run(_use(client))
+        other.run(_use(client))  # its session is still there: the other loop did not close it
+        client.close()
+    finally:
+        other.end()
+
+
+def _aclose_from_another_loop(client: JsonClient) -> None:
+    other = _LoopThread()
+    try:
+        other.run(_use(client))
+
+        async def go() -> None:
+            await _use(client)
+            await client.aclose()
+
+        asyncio.run(go())
+    finally:
+        other.end()
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        _two_runs_then_close, _one_run_then_close, _close_inside_the_loop, _a_stopped_loop_then_another,
+        _a_thread_loop_and_this_one, _aclose_from_another_loop,
+    ],
+)  # fmt: skip
+def test_a_client_used_from_several_loops_closes_every_connection(
+    counting: _CountingServer, scenario: Callable[[JsonClient], None]
+) -> None:
+    client = JsonClient(counting.url, {})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scenario(client)
+        assert counting.accepted >= 3
+        assert counting.settled_open() == 0
+        del client
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+def test_concurrent_first_requests_on_a_loop_share_one_session(
+    counting: _CountingServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[aiohttp.ClientSession] = []
+    real = aiohttp.ClientSession
+
+    def counted(*args: Any, **kwargs: Any) -> aiohttp.ClientSession:
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(aiohttp, "ClientSession", counted)
+    client = JsonClient(counting.url, {})
+    other = _LoopThread()
+    try:
+        other.run(_use(client, 1))  # a session on another, still running loop
+        asyncio.run(_use(client, 8))  # eight first requests at once on this one
+        client.close()
+    finally:
+        other.end()
+    assert len(made) == 2  # one per loop
+    assert all(session.closed for session in made)
+    assert counting.settled_open() == 0
