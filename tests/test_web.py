@@ -1,7 +1,5 @@
 """``asyncrl.web``'s client side: a request whose connection the server dropped unanswered is sent once
-more (and only once); a client used from several event loops (``asyncio.run`` after ``asyncio.run``,
-another thread's loop, a stopped loop) leaves no connection open and no ResourceWarning once closed,
-from synchronous code or inside a loop; concurrent first requests on a loop share one session.
+more (and only once), and a client used from ``asyncio.run`` closes cleanly from synchronous code.
 (The server side is tested through the engine, door and reward servers: tests/rollout, tests/reward.)"""
 
 from __future__ import annotations
@@ -9,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import socket
 import threading
 import time
 import warnings
@@ -18,7 +17,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from asyncrl.web import JsonClient
+from asyncrl.auth import ApiKeyAuth
+from asyncrl.web import JsonClient, JsonServer, Request
 
 ANSWER = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"ok":true}'
 
@@ -263,3 +263,70 @@ def test_concurrent_first_requests_on_a_loop_share_one_session(
     assert len(made) == 2  # one per loop
     assert all(session.closed for session in made)
     assert counting.settled_open() == 0
+
+
+# ---------------------------------------------------------------- the server when a client half-closes
+
+HEAD = b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 20\r\n\r\n"
+
+
+def _send_then_half_close(port: int, parts: list[bytes]) -> tuple[bytes, float]:
+    """Send ``parts`` (a short pause between them), shut the write side; (all the answer, seconds until
+    the server closed the connection)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        for i, part in enumerate(parts):
+            if i:
+                time.sleep(0.2)  # the server has handed the request to its handler by now
+            s.sendall(part)
+        s.shutdown(socket.SHUT_WR)
+        started, reply = time.monotonic(), b""
+        while chunk := s.recv(65536):
+            reply += chunk
+        return reply, time.monotonic() - started
+
+
+def _serve_one(parts: list[bytes]) -> tuple[bytes, float, list[bytes]]:
+    """(answer, seconds to close, bodies dispatched) for one client sending ``parts`` to a JsonServer whose
+    requests must be complete within 10 s."""
+    dispatched: list[bytes] = []
+
+    async def dispatch(req: Request) -> Any:
+        dispatched.append(req.body)
+        return {"ok": True}
+
+    async def go() -> tuple[bytes, float]:
+        server = JsonServer(
+            "test", dispatch, lambda status, message: {"error": message}, ApiKeyAuth(None, "test"),
+            max_body_bytes=1000, request_timeout_s=10.0, idle_timeout_s=10.0,
+        )  # fmt: skip
+        port = await server.start()
+        try:
+            return await asyncio.to_thread(_send_then_half_close, port, parts)
+        finally:
+            await server.stop()
+
+    reply, seconds = asyncio.run(go())
+    return reply, seconds, dispatched
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        [HEAD + b"0123456789"],
+        [HEAD, b"0123456789"],
+        [b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nabcde\r\n"],  # no last chunk
+    ],
+    ids=["before-the-handler-reads", "while-the-handler-reads", "chunked"],
+)
+def test_a_half_close_mid_body_closes_the_connection_without_dispatching(parts: list[bytes]) -> None:
+    reply, seconds, dispatched = _serve_one(parts)
+    assert dispatched == []  # no half-read request reached the handler
+    assert reply == b""  # closed, not answered
+    assert seconds < 2.0  # at once, not at the 10 s request deadline
+
+
+def test_a_half_close_after_a_whole_request_is_answered() -> None:
+    reply, seconds, dispatched = _serve_one([HEAD + b"01234567890123456789"])
+    assert dispatched == [b"01234567890123456789"]
+    assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b'{"ok":true}')
+    assert seconds < 2.0

@@ -15,7 +15,9 @@ Owns what those have in common, so that each of them holds only its routes and i
 - Slow clients, which aiohttp does not bound by itself (:class:`_Connection`): a request must be
   complete (request line, headers, body) within ``request_timeout_s`` of its first byte, else 408 and
   the connection is closed, however slowly its bytes trickle in (slowloris); a connection idle for
-  ``idle_timeout_s`` (before its first request or between two) is closed without an answer.
+  ``idle_timeout_s`` (before its first request or between two) is closed without an answer. A client
+  that half-closes gets the answer to a whole request, then the close; one that half-closes before its
+  request is whole is closed at once, unanswered, and no handler sees the request.
 - :class:`HTTPError`, :func:`parse_json`, :func:`is_int`, :func:`is_num`: the checks every route shares.
 - :class:`JsonClient`: one connection-pooled, keep-alive ``aiohttp.ClientSession`` per client object
   and event loop, closed with its loop at the latest; a request the server dropped before answering
@@ -232,6 +234,8 @@ class JsonServer:
             raise HTTPError(413, f"request body of {length} bytes exceeds the limit of {self.max_body_bytes}")
         body = b""
         if request.body_exists:
+            if isinstance(connection, _Connection) and not connection.body_can_complete(request.content):
+                raise HTTPError(400, "the client closed its side before the body was complete")
             started = connection.request_started if isinstance(connection, _Connection) else None
             left = self.request_timeout_s if started is None else started + self.request_timeout_s - _now()
             try:
@@ -272,6 +276,9 @@ class _Connection(web.RequestHandler):
         super().__init__(manager, **kwargs)
         self.owner = owner
         self.request_started: float | None = None
+        self.client_done = False
+        """The client half-closed: it sends nothing more."""
+        self._body: aiohttp.StreamReader | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -290,17 +297,32 @@ class _Connection(web.RequestHandler):
         super().data_received(data)
 
     def eof_received(self) -> bool:
-        """The client is done sending (a half-close): answer what it has asked, then close (asyncio
-        would otherwise close the transport now, before the answer)."""
-        if self._waiting_for_a_request():
+        """The client is done sending (a half-close). A whole request: answer it, then close (asyncio
+        would otherwise close the transport now, before the answer). Nothing asked, or a request cut
+        short (its headers or its body still coming): close now, unanswered; a body being read fails
+        at once (aiohttp's ``connection_lost``) instead of waiting out the deadline, and a body not yet
+        being read is refused when its handler starts (:meth:`body_can_complete`)."""
+        self.client_done = True
+        if self._waiting_for_a_request() or (self._body is not None and not self._body.is_eof()):
             self.force_close()
             return False
         self.close()  # aiohttp's: no further request, the connection closes after this answer
         return True
 
+    def body_can_complete(self, body: aiohttp.StreamReader) -> bool:
+        """Whether ``body``, which the handler is about to read, may still arrive whole: not when the
+        client half-closed before it did (then the connection is closed now). Until ``request_read``
+        a half-close closes the connection (:meth:`eof_received`)."""
+        if self.client_done and not body.is_eof():
+            self.force_close()
+            return False
+        self._body = body
+        return True
+
     def request_read(self) -> None:
         """The handler has the whole request (or refused it): what follows is not bounded here."""
         self.request_started = None
+        self._body = None
         self._arm(None, None)
 
     def _arm(self, delay: float | None, callback: Callable[[], None] | None) -> None:
