@@ -31,7 +31,6 @@ With ``AgentSettings.tool_latency`` each episode's environment is wrapped in ``e
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -42,11 +41,10 @@ from asyncrl.rollout.chat import ChatRenderer
 from asyncrl.rollout.envs.base import Environment, EnvReset, Message, ModelTurn, StepResult
 from asyncrl.rollout.envs.latency import DelayedTools, ToolLatency
 from asyncrl.rollout.interruptible import generate_group
-from asyncrl.rollout.sampling import SEED_MOD, SamplingParams
+from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.tools import ParsedTurn, ToolFormat, close_tags, parse_tool_calls
-from asyncrl.rollout.workflow import ScoreFn
+from asyncrl.rollout.workflow import ScoredEpisode, ScoreFn, episode_samplings, group_of_episodes
 from asyncrl.types import (
-    Completion,
     EnvSegment,
     EpisodeEnd,
     Group,
@@ -244,7 +242,7 @@ class AgentWorkflow:
         self.settings = settings or AgentSettings()
 
     async def _episode(self, engine: RolloutEngine, prompt: Prompt, sampling: SamplingParams, score: ScoreFn,
-                       i: int, on_sample_done: SampleDone | None) -> tuple[Trajectory, float, str | None]:  # fmt: skip
+                       i: int, on_sample_done: SampleDone | None) -> ScoredEpisode:  # fmt: skip
         env = self.make_env()
         latency = self.settings.tool_latency
         if latency.active:
@@ -261,7 +259,7 @@ class AgentWorkflow:
         else:
             reward, failure = await score(prompt, traj.to_completion())
         malformed = sum(t.malformed for t in traj.turns)
-        return traj, float(reward) - self.settings.malformed_penalty * malformed, failure
+        return ScoredEpisode(traj, float(reward) - self.settings.malformed_penalty * malformed, failure)
 
     async def __call__(
         self,
@@ -274,18 +272,8 @@ class AgentWorkflow:
         on_sample_done: SampleDone | None = None,
     ) -> Group:
         """``group_size`` episodes of ``prompt``; ``on_sample_done(i)`` as episode ``i`` ends."""
-        base = sampling.seed if sampling.seed is not None else random.getrandbits(31)
-        results = await asyncio.gather(*(
-            self._episode(engine, prompt, replace(sampling, seed=(base + i) % SEED_MOD), score, i, on_sample_done)
-            for i in range(group_size)
+        episodes = await asyncio.gather(*(
+            self._episode(engine, prompt, episode_sampling, score, i, on_sample_done)
+            for i, episode_sampling in enumerate(episode_samplings(sampling, group_size))
         ))  # fmt: skip
-        trajectories = tuple(t for t, _, _ in results)
-        completions: tuple[Completion, ...] = tuple(t.to_completion() for t in trajectories)
-        return Group(
-            prompt=prompt,
-            completions=completions,
-            rewards=tuple(r for _, r, _ in results),
-            start_version=start_version,
-            reward_failures=tuple(f for _, _, f in results),
-            trajectories=trajectories,
-        )
+        return group_of_episodes(prompt, episodes, start_version)

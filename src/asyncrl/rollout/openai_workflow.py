@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import random
 import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -36,10 +35,10 @@ from typing import Any
 from asyncrl.auth import new_api_key
 from asyncrl.rollout.api import RolloutEngine, SampleDone
 from asyncrl.rollout.openai_door import ChatDoor, DoorServer
-from asyncrl.rollout.sampling import SEED_MOD, SamplingParams
+from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.tools import ToolFormat
-from asyncrl.rollout.workflow import ScoreFn
-from asyncrl.types import Completion, Group, Prompt, Trajectory
+from asyncrl.rollout.workflow import ScoredEpisode, ScoreFn, episode_samplings, group_of_episodes
+from asyncrl.types import Group, Prompt
 
 __all__ = ["AgentEntrypoint", "DoorSettings", "OpenAIAgentWorkflow", "task_dict"]
 
@@ -116,30 +115,19 @@ class OpenAIAgentWorkflow:
         server = self._door(engine)
         await server.start()
         try:
-            base = sampling.seed if sampling.seed is not None else random.getrandbits(31)
-            turn = self.settings.max_turn_tokens or sampling.max_new_tokens
-            results = await asyncio.gather(*(
-                self._episode(server, prompt, replace(sampling, seed=(base + i) % SEED_MOD, max_new_tokens=turn),
-                              score, i, on_sample_done)
-                for i in range(group_size)
+            per_call = replace(sampling, max_new_tokens=self.settings.max_turn_tokens or sampling.max_new_tokens)
+            episodes = await asyncio.gather(*(
+                self._episode(server, prompt, episode_sampling, score, i, on_sample_done)
+                for i, episode_sampling in enumerate(episode_samplings(per_call, group_size))
             ))  # fmt: skip
         finally:
             await server.stop()
-        trajectories = tuple(t for t, _, _ in results)
-        completions: tuple[Completion, ...] = tuple(t.to_completion() for t in trajectories)
-        return Group(
-            prompt=prompt,
-            completions=completions,
-            rewards=tuple(r for _, r, _ in results),
-            start_version=start_version,
-            reward_failures=tuple(f for _, _, f in results),
-            trajectories=trajectories,
-        )
+        return group_of_episodes(prompt, episodes, start_version)
 
     async def _episode(
         self, server: DoorServer, prompt: Prompt, sampling: SamplingParams, score: ScoreFn, i: int,
         on_sample_done: SampleDone | None,
-    ) -> tuple[Trajectory, float, str | None]:  # fmt: skip
+    ) -> ScoredEpisode:  # fmt: skip
         session_id = f"s{i}-{uuid.uuid4().hex[:12]}"
         session = server.door.open_session(session_id, sampling, self.settings.max_tokens)
         try:
@@ -158,11 +146,11 @@ class OpenAIAgentWorkflow:
         traj = session.trajectory()
         server.door.store.discard(session_id)
         if returned is not None:
-            return traj, float(returned), None
+            return ScoredEpisode(traj, float(returned), None)
         if session.reward is not None:
-            return traj, session.reward, None
+            return ScoredEpisode(traj, session.reward, None)
         reward, failure = await score(prompt, traj.to_completion())
-        return traj, float(reward), failure
+        return ScoredEpisode(traj, float(reward), failure)
 
     async def _run_agent(self, base_url: str, task: dict[str, Any]) -> Any:
         """The entrypoint's return value (checked by the caller)."""
