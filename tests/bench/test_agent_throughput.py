@@ -5,6 +5,7 @@ ledger and timeline, the plot, the command line's checks, and a tiny run of the 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -86,7 +87,7 @@ def test_command_line(monkeypatch, tmp_path) -> None:
     assert cli.main(["bench", "agent-throughput", "--set", "agent.tool_latency_sigma=-1"]) == 2
 
 
-def test_a_tiny_run(tiny_policy_dir, tmp_path) -> None:
+def test_a_tiny_run(tiny_policy_dir, tmp_path, monkeypatch) -> None:
     """Both arms of one seed for two steps of the random-init tiny policy (it rarely calls the tool and its
     runs last a second, so the figures say nothing; the fields and the files are what is checked)."""
     out = tmp_path / "agent_throughput.json"
@@ -109,7 +110,12 @@ def test_a_tiny_run(tiny_policy_dir, tmp_path) -> None:
     saved = json.loads(out.read_text())
     assert saved["bench"] == "agent-throughput" and "agent.tool_latency=lognormal" in saved["overrides"]
     assert saved["summary"]["whole_run_ratio"]["n"] == 1 and out.with_suffix(".png").stat().st_size > 0
-    # read back from the run directories, the same figures (nothing re-run), and the file says so
+    # read back from the run directories, the same figures (nothing re-run), and the file says so; the
+    # run directories stored relative to the folder the bench ran in, reanalysed from another folder
+    rows = [{**r, "run_dir": str(Path(r["run_dir"]).relative_to(tmp_path))} for r in saved["rows"]]
+    out.write_text(json.dumps({**saved, "rows": rows}))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
     again = reanalyse(str(out))
     for before, after in zip(result["rows"], again["rows"], strict=True):
         assert after["steady_state_tokens_per_s"] == pytest.approx(before["steady_state_tokens_per_s"])

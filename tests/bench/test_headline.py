@@ -3,11 +3,12 @@ paired by seed, final accuracies, throughput ratios (no training runs here)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
-from asyncrl.bench.headline import SYNC_CANDIDATES, analyse
+from asyncrl.bench.headline import SYNC_CANDIDATES, analyse, reanalyse
 from asyncrl.config import load_config
 
 
@@ -66,3 +67,13 @@ def test_a_plateau_target_averages_the_synchronous_runs_last_evaluations() -> No
     assert plateau["sync_gain_se"] == pytest.approx(math.sqrt(0.2 * 0.8 / 100 + 0.7 * 0.3 / 300))
     with pytest.raises(ValueError, match="final_window"):
         analyse(rows, target_fraction=1.0, final_window=0)
+
+
+def test_reanalyse_names_a_run_directory_it_cannot_find(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "results" / "headline.json"
+    path.parent.mkdir()
+    row = {**_row(0, 0, [(0, 0.2), (10, 0.5)], 1.0, 1.0), "run_dir": "runs/bench-headline/s0-eta0"}
+    path.write_text(json.dumps({"bench": "headline", "warmup_s": 0.0, "target_fraction": 0.9, "rows": [row]}))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="run directory runs/bench-headline/s0-eta0 .* not found"):
+        reanalyse(str(path))

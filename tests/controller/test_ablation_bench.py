@@ -177,3 +177,20 @@ def test_reanalyse_recomputes_from_the_run_directories(tmp_path) -> None:
     assert "curves" not in out["rows"][2] and out["rows"][2]["approx_kl_behav"] == 0.5
     (cell,) = out["summary"]
     assert cell["n"] == 3 and cell["approx_kl_behav"] == pytest.approx((0.01 + 0.02 + 0.5) / 3)
+
+
+def test_reanalyse_finds_relative_run_directories_from_another_folder(tmp_path, monkeypatch) -> None:
+    """Run directories stored relative to where the bench ran (the repository root), the JSON in
+    ``docs/results``, reanalysed from another folder: the rows are read again, not kept as written."""
+    repo = tmp_path / "repo"
+    (repo / "runs" / "run0").mkdir(parents=True)
+    lines = [{"step": i, "reward": 0.1 * i, "approx_kl_behav": 0.03} for i in range(3)]
+    (repo / "runs" / "run0" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    row = {"objective": "naive", "lag": 2, "lr": 1e-4, "seed": 0, "accuracy_before": 0.3, "accuracy_after": 0.4,
+           "collapsed": False, "run_dir": "runs/run0"}  # fmt: skip
+    path = repo / "docs" / "results" / "ablation.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"bench": "ablation", "lrs": [1e-4], "rows": [row]}))
+    monkeypatch.chdir(tmp_path)
+    out = reanalyse(str(path))
+    assert out["rows"][0]["curves"]["reward"] == [0.0, 0.1, 0.2] and out["rows"][0]["approx_kl_behav"] == 0.03

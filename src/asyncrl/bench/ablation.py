@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from asyncrl.bench.runs import print_table
+from asyncrl.bench.runs import print_table, resolve_run_dir
 from asyncrl.bench.stats import t95 as t_quantile_975  # the one t table (bench/stats.py)
 
 __all__ = [
@@ -371,13 +371,16 @@ def _finish(payload: dict[str, Any], json_path: str | None) -> dict[str, Any]:
 
 def reanalyse(json_path: str) -> dict[str, Any]:
     """Recompute a finished ablation JSON in place: each row's step statistics and curves from its
-    run directory where it still exists (the rows as written otherwise), then the summary, the paired
-    differences and the plot, without training anything again; records that it did."""
+    run directory where it still exists (``runs.resolve_run_dir``; the rows as written otherwise),
+    then the summary, the paired differences and the plot, without training anything again; records that it did."""
     from asyncrl.controller.rundir import read_jsonl
 
     payload = json.loads(Path(json_path).read_text())
     for row in payload["rows"]:
-        metrics_file = Path(row["run_dir"]) / "metrics.jsonl"
+        try:
+            metrics_file = resolve_run_dir(row["run_dir"], json_path) / "metrics.jsonl"
+        except FileNotFoundError:
+            continue  # gone: the row as written
         if metrics_file.is_file():
             metrics = read_jsonl(metrics_file)
             row.update(_step_means(metrics))

@@ -243,17 +243,18 @@ def _finish(payload: dict[str, Any], json_path: str | None) -> dict[str, Any]:
 
 
 def reanalyse(json_path: str) -> dict[str, Any]:
-    """Recompute a finished JSON in place from its run directories (throughput with the current
-    ``measure_throughput``, tool waits with the current ``tool_wait_row``) without running anything
-    again; records that it did."""
+    """Recompute a finished JSON in place from its run directories (``runs.resolve_run_dir``:
+    throughput with the current ``measure_throughput``, tool waits with the current ``tool_wait_row``)
+    without running anything again; records that it did."""
     import time
 
+    from asyncrl.bench.runs import resolve_run_dir
     from asyncrl.bench.throughput import FINISHED, generated_tokens, measure_throughput
     from asyncrl.controller.rundir import read_jsonl
 
     payload = json.loads(Path(json_path).read_text())
     for row in payload["rows"]:
-        run_dir = Path(row["run_dir"])
+        run_dir = resolve_run_dir(row["run_dir"], json_path)
         metrics, timeline = read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "timeline.jsonl")
         ledger = read_jsonl(run_dir / "trajectories.jsonl")
         try:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.bench.async_bench import WORKLOAD_ALIASES, workload_overrides
-from asyncrl.bench.runs import run_and_measure
+from asyncrl.bench.runs import resolve_run_dir, run_and_measure
 from asyncrl.bench.stats import mean_ci95, time_to_target
 from asyncrl.bench.throughput import measure_throughput
 from asyncrl.bench.time_budget import time_budget
@@ -295,7 +295,7 @@ def reanalyse(json_path: str, *, eval_samples: int | None = None) -> dict[str, A
 
     payload = json.loads(Path(json_path).read_text())
     for row in payload["rows"]:
-        run_dir = Path(row["run_dir"])
+        run_dir = resolve_run_dir(row["run_dir"], json_path)
         metrics, timeline = read_jsonl(run_dir / "metrics.jsonl"), read_jsonl(run_dir / "timeline.jsonl")
         ledger = read_jsonl(run_dir / "trajectories.jsonl")
         speed = measure_throughput(metrics, ledger, timeline, warmup_s=payload["warmup_s"])

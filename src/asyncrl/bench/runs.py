@@ -1,6 +1,7 @@
 """What the whole-run benches share (``bench async``, ``interrupt``, ``adaptive``, ``headline``,
 ``plan-check``, ``agent-learning``): a fresh output directory per invocation (``fresh_out``), one real
-training run measured into a row (``run_and_measure``), the printed table and the JSON file.
+training run measured into a row (``run_and_measure``), the printed table and the JSON file, and
+finding a row's run directory again when a finished JSON is reanalysed (``resolve_run_dir``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from asyncrl.bench.throughput import FINISHED, generated_tokens, measure_throughput
 from asyncrl.bench.time_budget import time_budget
 
-__all__ = ["fresh_out", "mean_or_zero", "print_table", "run_and_measure", "write_json"]
+__all__ = ["fresh_out", "mean_or_zero", "print_table", "resolve_run_dir", "run_and_measure", "write_json"]
 
 
 def fresh_out(out_dir: str) -> Path:
@@ -25,6 +26,27 @@ def fresh_out(out_dir: str) -> Path:
     out = fresh_subdir(out_dir)
     print(f"bench: run directories under {out}", flush=True)
     return out
+
+
+def resolve_run_dir(stored: str, json_path: str | Path) -> Path:
+    """The run directory a bench JSON's row names (``run_dir``, as stored), on this machine now. An
+    absolute path is taken as it is. A relative one is relative to where the bench ran (usually the
+    repository root): it is looked for under the current directory first, then under the JSON's folder
+    and each folder above it (a JSON in ``docs/results/`` finds ``runs/...`` at the repository root).
+    Raises ``FileNotFoundError`` naming the directory and where it was looked for."""
+    path = Path(stored)
+    if path.is_absolute():
+        if path.is_dir():
+            return path
+        raise FileNotFoundError(f"run directory {stored} (a row of {json_path}) does not exist")
+    json_dir = Path(json_path).resolve().parent
+    for base in (Path.cwd(), json_dir, *json_dir.parents):
+        if (base / path).is_dir():
+            return base / path
+    raise FileNotFoundError(
+        f"run directory {stored} (a row of {json_path}) not found under the current directory {Path.cwd()} "
+        f"nor under {json_dir} or any folder above it; run from the folder the bench ran in"
+    )
 
 
 def run_and_measure(overrides: list[str], run_dir: Path, warmup_s: float = 0.0) -> dict[str, Any]:
