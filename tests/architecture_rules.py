@@ -20,6 +20,8 @@ ALIASES: dict[str, str] = {
     # the CLI's error presentation, split off cli.py (module size): one unit with it.
     "cli_errors": "cli",
     "cli_bench": "cli",
+    # the HTTP client, split off web.py (module size): one unit with the server side.
+    "web_client": "web",
 }
 
 # The foundation every stage may meet in (DESIGN: "they meet in types and models").

@@ -18,7 +18,8 @@ import aiohttp
 import pytest
 
 from asyncrl.auth import ApiKeyAuth
-from asyncrl.web import JsonClient, JsonServer, Request
+from asyncrl.web import JsonServer, Request
+from asyncrl.web_client import JsonClient
 
 ANSWER = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"ok":true}'
 

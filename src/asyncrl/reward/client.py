@@ -1,6 +1,6 @@
 """The client of a reward server (``asyncrl serve reward``, :mod:`asyncrl.reward.remote`).
 
-:class:`RemoteRewardClient` makes async calls (``asyncrl.web.JsonClient``: one keep-alive aiohttp
+:class:`RemoteRewardClient` makes async calls (``asyncrl.web_client.JsonClient``: one keep-alive aiohttp
 session per client) and sync ones (the standard library's ``urllib``, for code without an event loop).
 Network errors and 5xx raise :class:`~asyncrl.reward.InfrastructureError` (retried by the service);
 4xx raise ValueError. It sends the API key it is given, or else ``$ASYNCRL_API_KEY``. The reward
@@ -21,7 +21,7 @@ import aiohttp
 
 from asyncrl.auth import auth_headers, resolve_api_key
 from asyncrl.reward import InfrastructureError
-from asyncrl.web import JsonClient
+from asyncrl.web_client import JsonClient
 
 __all__ = ["RemoteRewardClient"]
 
