@@ -105,3 +105,24 @@ def test_sources_that_cannot_be_pooled_are_refused(tmp_path) -> None:
         reevaluate([first, again], str(tmp_path / "o.json"), samples_per_prompt=8)
     with pytest.raises(ValueError, match=">= 1"):
         reevaluate([first], str(tmp_path / "o.json"), samples_per_prompt=0)
+
+
+def test_relative_snapshot_paths_are_found_from_another_folder_and_missing_weights_are_named(
+    tmp_path, monkeypatch
+) -> None:
+    root = tmp_path / "repo"
+    source = _source(root, "results.json", [0], [0])
+    payload = json.loads(Path(source).read_text())
+    for snap in payload["rows"][0]["snapshots"]:  # stored as the bench wrote them: relative to where it ran
+        snap["path"] = str(Path(snap["path"]).relative_to(root))
+    Path(source).write_text(json.dumps(payload))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    fake = FakeEvaluation()
+    monkeypatch.setattr(reevaluate_module, "evaluate_snapshots", fake)
+    reevaluate([source], str(tmp_path / "out.json"), samples_per_prompt=4)
+    assert len(fake.calls) == 3 and all(Path(path).is_absolute() and Path(path).is_dir() for _o, path in fake.calls)
+    (root / "s0-eta0" / "v2" / "model.safetensors").unlink()  # a snapshot without weights: named, never hashed as b""
+    with pytest.raises(FileNotFoundError, match="v2 holds no"):
+        reevaluate([source], str(tmp_path / "out2.json"), samples_per_prompt=4)

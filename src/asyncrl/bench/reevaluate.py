@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.bench.headline import evaluate_snapshots, finish
+from asyncrl.bench.runs import resolve_run_dir
 
 __all__ = ["SAMPLES_KEY", "reevaluate", "with_samples_per_prompt"]
 
@@ -44,9 +45,12 @@ def with_samples_per_prompt(overrides: Sequence[str], samples_per_prompt: int) -
     return [o for o in overrides if not o.startswith(f"{SAMPLES_KEY}=")] + [f"{SAMPLES_KEY}={samples_per_prompt}"]
 
 
-def _weights_digest(snapshot_dir: str) -> str:
+def _weights_digest(snapshot_dir: Path) -> str:
+    files = sorted(snapshot_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"snapshot {snapshot_dir} holds no *.safetensors weights")
     digest = hashlib.sha256()
-    for path in sorted(Path(snapshot_dir).glob("*.safetensors")):
+    for path in files:
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
@@ -68,13 +72,16 @@ def _load_sources(sources: Sequence[str]) -> list[dict[str, Any]]:
     return payloads
 
 
-def _evaluate_row(row: dict[str, Any], overrides: list[str], memo: dict[tuple[str, ...], float]) -> list[float]:
+def _evaluate_row(
+    row: dict[str, Any], overrides: list[str], memo: dict[tuple[str, ...], float], source: str
+) -> list[float]:
     accuracies = []
     for snap in row["snapshots"]:
-        key = (_weights_digest(snap["path"]), *overrides)
+        path = resolve_run_dir(snap["path"], source)  # stored relative to where the bench ran
+        key = (_weights_digest(path), *overrides)
         if key not in memo:
             started = time.perf_counter()
-            memo[key] = evaluate_snapshots(overrides, [snap])[0]
+            memo[key] = evaluate_snapshots(overrides, [{**snap, "path": str(path)}])[0]
             print(f"  v{snap['version']:>4} at {snap['t']:7.1f} s: accuracy {memo[key]:.4f} "
                   f"({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
         accuracies.append(memo[key])
@@ -126,7 +133,7 @@ def reevaluate(
                 continue
             print(f"\n=== re-evaluating {source}: seed {row['seed']}, max_staleness={row['max_staleness']} ===",
                   flush=True)  # fmt: skip
-            accuracies = _evaluate_row(row, overrides, memo)
+            accuracies = _evaluate_row(row, overrides, memo, str(source))
             new_row = {**row, "curve_first_evaluation": row["curve"], "eval_overrides": overrides}
             new_row["curve"] = [(s["t"], a) for s, a in zip(row["snapshots"], accuracies, strict=True)]
             rows.append(new_row)
