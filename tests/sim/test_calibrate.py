@@ -47,12 +47,12 @@ def test_the_decode_scale_makes_the_simulation_of_a_run_decode_as_long_as_its_en
     from dataclasses import replace
 
     from asyncrl.config import dump_yaml, load_config
-    from asyncrl.sim.calibrate import _scaled
+    from asyncrl.sim.calibrate import scale_decode
     from asyncrl.sim.run import simulate
     from asyncrl.sim.scenario import from_config
 
     swept = machine_profile(RESULTS)
-    truth = replace(swept, engine=_scaled(replace(swept.engine, slot_prefix_rows=True), 2.0))
+    truth = replace(swept, engine=scale_decode(replace(swept.engine, slot_prefix_rows=True), 2.0))
     cfg = load_config(None, ["controller.max_staleness=2", "rollout.interrupt_mode=keep", "controller.batch_size=4",
                              "rollout.group_size=4", "controller.total_steps=12", "controller.max_concurrent=16",
                              "rollout.max_new_tokens=400", "rollout.max_slots=16"])  # fmt: skip

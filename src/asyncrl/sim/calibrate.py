@@ -97,7 +97,7 @@ def decode_scale(profile: CostProfile, runs: Sequence[str | Path], measured_s: f
     scenarios = [from_run(run, profile=profile.name) for run in runs]
     scale = 1.0
     for _ in range(iterations):
-        scaled = replace(profile, engine=_scaled(profile.engine, scale))
+        scaled = replace(profile, engine=scale_decode(profile.engine, scale))
         simulated = sum(simulate(sc, scaled).raw["engine"]["decode_s"] for sc in scenarios)
         if simulated <= 0:
             break
@@ -105,7 +105,7 @@ def decode_scale(profile: CostProfile, runs: Sequence[str | Path], measured_s: f
     return scale
 
 
-def _scaled(engine: EngineCost, scale: float) -> EngineCost:
+def scale_decode(engine: EngineCost, scale: float) -> EngineCost:
     """``engine`` with its three decode costs multiplied by ``scale``."""
     return replace(engine, decode_base_s=engine.decode_base_s * scale, decode_per_seq_s=engine.decode_per_seq_s * scale,
                    decode_per_ctx_token_s=engine.decode_per_ctx_token_s * scale)  # fmt: skip
@@ -203,5 +203,8 @@ def _in_run_decode(profile: CostProfile, runs: Sequence[str | Path], measured_s:
             f"in order, seed 0) decode for as long as their engines did ({measured_s:.1f} s)")  # fmt: skip
     sources = tuple(replace(s, source=s.source + note) if s.fields == "engine.decode_*" else s for s in profile.sources)
     return replace(
-        profile, engine=_scaled(profile.engine, scale), sources=sources, extra={**profile.extra, "decode_scale": scale}
+        profile,
+        engine=scale_decode(profile.engine, scale),
+        sources=sources,
+        extra={**profile.extra, "decode_scale": scale},
     )
