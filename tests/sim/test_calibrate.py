@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.sim.calibrate import decode_ratios, fit_decode, fit_line, machine_profile
+from asyncrl.sim.calibrate import fit_decode, fit_line, machine_profile
 from asyncrl.sim.profile import load_profile
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
@@ -40,16 +40,32 @@ def test_this_machines_profile_from_the_committed_results() -> None:
     assert profile.engine.step_s(128, 128 * 1275) == pytest.approx(0.0385, rel=0.2)  # bench decode: 38.5 ms
 
 
-def test_decode_ratios_measure_the_engine_against_the_fit() -> None:
-    cost = (0.001, 1e-4, 1e-7)
-    n, ctx, tokens = 10, 500, 1000
-    predicted = tokens / n * (cost[0] + cost[1] * n + cost[2] * n * ctx)
-    timeline = [
-        {"engine_decode_s": 0.0, "engine_generated_tokens": 0, "engine_running": n},
-        {"engine_decode_s": 2 * predicted, "engine_generated_tokens": tokens, "engine_running": n},
-        {"engine_decode_s": 2 * predicted, "engine_generated_tokens": tokens, "engine_running": 0},  # idle
-    ]
-    assert decode_ratios(timeline, ctx, cost) == pytest.approx([2.0])
+def test_the_decode_scale_makes_the_simulation_of_a_run_decode_as_long_as_its_engine(tmp_path: Path) -> None:
+    """A run whose engine decodes exactly twice as slowly as the sweep's fit (a simulated run, the slot
+    layout on) gives a refined profile with the fit scaled by about 2 and the layout on (not exactly:
+    the replay puts a group's samples into slots in the ledger's order, not the run's)."""
+    from dataclasses import replace
+
+    from asyncrl.config import dump_yaml, load_config
+    from asyncrl.sim.calibrate import scale_decode
+    from asyncrl.sim.run import simulate
+    from asyncrl.sim.scenario import from_config
+
+    swept = machine_profile(RESULTS)
+    truth = replace(swept, engine=scale_decode(replace(swept.engine, slot_prefix_rows=True), 2.0))
+    cfg = load_config(None, ["controller.max_staleness=2", "rollout.interrupt_mode=keep", "controller.batch_size=4",
+                             "rollout.group_size=4", "controller.total_steps=12", "controller.max_concurrent=16",
+                             "rollout.max_new_tokens=400", "rollout.max_slots=16"])  # fmt: skip
+    run = tmp_path / "run"
+    scenario = from_config(cfg, lengths="lognormal", length_median=60, prompt_len=20)
+    simulate(scenario, truth, run_dir=run)
+    dump_yaml(cfg, run / "config.yaml")
+    refined = machine_profile(RESULTS, runs=[run])
+    assert refined.engine.slot_prefix_rows and not swept.engine.slot_prefix_rows
+    scale = refined.extra["decode_scale"]
+    assert scale == pytest.approx(2.0, rel=0.1)
+    assert refined.engine.decode_per_ctx_token_s == pytest.approx(scale * swept.engine.decode_per_ctx_token_s)
+    assert "slot layout" in next(s.source for s in refined.sources if s.fields == "engine.decode_*")
 
 
 def _run_with_steps(run: Path, steps: int) -> None:

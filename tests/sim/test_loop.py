@@ -16,7 +16,7 @@ from asyncrl.sim.run import simulate
 from asyncrl.sim.scenario import Scenario
 
 
-def profile(decode: float = 0.002, per_token: float = 2e-4, **kw: float) -> CostProfile:
+def profile(decode: float = 0.002, per_token: float = 2e-4, **kw: float | bool) -> CostProfile:
     engine = {"decode_base_s": decode, "decode_per_seq_s": 5e-5, "decode_per_ctx_token_s": 2e-7,
               "prefill_per_token_s": 5e-5, "update_s": 0.002, **kw}  # fmt: skip
     return CostProfile("test", "none", "none", EngineCost(**engine), TrainerCost(0.05, per_token), SyncCost(0.02),
@@ -30,10 +30,11 @@ SMALL = Scenario(batch_size=4, group_size=4, max_concurrent=32, total_steps=12, 
 @pytest.mark.parametrize("eta", [0, 1, 2, 4])
 @pytest.mark.parametrize("mode", ["abort", "keep"])
 @pytest.mark.parametrize("unit,mark,engines", [("groups", 2, 1), ("samples", 2, 1), ("groups", 0, 3)])
-def test_staleness_never_exceeds_eta(eta: int, mode: str, unit: str, mark: int, engines: int) -> None:
+@pytest.mark.parametrize("layout", [False, True])
+def test_staleness_never_exceeds_eta(eta: int, mode: str, unit: str, mark: int, engines: int, layout: bool) -> None:
     sc = replace(SMALL, max_staleness=eta, interrupt_mode=mode, high_water_unit=unit, high_water_batches=mark,
                  engines=engines, seed=eta)  # fmt: skip
-    sim = simulate(sc, profile())
+    sim = simulate(sc, profile(slot_prefix_rows=layout))
     r = sim.result
     assert r.steps == sc.total_steps
     assert r.max_staleness_seen <= eta
@@ -42,7 +43,7 @@ def test_staleness_never_exceeds_eta(eta: int, mode: str, unit: str, mark: int, 
     assert all(row["trained_step"] - row["min_version"] <= eta for row in trained)
     g = r.groups
     assert g["trained"] + g["filtered"] + g["stale"] + g["unused"] + g["in_flight"] == g["admitted"]
-    sim_engines = Simulator(sc, profile())
+    sim_engines = Simulator(sc, profile(slot_prefix_rows=layout))
     sim_engines.run()
     assert sim_engines.totals.running == sum(len(e.run) for e in sim_engines.engines)
     assert sim_engines.totals.waiting == sum(len(e.waiting) for e in sim_engines.engines)
@@ -107,13 +108,15 @@ def test_a_trainer_bound_run_steps_at_the_trainer_speed() -> None:
 
 
 @pytest.mark.parametrize("mode", ["abort", "keep"])
-def test_group_level_events_agree_with_sample_level_ones(mode: str) -> None:
+@pytest.mark.parametrize("layout", [False, True])
+def test_group_level_events_agree_with_sample_level_ones(mode: str, layout: bool) -> None:
     """With the gate counting groups, whether the controller hears of every sample changes nothing
-    but the number of events: the lazily committed engines give the same run."""
+    but the number of events: the lazily committed engines give the same run (with the slot layout's
+    costs too: its plans hide and show the slots of the samples they end)."""
     sc = replace(SMALL, engines=4, high_water_unit="groups", high_water_batches=3, interrupt_mode=mode,
                  total_steps=15, max_staleness=3)  # fmt: skip
-    lazy = simulate(replace(sc, sample_reports="no"), profile())
-    eager = simulate(replace(sc, sample_reports="yes"), profile())
+    lazy = simulate(replace(sc, sample_reports="no"), profile(slot_prefix_rows=layout))
+    eager = simulate(replace(sc, sample_reports="yes"), profile(slot_prefix_rows=layout))
     assert lazy.result.events < eager.result.events
     for key in ("trained_tokens", "staleness_hist", "groups", "prefill_tokens"):
         assert getattr(lazy.result, key) == getattr(eager.result, key)

@@ -97,3 +97,45 @@ def test_a_multi_turn_ledger_replays_its_model_tokens(tmp_path: Path) -> None:
     ]  # fmt: skip
     (tmp_path / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert ledger_groups(tmp_path) == [[29, 30]]
+
+
+def _write_ordered_ledger(path: Path) -> None:
+    """Four groups admitted d, b, a, c (``stream_index``), finished in another order; b and c filtered."""
+    rows = [{"prompt_id": p, "sample_idx": None, "status": "admitted", "stream_index": i, "start_version": 0}
+            for i, p in enumerate("dbac")]  # fmt: skip
+    fates = (("a", 3, "trained"), ("b", 40, "filtered"), ("c", 50, "filtered"), ("d", 6, "trained"))
+    for prompt, length, status in fates:
+        rows += [{"prompt_id": prompt, "sample_idx": i, "status": status, "start_version": 0,
+                  "response_len": length + i} for i in range(2)]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_replayed_group_keeps_its_fate_and_the_runs_order(tmp_path: Path) -> None:
+    ledger = tmp_path / "trajectories.jsonl"
+    _write_ordered_ledger(ledger)
+    sampler = LengthSampler("ledger", 2, 100, ledger=ledger, ordered=True, seed=0)
+    replayed = [(sampler.next_group(), sampler.replayed_filtered) for _ in range(4)]
+    assert replayed == [([6, 7], False), ([40, 41], True), ([3, 4], False), ([50, 51], True)]
+    drawn = [(tuple(sampler.next_group()), sampler.replayed_filtered) for _ in range(200)]  # then drawn
+    assert set(drawn) == {((6, 7), False), ((40, 41), True), ((3, 4), False), ((50, 51), True)}
+    unordered = LengthSampler("ledger", 2, 100, ledger=ledger, seed=0)
+    firsts = {tuple(LengthSampler("ledger", 2, 100, ledger=ledger, seed=s).next_group()) for s in range(20)}
+    assert len(firsts) > 1 and unordered.replayed_filtered is None  # draws from the first group on
+
+
+def test_the_filter_replays_the_ledgers_verdicts(tmp_path: Path) -> None:
+    """With ``ledger_filter`` the long groups that the run filtered are filtered again (a coin at the
+    same rate would train them half the time)."""
+    from asyncrl.sim.run import simulate
+
+    ledger = tmp_path / "trajectories.jsonl"
+    _write_ordered_ledger(ledger)
+    base = Scenario(profile="cpu-2core-tiny", lengths="ledger", ledger=str(ledger), batch_size=2, group_size=2,
+                    max_concurrent=4, max_staleness=1, total_steps=20, prompt_len=5, max_new_tokens=100)  # fmt: skip
+    replayed = simulate(with_overrides(base, ["ledger_filter=true"]))
+    trained = replayed.result.trained_tokens / (20 * 2 * 2)  # per trained sample: prompt + response
+    assert trained < 5 + 10  # only the short groups (3-7 tokens) are trained
+    coin = simulate(with_overrides(base, ["filter_prob=0.5"]))
+    assert coin.result.trained_tokens / (20 * 2 * 2) > trained + 5
+    with pytest.raises(ValueError, match="need lengths=ledger"):
+        Scenario(ledger_filter=True)

@@ -12,10 +12,14 @@ Owns the fits that turn measurements into a ``CostProfile``:
   (``time_budget.engine_update_s`` per step, where recorded) and the trainer's export;
 - prefill and reward latency: from real run directories when given (``--from-runs``: the timeline's
   prefill seconds per prefill token, the metrics' reward latency), else stated assumptions;
-- the engine inside a training run: with ``--from-runs``, the decode fit is scaled by the median
-  ratio of the engine's measured decode seconds to the fit's prediction over the runs' timeline
-  intervals (the sweep decodes one request of N identical samples; a training run's engine shares
-  its process with the controller and serves N different requests, and is slower).
+- the engine inside a training run: with ``--from-runs``, the step cost is that of
+  ``LocalEngine``'s slot layout (``EngineCost.slot_prefix_rows``, ``sim.layout``: the sweep's N
+  identical samples fill slots ``[0, N)`` with one context; a training run's samples end at
+  different steps and leave idle rows, and attention pads to the longest rows), and the fit is
+  scaled so that the simulation of each run (``sim.scenario.from_run``: its config, its own
+  prompts in its own order) decodes for as long as the run's engine did: ``decode_scale``, a fixed
+  point of measured / simulated decode seconds (the engine shares its process with the
+  controller, which the sweep does not).
 
 With at least ``MIN_RUN_POINTS`` per-step records, the trainer fit is the runs' own (their
 ``train_step_s`` against ``trained_tokens``) and not the committed rows': the cost of a trained
@@ -29,6 +33,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -81,28 +86,35 @@ def trainer_rows(results: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def decode_ratios(timeline: Sequence[dict[str, Any]], context: float, cost: tuple[float, float, float]) -> list[float]:
-    """Measured over predicted decode seconds of every timeline interval that decoded (the engine's
-    own ``decode_s`` against ``cost`` = (base, per_seq, per_ctx) at the interval's mean running
-    sequences and a mean ``context``)."""
-    base, per_seq, per_ctx = cost
-    out = []
-    for prev, cur in zip(timeline, timeline[1:], strict=False):
-        spent = cur["engine_decode_s"] - prev["engine_decode_s"]
-        tokens = cur["engine_generated_tokens"] - prev["engine_generated_tokens"]
-        n = (cur["engine_running"] + prev["engine_running"]) / 2
-        if spent > 0.05 and tokens > 0 and n >= 1:
-            out.append(spent / (tokens / n * (base + per_seq * n + per_ctx * n * context)))
-    return out
+def decode_scale(profile: CostProfile, runs: Sequence[str | Path], measured_s: float, iterations: int = 4) -> float:
+    """The factor on ``profile``'s decode costs with which the simulations of ``runs`` (seed 0)
+    decode for ``measured_s`` seconds in all (the runs' engines' own decode seconds): ``iterations``
+    fixed-point steps of measured / simulated (the schedule, and so the simulated seconds, moves
+    a little with the scale)."""
+    from asyncrl.sim.run import simulate
+    from asyncrl.sim.scenario import from_run
+
+    scenarios = [from_run(run, profile=profile.name) for run in runs]
+    scale = 1.0
+    for _ in range(iterations):
+        scaled = replace(profile, engine=scale_decode(profile.engine, scale))
+        simulated = sum(simulate(sc, scaled).raw["engine"]["decode_s"] for sc in scenarios)
+        if simulated <= 0:
+            break
+        scale *= measured_s / simulated
+    return scale
 
 
-def _run_measurements(runs: Sequence[str | Path], decode: tuple[float, float, float]) -> dict[str, Any]:
-    """Per-step trainer points, sync times, reward latency, prefill cost and the decode slowdown
-    against ``decode`` (the ``bench decode`` fit) of real run directories."""
-    from asyncrl.sim.scenario import run_workload
-    from asyncrl.sim.workload import ledger_groups
+def scale_decode(engine: EngineCost, scale: float) -> EngineCost:
+    """``engine`` with its three decode costs multiplied by ``scale``."""
+    return replace(engine, decode_base_s=engine.decode_base_s * scale, decode_per_seq_s=engine.decode_per_seq_s * scale,
+                   decode_per_ctx_token_s=engine.decode_per_ctx_token_s * scale)  # fmt: skip
 
-    points, sync, reward, ratios, prefill_s, prefill_tokens = [], [], [], [], 0.0, 0.0
+
+def _run_measurements(runs: Sequence[str | Path]) -> dict[str, Any]:
+    """Per-step trainer points, sync times, reward latency, prefill cost and decode seconds of real
+    run directories."""
+    points, sync, reward, decode_s, prefill_s, prefill_tokens = [], [], [], 0.0, 0.0, 0.0
     for run in map(Path, runs):
         metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
         points += [(m["trained_tokens"], m["train_step_s"]) for m in metrics if m.get("train_step_s")]
@@ -112,12 +124,9 @@ def _run_measurements(runs: Sequence[str | Path], decode: tuple[float, float, fl
         if len(timeline) >= 2:
             prefill_s += timeline[-1]["engine_prefill_s"] - timeline[0]["engine_prefill_s"]
             prefill_tokens += timeline[-1]["engine_prefill_tokens"] - timeline[0]["engine_prefill_tokens"]
-            lengths = [x for g in ledger_groups(run) for x in g]
-            mean_ctx = run_workload(run).get("prompt_len", 0) + sum(x * x for x in lengths) / (2 * sum(lengths))
-            ratios += decode_ratios(timeline, mean_ctx, decode)  # a token's context, averaged over tokens
-    return {"points": points, "sync": sync, "reward": reward,
-            "prefill": prefill_s / prefill_tokens if prefill_tokens > 0 else None,
-            "decode_scale": statistics.median(ratios) if ratios else None}  # fmt: skip
+            decode_s += timeline[-1]["engine_decode_s"] - timeline[0]["engine_decode_s"]
+    return {"points": points, "sync": sync, "reward": reward, "decode_s": decode_s,
+            "prefill": prefill_s / prefill_tokens if prefill_tokens > 0 else None}  # fmt: skip
 
 
 def machine_profile(
@@ -136,11 +145,9 @@ def machine_profile(
     sync_s = statistics.median(r["weight_sync_s"] for r in rows if r.get("weight_sync_s") is not None)
     loads = [r["time_budget"]["engine_update_s"] / r["steps"] for r in rows if r.get("time_budget")]
     update_s = statistics.median(loads) if loads else 0.0
-    measured: dict[str, Any] = {"points": [], "sync": [], "reward": [], "prefill": None, "decode_scale": None}
+    measured: dict[str, Any] = {"points": [], "sync": [], "reward": [], "prefill": None, "decode_s": 0.0}
     if runs:
-        measured = _run_measurements(runs, (base, per_seq, per_ctx))
-    scale = measured["decode_scale"] or 1.0
-    base, per_seq, per_ctx = base * scale, per_seq * scale, per_ctx * scale
+        measured = _run_measurements(runs)
     from_runs = len(measured["points"]) >= MIN_RUN_POINTS
     if from_runs:  # the runs' own workload: a trainer step's cost per token depends on the lengths
         points = measured["points"]
@@ -153,9 +160,7 @@ def machine_profile(
     run_names = ", ".join(str(r) for r in runs)
     sources = [
         Source("engine.decode_*", "measured", f"docs/results/{DECODE_FILE} ({len(decode['rows'])} rows of `asyncrl "
-               f"bench decode`, one torch thread) fitted on relative error; worst row off by {worst:.0%}"
-               + (f"; scaled by {scale:.2f}, the median measured/predicted decode time of the timeline intervals "
-                  f"of {run_names} (the engine inside a training run)" if measured["decode_scale"] else "")),
+               f"bench decode`, one torch thread) fitted on relative error; worst row off by {worst:.0%}"),
         Source("trainer.base_s, trainer.per_token_s", "measured",
                f"per-step train_step_s against trained_tokens of {run_names} (the runs' workload only: "
                "a token of a long sequence costs more than one of a short one)" if from_runs else
@@ -175,15 +180,31 @@ def machine_profile(
         Source("engine.max_slots", "published", "rollout.max_slots default of the config (128)"),
         Source("trainer.parallel_efficiency", "assumption", "1.0: one trainer rank on this machine"),
     ]  # fmt: skip
-    return CostProfile(
+    profile = CostProfile(
         name=name,
         hardware="this 2-core CPU machine: the engine on one thread, the trainer process on the other",
         model="the tiny default policy (800,384 parameters, character tokenizer)",
-        engine=EngineCost(base, per_seq, per_ctx, prefill, update_s, max_slots=128),
+        engine=EngineCost(base, per_seq, per_ctx, prefill, update_s, max_slots=128, slot_prefix_rows=bool(runs)),
         trainer=TrainerCost(t_base, t_per_token),
         sync=SyncCost(max(0.0, sync_s - update_s)),
         reward=RewardCost(reward),
         sources=tuple(sources),
         notes="Written by `asyncrl bench profile` from committed measurements; rerun it after new ones.",
         extra={"decode_table": decode.get("table"), "trainer_points": [[round(x), round(y, 4)] for x, y in points]},
+    )
+    return _in_run_decode(profile, runs, measured["decode_s"]) if runs and measured["decode_s"] > 0 else profile
+
+
+def _in_run_decode(profile: CostProfile, runs: Sequence[str | Path], measured_s: float) -> CostProfile:
+    """``profile`` with its decode costs scaled to the runs' engines (``decode_scale``), saying so."""
+    scale = decode_scale(profile, runs, measured_s)
+    note = (f"; LocalEngine's slot layout (engine.slot_prefix_rows: idle rows, padded attention) and scaled by "
+            f"{scale:.3f}, with which the simulations of {', '.join(map(str, runs))} (their own config and prompts "
+            f"in order, seed 0) decode for as long as their engines did ({measured_s:.1f} s)")  # fmt: skip
+    sources = tuple(replace(s, source=s.source + note) if s.fields == "engine.decode_*" else s for s in profile.sources)
+    return replace(
+        profile,
+        engine=scale_decode(profile.engine, scale),
+        sources=sources,
+        extra={**profile.extra, "decode_scale": scale},
     )

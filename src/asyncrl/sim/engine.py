@@ -21,7 +21,9 @@ sample end when the controller must hear of every sample (one engine reporting e
 when requests wait for a slot; otherwise it is its next *group* end, and the sample ends before
 it are committed lazily in one loop. A run costs O(samples log slots) Python work, not O(tokens).
 Step counts are exact; a request that arrives mid-step joins at the boundary before it (at most
-one step early).
+one step early). With ``EngineCost.slot_prefix_rows`` the step cost is that of ``LocalEngine``'s
+slot layout (``sim.layout.SlotLayout``: idle rows and padded attention), again linear between two
+changes of the running set.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncrl.sim.groups import SimGroup
+from asyncrl.sim.layout import SlotLayout
 from asyncrl.sim.profile import EngineCost
 
 
@@ -66,6 +69,7 @@ class SimEngine:
     __slots__ = (
         "index", "slots", "kv_cap", "a", "b", "c", "p", "update_cost", "t", "steps", "run", "groups", "ctx",
         "waiting", "version", "updates", "seq", "token", "next_t", "next_step", "plan", "per_sample", "on_end", "tot",
+        "layout",
     )  # fmt: skip
 
     def __init__(
@@ -81,11 +85,13 @@ class SimEngine:
         self.tot = totals
         self.per_sample = per_sample
         """The controller hears of every sample's end: each one is an event."""
+        self.layout = SlotLayout(slots, self.a, self.b, self.c) if cost.slot_prefix_rows else None
+        """The slots of the running samples, when the step cost is ``LocalEngine``'s layout's."""
         self.t = 0.0
         self.steps = 0
-        self.run: list[tuple[int, int, SimGroup, int, int]] = []
+        self.run: list[tuple[int, int, SimGroup, int, int, int]] = []
         """Running samples, sorted: (step of its last token, seq, group, its final context = prompt +
-        length, updates at its join)."""
+        length, updates at its join, its slot (-1 without ``layout``))."""
         self.groups: list[tuple[int, int, SimGroup]] = []
         """Heap of (last step, seq, group) of fully joined groups (outdated entries skipped)."""
         self.ctx = 0
@@ -105,15 +111,23 @@ class SimEngine:
 
     # ------------------------------------------------------------------ time arithmetic
     def _span(self, k: int, n: int, ctx: int) -> float:
-        """Seconds of ``k`` decode steps of ``n`` sequences holding ``ctx`` context tokens at the first."""
+        """Seconds of ``k`` decode steps of ``n`` sequences holding ``ctx`` context tokens at the first
+        (the running samples' with a ``layout``)."""
+        if self.layout is not None:
+            first, growth = self.layout.cost(self.steps)
+            return k * first + 0.5 * growth * k * (k - 1)
         return k * (self.a + self.b * n + self.c * ctx) + 0.5 * self.c * n * k * (k - 1)
 
     def _steps_within(self, dt: float, n: int) -> int:
         """The most whole decode steps of the current batch that fit in ``dt`` seconds."""
         if dt <= 0.0:
             return 0
-        first = self.a + self.b * n + self.c * self.ctx
-        half = 0.5 * self.c * n
+        if self.layout is not None:
+            first, growth = self.layout.cost(self.steps)
+            half = 0.5 * growth
+        else:
+            first = self.a + self.b * n + self.c * self.ctx
+            half = 0.5 * self.c * n
         if half <= 0.0:
             k = int(dt // first)
         else:
@@ -134,19 +148,30 @@ class SimEngine:
         half = 0.5 * c
         i = sum_e = 0
         sum_t = 0.0
-        for end, _, _, final, _ in self.run:
+        layout = self.layout
+        hidden = []
+        for end, _, _, final, _, slot in self.run:
             if end > step:
                 break
             if end != s:
                 k = end - s
                 live = n - i
-                t += k * (a + b * live + c * ctx + half * live * (k - 1))
+                if layout is None:
+                    t += k * (a + b * live + c * ctx + half * live * (k - 1))
+                else:
+                    first, growth = layout.cost(s)
+                    t += k * first + 0.5 * growth * k * (k - 1)
                 ctx += live * k
                 s = end
             ctx -= final
             sum_t += t
             sum_e += end
             i += 1
+            if layout is not None:  # out of the batch for the rest of the plan (shown again below)
+                layout.hide(slot, final - end)
+                hidden.append((slot, final - end))
+        for slot, u in hidden:
+            layout.show(slot, u)  # type: ignore[union-attr]
         rest = n - i  # each sample runs from (t0, s0) to its end, or to the planned step
         running_s = sum_t + rest * t - n * t0
         tokens = sum_e + rest * s - n * s0
@@ -166,12 +191,17 @@ class SimEngine:
         tokens = steps = 0
         half = 0.5 * c
         updates, version, on_end, every = self.updates, self.version, self.on_end, self.per_sample
+        layout = self.layout
         while i < n and run[i][0] <= step:
-            end, _, grp, final, upd0 = run[i]
+            end, _, grp, final, upd0, slot = run[i]
             live = n - i
             k = end - s
             if k:
-                dt = k * (a + b * live + c * ctx + half * live * (k - 1))
+                if layout is None:
+                    dt = k * (a + b * live + c * ctx + half * live * (k - 1))
+                else:
+                    first, growth = layout.cost(s)
+                    dt = k * first + 0.5 * growth * k * (k - 1)
                 if t + dt > until:
                     break
                 t += dt
@@ -183,6 +213,8 @@ class SimEngine:
                 s = end
             ctx -= final
             i += 1
+            if layout is not None:
+                layout.release(slot, final - end)
             grp.left -= 1
             grp.interrupts += updates - upd0
             if every or grp.left == 0 or grp.samples is not None:
@@ -272,7 +304,11 @@ class SimEngine:
                 take = [length for length in take if base + length > steps]
             if take:
                 p = grp.prompt_len
-                run.extend([(base + length, seq + j, grp, p + length, upd0) for j, length in enumerate(take, 1)])
+                layout = self.layout
+                run.extend(
+                    (base + length, seq + j, grp, p + length, upd0, -1 if layout is None else layout.take(p - base))
+                    for j, length in enumerate(take, 1)
+                )
                 self.tot.running += len(take)
                 added = True
                 self.ctx += ctx0 * len(take)
@@ -345,7 +381,10 @@ class SimEngine:
         run, updates, version, on_end, every = self.run, self.updates, self.version, self.on_end, self.per_sample
         steps = s - self.steps
         self.t, self.steps, self.ctx = t, s, ctx
-        for _, _, grp, final, upd0 in run[:i]:
+        layout = self.layout
+        for end, _, grp, final, upd0, slot in run[:i]:
+            if layout is not None:
+                layout.release(slot, final - end)
             grp.left -= 1
             grp.interrupts += updates - upd0
             if every or grp.left == 0 or grp.samples is not None:
@@ -418,9 +457,11 @@ class SimEngine:
             self._commit(self.steps)
             return
         entries, self.run, self.ctx, self.groups = self.run, [], 0, []
+        if self.layout is not None:
+            self.layout.clear()
         tot.running -= len(entries)
         tot.waiting += len(entries)
-        for end, _, grp, final, upd0 in entries:
+        for end, _, grp, final, upd0, _ in entries:
             grp.pending += 1
             grp.last_end = -1
             length = final - grp.prompt_len

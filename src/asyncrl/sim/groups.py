@@ -19,6 +19,7 @@ class SimGroup:
     __slots__ = (
         "gid", "prompt_len", "lengths", "left", "pending", "last_end", "admit_version", "min_version",
         "max_version", "engine", "report", "live", "interrupts", "finish_t", "samples", "status", "bound",
+        "rejected",
     )  # fmt: skip
 
     def __init__(self, gid: int, prompt_len: int, lengths: list[int], admit_version: int) -> None:
@@ -48,6 +49,8 @@ class SimGroup:
         self.status = "running"
         self.bound: int | None = None
         """Its own staleness bound: the η_t in force when it was admitted (adaptive admission), else None."""
+        self.rejected: bool | None = None
+        """The filter's verdict replayed from a ledger (``Scenario.ledger_filter``); None: a coin decides."""
 
     @property
     def tokens(self) -> int:

@@ -67,7 +67,7 @@ class Simulator:
         self.router = Router(s.engines)
         self.lengths = LengthSampler(
             s.lengths, s.group_size, s.max_new_tokens, median=s.length_median, sigma=s.length_sigma,
-            within_sigma=s.length_within_sigma, ledger=s.ledger or None, seed=s.seed,
+            within_sigma=s.length_within_sigma, ledger=s.ledger or None, ordered=s.ledger_ordered, seed=s.seed,
         )  # fmt: skip
         self.rng = random.Random(s.seed)
         self.reward_s = s.reward_latency_s if s.reward_latency_s >= 0 else profile.reward.latency_s
@@ -168,6 +168,8 @@ class Simulator:
             self.gid += 1
             lengths = self.lengths.next_group()
             grp = SimGroup(self.gid, s.prompt_len, lengths, self.published)
+            if s.ledger_filter:
+                grp.rejected = bool(self.lengths.replayed_filtered)
             if self.adaptive is not None:
                 grp.bound = gate.max_staleness
             grp.live = EpisodeSamples(gate)
@@ -207,7 +209,7 @@ class Simulator:
         del self.in_flight[grp.gid]
         grp.live.close()
         self.wake_admit = True
-        if self.s.filter_prob > 0 and self.rng.random() < self.s.filter_prob:
+        if self._rejected(grp):
             self.gate.on_finish(accepted=False)
             grp.status = "filtered"
             self.rec.finished(grp)
@@ -225,6 +227,12 @@ class Simulator:
                 self._next_batch()
         if self.waiting_drain and self.gate.running == 0:
             self._export()
+
+    def _rejected(self, grp: SimGroup) -> bool:
+        """The filter's verdict: the replayed group's own (``ledger_filter``), else a ``filter_prob`` coin."""
+        if grp.rejected is not None:
+            return grp.rejected
+        return self.s.filter_prob > 0 and self.rng.random() < self.s.filter_prob
 
     def _bound(self, grp: SimGroup) -> int:
         """The staleness bound ``grp`` is trained within (its admission's η_t under adaptive admission)."""

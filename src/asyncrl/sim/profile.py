@@ -12,6 +12,8 @@ The cost model (DESIGN §6, ``docs/simulator.md``):
       decode_base_s + decode_per_seq_s * n + decode_per_ctx_token_s * ctx
 
   (reading the weights once, the per-sequence work, reading every sequence's own K/V);
+  with ``engine.slot_prefix_rows`` (``LocalEngine``), ``n`` counts rows up to the highest slot in
+  use and ``ctx`` the padded attention keys (``sim.layout``);
 - a prefill (a new prompt, or an aborted sample's prompt + partial output in ``abort`` mode):
   ``prefill_per_token_s`` per token;
 - a weight update pauses the engine for ``update_s`` after the trainer spent ``export_s``;
@@ -54,6 +56,11 @@ class EngineCost:
     fit (0: unlimited, the slot limit alone binds)."""
     devices: int = 1
     """Devices one engine instance occupies (tensor parallelism)."""
+    slot_prefix_rows: bool = False
+    """``LocalEngine``'s layout: a decode step computes every slot up to the highest one in use (idle
+    rows included) and pads attention (``sim.layout``): ``decode_per_seq_s`` is then per row and
+    ``decode_per_ctx_token_s`` per attention key. False: a packed batch (vLLM, SGLang), per running
+    sequence and per context token."""
 
     def step_s(self, running: int, context_tokens: int) -> float:
         """Seconds of one decode step with ``running`` sequences holding ``context_tokens`` in all."""

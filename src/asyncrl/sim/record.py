@@ -103,6 +103,10 @@ class Recorder:
             return
         trained = grp.status == "trained"
         dropped = None if trained else ("equal_rewards" if grp.status == "filtered" else grp.status)
+        self.ledger.append({  # its admission, as the controller's ledger has it (the admission order)
+            "prompt_id": str(grp.gid), "sample_idx": None, "status": "admitted", "stream_index": grp.gid - 1,
+            "start_version": grp.admit_version,
+        })  # fmt: skip
         for idx, (length, intr, version) in enumerate(grp.samples):
             self.ledger.append({
                 "prompt_id": str(grp.gid), "sample_idx": idx, "status": grp.status,

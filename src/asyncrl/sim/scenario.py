@@ -55,6 +55,14 @@ class Scenario:
     filter_prob: float = 0.0
     """Probability that a finished group is rejected by the filter (dynamic sampling: all rewards
     equal); its samples cost generation and train nothing."""
+    ledger_filter: bool = False
+    """lengths=ledger: a replayed group is rejected by the filter exactly when the ledger's run
+    rejected it (its fate travels with its lengths, so the filter keeps its dependence on them:
+    ``sim.workload``); ``filter_prob`` is then not used. ``from_run`` sets it."""
+    ledger_ordered: bool = False
+    """lengths=ledger: hand out the ledger's groups in the order its run admitted them, each once,
+    before drawing (``sim.workload``): a simulation of that run meets its own sequence of prompts.
+    ``from_run`` sets it."""
     sample_reports: SampleReports = "auto"
     """Whether the controller learns of each sample's end (``yes``: as from one ``LocalEngine``) or
     only of the group's (``no``: as through ``EnginePool``); ``auto``: ``yes`` with one engine."""
@@ -122,6 +130,8 @@ def check_scenario(s: Scenario) -> None:
         raise ValueError("scenario: max_staleness, high_water_batches, slots, gpus, ledger_rows must be >= 0")
     if not 0.0 <= s.filter_prob < 1.0 or not 0.0 < s.inference_fraction < 1.0 or s.timeline_period_s <= 0:
         raise ValueError("scenario: filter_prob in [0, 1), inference_fraction in (0, 1), timeline_period_s > 0")
+    if (s.ledger_filter or s.ledger_ordered) and s.lengths != "ledger":
+        raise ValueError("scenario.ledger_filter and ledger_ordered replay a ledger: they need lengths=ledger")
     if s.lengths == "ledger" and not s.ledger:
         raise ValueError("scenario: lengths=ledger needs ledger=RUN_DIR (or its trajectories.jsonl)")
 
@@ -194,7 +204,8 @@ def from_run(run_dir: str | Path, **extra: Any) -> Scenario:
     run = Path(run_dir)
     cfg = load_config(run / "config.yaml")
     stats = run_workload(run)
-    measured = {"lengths": "ledger", "ledger": str(ledger_path(run)), **stats}
+    replay = {"lengths": "ledger", "ledger": str(ledger_path(run)), "ledger_filter": True, "ledger_ordered": True}
+    measured = {**replay, **stats}
     return from_config(cfg, **{**measured, **extra})
 
 
