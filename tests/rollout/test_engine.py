@@ -206,6 +206,23 @@ def test_a_dead_engine_thread_fails_every_call_instead_of_hanging(engine, arun, 
         arun(asyncio.wait_for(engine.abort_all(), timeout=5))
 
 
+def test_running_sample_seconds_integrate_the_samples_holding_a_slot(engine, arun):
+    import time
+
+    p = prompt_of(engine)
+    before = engine.stats()["running_sample_s"]
+    started = time.perf_counter()
+    outs = arun(engine.generate(p, SamplingParams(max_new_tokens=20, seed=1), n=3))
+    wall = time.perf_counter() - started
+    st = engine.stats()
+    assert [len(c.output_ids) for c in outs] == [20, 20, 20]
+    integral = st["running_sample_s"] - before
+    # the three run together through every decode step, and never more than three at once
+    assert 3 * st["decode_s"] * 0.999 <= integral <= 3 * wall
+    time.sleep(0.05)
+    assert engine.stats()["running_sample_s"] == pytest.approx(st["running_sample_s"])  # idle: nothing accrues
+
+
 def test_pause_blocks_decoding_until_resume(engine, arun):
     p = prompt_of(engine)
 

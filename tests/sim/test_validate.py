@@ -23,6 +23,15 @@ def test_occupancy_is_the_time_average_of_running_over_slots() -> None:
     assert _occupancy(timeline, 0.0, 8) == 0.0
 
 
+def test_occupancy_is_exact_from_the_engines_integral_where_every_line_has_it() -> None:
+    # the held counts say 4 running throughout; the engine's integral says 2 on average between t=0 and 3
+    timeline = [{"t": t, "engine_running": 4, "engine_running_sample_s": 10.0 + 2.0 * t} for t in (0.0, 1.0, 3.0)]
+    timeline.append({"t": 5.0, "engine_running": 4, "engine_running_sample_s": 99.0})  # after the last step
+    assert _occupancy(timeline, 4.0, 8) == pytest.approx(2 / 8)
+    mixed = [{**timeline[0], "engine_running_sample_s": None}, *timeline[1:]]  # one line without it: held counts
+    assert _occupancy(mixed, 4.0, 8) == pytest.approx(4 / 8)
+
+
 def _simulated_run(path: Path, eta: int, mode: str) -> None:
     """A simulated run directory (constant lengths) given the real config of the same settings."""
     keys = dict(max_staleness=eta, interrupt_mode=mode, batch_size=4, group_size=4, total_steps=30,

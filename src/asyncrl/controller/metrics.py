@@ -200,8 +200,10 @@ def timeline_sample(
     version: int,
     generating_samples: int = 0,
 ) -> dict[str, Any]:
-    """One line of ``timeline.jsonl``: what each component is doing at RL time ``t``."""
-    return {
+    """One line of ``timeline.jsonl``: what each component is doing at RL time ``t``.
+    ``engine_running_sample_s`` (where the engine counts it): the integral of its running samples over
+    time, from which occupancy between two lines is exact (``sim.validate``)."""
+    sample = {
         "t": t,
         "engine_running": engine_stats.get("running_samples", 0.0),
         "engine_waiting": engine_stats.get("waiting_requests", 0.0),
@@ -218,3 +220,6 @@ def timeline_sample(
         "generating_samples": generating_samples,
         "version": version,
     }
+    if "running_sample_s" in engine_stats:
+        sample["engine_running_sample_s"] = engine_stats["running_sample_s"]
+    return sample

@@ -122,6 +122,9 @@ class LocalEngine:
             ),
             0.0,
         )  # fmt: skip
+        self._occupancy = (0.0, time.perf_counter(), 0)
+        """(running_sample_s settled up to ``when``, ``when``, samples running since then): one tuple,
+        replaced whole, so that ``stats()`` on another thread reads a consistent triple."""
 
     # ------------------------------------------------------------------------------ public API
     @property
@@ -204,8 +207,12 @@ class LocalEngine:
         (max_slots x decode steps); ``generated_tokens`` also counts first tokens sampled at prefill.
         ``prefill_tokens`` are the prompt tokens computed; ``prefix_reused_tokens`` those taken from a
         retained sequence instead (``prefix_hits`` prompts); ``retained_slots`` hold a finished sample's KV
-        now, ``retained_evicted`` were taken for other work, ``retained_dropped`` dropped by weight updates."""
+        now, ``retained_evicted`` were taken for other work, ``retained_dropped`` dropped by weight updates.
+        ``running_sample_s``: the integral over time of the samples holding a slot (running), exact (the
+        time average of running samples between two calls is its difference over the time between them)."""
+        settled, since, running = self._occupancy
         s = dict(self._stats)
+        s["running_sample_s"] = settled + running * (time.perf_counter() - since)
         s["retained_slots"] = float(len(self.scheduler.retained))
         s["retained_evicted"] = float(self.scheduler.retained_evicted)
         s["retained_dropped"] = float(self.scheduler.retained_dropped)
@@ -304,11 +311,13 @@ class LocalEngine:
                         post(loop, future, value)
                 if cancel:
                     self.scheduler.drop_cancelled()
+                self._mark_occupancy()  # an abort or a cancel frees slots
                 if paused:
                     continue
                 t_start = time.perf_counter()
                 self._step()
                 self._stats["busy_s"] += time.perf_counter() - t_start
+                self._mark_occupancy()
             except Exception as e:  # never let a step kill the thread: fail the in-flight requests
                 log.exception("LocalEngine step failed; failing in-flight requests")
                 self._fail_all(e)
@@ -325,6 +334,14 @@ class LocalEngine:
             post(loop, future, None, exc)
         self.scheduler.reset()
         self._decode_params = None
+        self._mark_occupancy()
+
+    def _mark_occupancy(self) -> None:
+        """Settle ``running_sample_s`` up to now at the count held since the last mark, and hold the
+        current count from now on (called wherever the running samples may have changed)."""
+        now = time.perf_counter()
+        settled, since, running = self._occupancy
+        self._occupancy = (settled + running * (now - since), now, self.scheduler.num_running)
 
     # ------------------------------------------------------------------------------ the step
     def _step(self) -> None:
@@ -334,6 +351,7 @@ class LocalEngine:
         group's cached prompt logits), so that they decode in this very step, like their siblings."""
         t_start = time.perf_counter()
         admission = self.scheduler.admit()
+        self._mark_occupancy()
         if admission.joins:
             self._start_joins(admission.joins)
         plan = self.scheduler.schedule(admission.prefills)
@@ -342,7 +360,9 @@ class LocalEngine:
         t_scheduled = time.perf_counter()
         output = self._execute(plan)
         self._count_step(plan)  # counters first: a finished sample resolves a future whose caller may read stats()
-        self._deliver(self.scheduler.update(plan, output))
+        updated = self.scheduler.update(plan, output)
+        self._mark_occupancy()  # before delivering, like the counters: a caller may read stats() at once
+        self._deliver(updated)
         self._charge_time(plan, t_scheduled - t_start, time.perf_counter() - t_scheduled)
 
     def _start_joins(self, joins: tuple[Placement, ...]) -> None:

@@ -35,7 +35,8 @@ __all__ = ["EngineDied", "EnginePool"]
 
 _CUMULATIVE = frozenset(
     ("generated_tokens", "decode_tokens", "decode_steps", "busy_s", "decode_s", "prefill_s", "prefill_tokens",
-     "requests", "finished_samples", "aborted_samples", "aborted_requests", "weight_updates", "update_s")
+     "requests", "finished_samples", "aborted_samples", "aborted_requests", "weight_updates", "update_s",
+     "running_sample_s")
 )  # fmt: skip
 """Counters that only grow: a replaced engine's last values stay in the pool's sums."""
 
