@@ -51,7 +51,7 @@ def render(package_dir: Path = PACKAGE_DIR) -> str:
     """The generated section (markers included)."""
     layers, aliases = _rules()
     by_unit: dict[str, list[Path]] = {}
-    for path in sorted(package_dir.rglob("*.py")):
+    for path in sorted(package_dir.rglob("*.py"), key=lambda p: p.as_posix()):
         relative = path.relative_to(package_dir)
         by_unit.setdefault(unit_of(relative, aliases), []).append(relative)
     unknown = sorted(set(by_unit) - set(layers))

@@ -204,6 +204,8 @@ def _bench_headline(args: argparse.Namespace) -> None:
     synchronous arm (``bench/headline.py``)."""
     from asyncrl.bench import async_bench, headline
 
+    if args.reanalyse and args.reevaluate:
+        raise ConfigError("--reanalyse and --reevaluate: one at a time")
     if args.reanalyse:
         headline.reanalyse(args.reanalyse)
         return

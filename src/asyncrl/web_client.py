@@ -92,7 +92,11 @@ class JsonClient:
             if loop is here:
                 await held.keeper.aclose()
             elif loop.is_running():
-                await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(held.keeper.aclose(), loop))
+                closing = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(held.keeper.aclose(), loop))
+                try:
+                    await asyncio.wait_for(closing, CLOSE_WAIT_S)
+                except TimeoutError:  # that loop is blocked or stopped meanwhile: the close stays queued there
+                    log.warning("a session on another thread's event loop did not close within %g s", CLOSE_WAIT_S)
             elif not loop.is_closed():
                 self._sessions[loop] = held  # no loop runs it now; it cannot be closed from this one
 

@@ -77,3 +77,27 @@ def test_reanalyse_names_a_run_directory_it_cannot_find(tmp_path, monkeypatch) -
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match="run directory runs/bench-headline/s0-eta0 .* not found"):
         reanalyse(str(path))
+
+
+def test_rows_of_seeds_without_a_synchronous_run_carry_this_analysis_figures() -> None:
+    stale = {"final_accuracy": 0.123, "time_to_target_s": 7.0}  # what a source file's row may still hold
+    rows = [{**_row(0, 4, [(0, 0.2), (40, 0.6)], 150.0, 150.0), **stale}]
+    result = analyse(rows, target_fraction=0.9)
+    assert result["per_seed"] == [] and rows[0]["time_to_target_s"] is None
+    assert result["summary"]["eta4"]["final_accuracy"]["mean"] == pytest.approx(0.6)
+
+
+def test_a_synchronous_run_that_never_holds_its_own_target_gives_no_speedup() -> None:
+    # plateau of the last three (0.8, 0.4, 0.4) = 0.533: the synchronous run never holds it after its peak
+    rows = [
+        _row(0, 0, [(0, 0.2), (50, 0.3), (100, 0.8), (150, 0.4), (200, 0.4)], 100.0, 100.0),
+        _row(0, 4, [(0, 0.2), (40, 0.6), (80, 0.7)], 150.0, 150.0),
+        _row(1, 0, [(0, 0.2), (50, 0.5), (100, 0.6)], 100.0, 100.0),
+        _row(1, 4, [(0, 0.2), (25, 0.6), (50, 0.6)], 150.0, 150.0),
+    ]
+    result = analyse(rows, target_fraction=1.0, final_window=3)
+    seed0, seed1 = result["per_seed"]
+    assert not seed0["sync_holds_target"] and "eta4_speedup" not in seed0 and seed0["eta4_reached"]
+    summary = result["summary"]["eta4"]
+    assert summary["speedup"]["n"] == 1 and math.isfinite(summary["speedup"]["mean"])
+    assert summary["seeds_without_synchronous_time"] == [0] and seed1["sync_holds_target"]

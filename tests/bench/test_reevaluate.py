@@ -126,3 +126,19 @@ def test_relative_snapshot_paths_are_found_from_another_folder_and_missing_weigh
     (root / "s0-eta0" / "v2" / "model.safetensors").unlink()  # a snapshot without weights: named, never hashed as b""
     with pytest.raises(FileNotFoundError, match="v2 holds no"):
         reevaluate([source], str(tmp_path / "out2.json"), samples_per_prompt=4)
+
+
+def test_a_resume_with_other_settings_is_refused_and_sources_must_evaluate_alike(tmp_path, monkeypatch) -> None:
+    source = _source(tmp_path / "a", "a.json", [0], [0, 4])
+    out = tmp_path / "out.json"
+    monkeypatch.setattr(reevaluate_module, "evaluate_snapshots", FakeEvaluation(fail_after=4))
+    with pytest.raises(RuntimeError, match="interrupted"):
+        reevaluate([source], str(out), samples_per_prompt=4)
+    monkeypatch.setattr(reevaluate_module, "evaluate_snapshots", FakeEvaluation())
+    with pytest.raises(ValueError, match="other settings"):  # the kept row was scored at 4 per prompt
+        reevaluate([source], str(out), samples_per_prompt=16)
+    other = _source(tmp_path / "b", "b.json", [1], [0, 4])
+    payload = json.loads(Path(other).read_text())
+    Path(other).write_text(json.dumps(payload | {"overrides": [*BASE, "eval.max_new_tokens=7"]}))
+    with pytest.raises(ValueError, match="eval settings differ"):
+        reevaluate([source, other], str(tmp_path / "o.json"), samples_per_prompt=4)

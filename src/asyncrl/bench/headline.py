@@ -113,6 +113,9 @@ def analyse(
     by_seed: dict[int, dict[int, dict[str, Any]]] = {}
     for row in rows:
         by_seed.setdefault(row["seed"], {})[row["max_staleness"]] = row
+        # every row's figures are this analysis's, a seed without a synchronous run included
+        row["final_accuracy"] = _final_accuracy(row["curve"], final_window) if row["curve"] else None
+        row["time_to_target_s"] = None
     per_seed = []
     for seed, arms in sorted(by_seed.items()):
         sync = arms.get(0)
@@ -126,14 +129,16 @@ def analyse(
         item: dict[str, Any] = {
             "seed": seed, "target_accuracy": target, "sync_start": start, "sync_final": final,
             "sync_gain_se": se, "target_meaningful": se is None or final - start > 2 * se,
+            # a synchronous run that never holds its own target (a plateau above its end) gives no speed-up
+            "sync_holds_target": math.isfinite(t_sync),
         }  # fmt: skip
         for eta, row in sorted(arms.items()):
             t_arm = time_to_target(row["curve"], target)
             row["time_to_target_s"] = t_arm
-            row["final_accuracy"] = _final_accuracy(row["curve"], final_window)
             item[f"{_arm_name(eta)}_reached"] = math.isfinite(t_arm)
             item[f"{_arm_name(eta)}_time_to_target_s"] = t_arm
-            item[f"{_arm_name(eta)}_speedup"] = t_sync / t_arm if t_arm > 0 and math.isfinite(t_arm) else 0.0
+            if math.isfinite(t_sync):
+                item[f"{_arm_name(eta)}_speedup"] = t_sync / t_arm if t_arm > 0 and math.isfinite(t_arm) else 0.0
             item[f"{_arm_name(eta)}_final_minus_sync_points"] = 100 * (row["final_accuracy"] - final)
             for key in ("steady_state_tokens_per_s", "trained_tokens_per_s"):
                 if row.get(key) is not None and sync.get(key):
@@ -154,7 +159,10 @@ def analyse(
             if reached else None,
             "reached": f"{len(reached)} of {len(speedups)}",
             "time_to_target_s": mean_ci95(over_seeds("time_to_target_s")),
-            "final_accuracy": mean_ci95([r["final_accuracy"] for r in rows if r["max_staleness"] == eta]),
+            "final_accuracy": mean_ci95(
+                [r["final_accuracy"] for r in rows if r["max_staleness"] == eta and r["final_accuracy"] is not None]
+            ),
+            "seeds_without_synchronous_time": [s["seed"] for s in per_seed if not s["sync_holds_target"]],
             "final_minus_sync_points": mean_ci95(over_seeds("final_minus_sync_points")),
             "steady_state_ratio": mean_ci95(over_seeds("steady_state_tokens_per_s_ratio")),
             "whole_run_ratio": mean_ci95(over_seeds("trained_tokens_per_s_ratio")),

@@ -69,7 +69,31 @@ def _load_sources(sources: Sequence[str]) -> list[dict[str, Any]]:
     seeds = [seed for p in payloads for seed in p["seeds"]]
     if len(seeds) != len(set(seeds)):
         raise ValueError(f"seeds repeat across the source files ({sorted(seeds)}): each seed must come from one file")
+    settings = [_evaluation_settings(p["overrides"]) for p in payloads]
+    for source, setting in zip(sources, settings, strict=True):
+        for key, value in setting.items():
+            if value != settings[0][key]:
+                raise ValueError(f"{source}: its {key} settings differ from {sources[0]}'s ({value!r} against "
+                                 f"{settings[0][key]!r}); these runs cannot be analysed together")  # fmt: skip
     return payloads
+
+
+def _evaluation_settings(overrides: Sequence[str]) -> dict[str, Any]:
+    """What must be equal for two files' evaluations to be comparable: the task (its held-out split),
+    the evaluation settings and the sampling temperature (the warm start may differ: it is recorded)."""
+    from dataclasses import asdict
+
+    from asyncrl.config import load_config
+
+    cfg = load_config(None, with_samples_per_prompt(overrides, 1))
+    return {"task": asdict(cfg.task), "eval": asdict(cfg.eval), "rollout.temperature": cfg.rollout.temperature}
+
+
+def _write_atomically(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_suffix(".tmp")
+    scratch.write_text(json.dumps(payload, indent=2, default=str))
+    scratch.replace(path)
 
 
 def _evaluate_row(
@@ -98,13 +122,13 @@ def reevaluate(
         raise ValueError(f"samples per prompt must be >= 1, got {samples_per_prompt}")
     payloads = _load_sources(sources)
     partial_path = Path(json_path).with_suffix(".partial.json")
-    done = {}
+    done: dict[str, dict[str, Any]] = {}
     if partial_path.exists():
         done = {row["run_dir"]: row for row in json.loads(partial_path.read_text())["rows"]}
-        print(f"reusing {len(done)} evaluated rows from {partial_path}")
+        print(f"reusing the evaluated rows of {partial_path} that match ({len(done)} there)")
     memo: dict[tuple[str, ...], float] = {}
     rows: list[dict[str, Any]] = []
-    first_samples = sorted({p["eval_samples"] for p in payloads})
+    first_samples = sorted({p.get("eval_samples") or 0 for p in payloads})
     payload: dict[str, Any] = {
         **{key: payloads[0].get(key) for key in SAME_ACROSS_SOURCES},
         "overrides": with_samples_per_prompt(payloads[0]["overrides"], samples_per_prompt),
@@ -112,7 +136,9 @@ def reevaluate(
         "etas": sorted({eta for p in payloads for eta in p["etas"] if etas is None or eta in etas}),
         "snapshot_every_s": payloads[0].get("snapshot_every_s"),
         "first_eval_samples": first_samples[0] if len(first_samples) == 1 else first_samples,
-        "reevaluated_from": [{"file": str(s), "overrides": p["overrides"], "eval_samples": p["eval_samples"]}
+        "reevaluated_from": [{"file": str(s), "overrides": p["overrides"], "eval_samples": p.get("eval_samples"),
+                              "start_weights_sha256": _weights_digest(resolve_run_dir(
+                                  p["rows"][0]["snapshots"][0]["path"], s))}
                              for s, p in zip(sources, payloads, strict=True)],  # fmt: skip
         "samples_per_prompt": samples_per_prompt,
         "rows": rows,
@@ -129,7 +155,11 @@ def reevaluate(
             if etas is not None and row["max_staleness"] not in etas:
                 continue
             if row["run_dir"] in done:
-                rows.append(done[row["run_dir"]])
+                kept = done[row["run_dir"]]
+                if kept.get("eval_overrides") != overrides:
+                    raise ValueError(f"{partial_path} holds {row['run_dir']} evaluated with other settings "
+                                     f"({kept.get('eval_overrides')}); remove the file or rerun as before")  # fmt: skip
+                rows.append(kept)
                 continue
             print(f"\n=== re-evaluating {source}: seed {row['seed']}, max_staleness={row['max_staleness']} ===",
                   flush=True)  # fmt: skip
@@ -137,8 +167,7 @@ def reevaluate(
             new_row = {**row, "curve_first_evaluation": row["curve"], "eval_overrides": overrides}
             new_row["curve"] = [(s["t"], a) for s, a in zip(row["snapshots"], accuracies, strict=True)]
             rows.append(new_row)
-            partial_path.parent.mkdir(parents=True, exist_ok=True)
-            partial_path.write_text(json.dumps(payload, indent=2, default=str))
+            _write_atomically(partial_path, payload)
     result = finish(payload, json_path)
     partial_path.unlink(missing_ok=True)
     return result

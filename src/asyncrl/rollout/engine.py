@@ -210,9 +210,10 @@ class LocalEngine:
         now, ``retained_evicted`` were taken for other work, ``retained_dropped`` dropped by weight updates.
         ``running_sample_s``: the integral over time of the samples holding a slot (running), exact (the
         time average of running samples between two calls is its difference over the time between them)."""
+        now = time.perf_counter()  # before the tuple: a mark after it cannot leave ``since`` past ``now``
         settled, since, running = self._occupancy
         s = dict(self._stats)
-        s["running_sample_s"] = settled + running * (time.perf_counter() - since)
+        s["running_sample_s"] = settled + running * max(0.0, now - since)
         s["retained_slots"] = float(len(self.scheduler.retained))
         s["retained_evicted"] = float(self.scheduler.retained_evicted)
         s["retained_dropped"] = float(self.scheduler.retained_dropped)
@@ -474,6 +475,7 @@ class LocalEngine:
         aborted = self.scheduler.release_running()
         for sample_ in aborted:
             sample_.interruptions += 1
+        self._mark_occupancy()  # before delivering: their caller may read stats() at once
         self._deliver([Finished(s, "abort") for s in aborted])
         return len(aborted)
 

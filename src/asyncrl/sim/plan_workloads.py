@@ -22,7 +22,7 @@ Named workloads, each number with its source:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +134,9 @@ def resolve_workload(spec: str) -> PlanWorkload:
         return named[spec]
     path = Path(spec)
     if path.is_dir():
-        s = from_run(path)
+        # the run's lengths and filter verdicts, drawn in a fresh order per simulator seed: a plan looks at
+        # other settings than the run's, where its admission order says nothing (validation keeps it)
+        s = replace(from_run(path), ledger_ordered=False)
         return PlanWorkload(
             f"run:{path.name}", _workload_keys(s), (), f"replayed from the ledger of {path}",
             config_file=str(path / "config.yaml"),
