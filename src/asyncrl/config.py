@@ -89,6 +89,10 @@ class TaskConfig:
     """Dataset file for gsm8k/jsonl tasks (default: ../shared/data for gsm8k)."""
     verifier: str = "arithmetic"
     """Which verifier scores a response (see reward.service): arithmetic | math | code | custom:mod:fn."""
+    calculator_max_digits: int = 0
+    """Calculator: most decimal digits of any operand (0: the built-in ranges, 2-7 digits by problem
+    kind; 3 gives products like 483*57, still beyond a tiny model's mental arithmetic, with shorter
+    operands and results to copy). At least 2 when set; a new value is a new problem set."""
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,9 @@ def validate_ranges(cfg: Config) -> None:
         value = _value(cfg, key)
         if not _in_interval(value, interval):
             raise ConfigError(f"{key} must be in {interval}, got {value}")
+    digits = cfg.task.calculator_max_digits
+    if digits != 0 and not 2 <= digits <= 7:
+        raise ConfigError(f"task.calculator_max_digits must be 0 (the built-in ranges) or in [2, 7], got {digits}")
 
 
 def validate_algo(cfg: Config) -> None:

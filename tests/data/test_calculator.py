@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
+from asyncrl.config import load_config
+from asyncrl.config_parse import ConfigError
 from asyncrl.data.calculator import demonstration, make_calculator_splits
 from asyncrl.rollout.envs.calculator import calculator_reward, evaluate_expression
 from asyncrl.types import Prompt
@@ -23,3 +27,28 @@ def test_demonstration_is_a_correct_tool_conversation() -> None:
     assert [m["role"] for m in demo] == ["user", "assistant", "tool", "assistant"]
     assert demo[1]["content"] == f"<calc>{p.question}</calc>" and demo[2]["content"] == p.answer
     assert calculator_reward(Prompt(p.problem_id, (), p.answer), demo[3]["content"]) == 1.0
+
+
+def _operands(question: str) -> list[str]:
+    return question.lstrip("-").replace("+", "*").replace("-", "*").split("*")
+
+
+@pytest.mark.parametrize("cap", [2, 3, 4])
+def test_max_digits_caps_every_operand_and_keeps_the_splits_disjoint(cap: int) -> None:
+    train, held = make_calculator_splits(3, 300, 60, max_digits=cap)
+    assert not {p.question for p in train} & {p.question for p in held}
+    lengths = {len(x) for p in train + held for x in _operands(p.question)}
+    assert max(lengths) == cap and min(lengths) >= 2
+    for p in train + held:
+        assert evaluate_expression(p.question) == p.answer
+
+
+def test_max_digits_zero_is_the_built_in_problem_set() -> None:
+    assert make_calculator_splits(3, 50, 20, max_digits=0) == make_calculator_splits(3, 50, 20)
+    assert max(len(x) for p in make_calculator_splits(3, 200, 0)[0] for x in _operands(p.question)) == 7
+
+
+@pytest.mark.parametrize("bad", [1, 8, -1])
+def test_max_digits_is_validated(bad: int) -> None:
+    with pytest.raises(ConfigError, match="task.calculator_max_digits"):
+        load_config(None, ["task.name=calculator", f"task.calculator_max_digits={bad}"])

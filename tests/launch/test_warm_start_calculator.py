@@ -57,6 +57,20 @@ def test_the_key_follows_what_changes_the_result() -> None:
         assert warm_start_key(load_config(None, [*CALC, change]), spec) != base, change
     arithmetic = warm_start_key(load_config(None, []), spec)
     assert warm_start_key(load_config(None, ["agent.tool_format=tag"]), spec) == arithmetic  # single-turn: unchanged
+    assert warm_start_key(load_config(None, [*CALC, "task.calculator_max_digits=3"]), spec) != base
+
+
+def test_fields_added_at_their_defaults_keep_every_existing_key() -> None:
+    """The keys of the cached warm starts built before ``task.calculator_max_digits`` existed (computed at
+    the commit before it): a new field at its default must not orphan a cache."""
+    spec = TinyModelSpec()
+    assert warm_start_key(load_config(None, []), spec) == "29e4437d1ea3"
+    assert warm_start_key(load_config(None, ["task.form=repeat", "task.max_terms=300"]), spec) == "bc33b0febc22"
+    # the config of that commit
+    calculator = ["task.name=calculator", "task.train_size=4096", "sft.steps=800", "sft.batch_size=32", "sft.lr=3e-3",
+                  "sft.warmup_steps=10", "rollout.workflow=agent", "agent.tool_format=tag"]  # fmt: skip
+    assert warm_start_key(load_config(None, calculator), spec) == "fd049aab88e0"
+    assert warm_start_key(load_config(None, [*calculator, "task.calculator_max_digits=0"]), spec) == "fd049aab88e0"
 
 
 def test_a_tiny_calculator_warm_start_is_built_then_reused(tmp_path) -> None:

@@ -29,36 +29,40 @@ class CalculatorProblem:
     """The exact integer value."""
 
 
-def _number(rng: random.Random, lo_digits: int, hi_digits: int) -> int:
+def _number(rng: random.Random, lo_digits: int, hi_digits: int, max_digits: int) -> int:
+    if max_digits:
+        lo_digits, hi_digits = min(lo_digits, max_digits), min(hi_digits, max_digits)
     digits = rng.randint(lo_digits, hi_digits)
     return rng.randint(10 ** (digits - 1), 10**digits - 1)
 
 
-def _make_problem(rng: random.Random, problem_id: str) -> CalculatorProblem:
+def _make_problem(rng: random.Random, problem_id: str, max_digits: int) -> CalculatorProblem:
     match rng.choice(("mul", "mul", "add_mul", "sub")):
         case "mul":
-            a, b = _number(rng, 3, 5), _number(rng, 2, 4)
+            a, b = _number(rng, 3, 5, max_digits), _number(rng, 2, 4, max_digits)
             expr, value = f"{a}*{b}", a * b
         case "add_mul":
-            a, b, c = _number(rng, 4, 5), _number(rng, 3, 4), _number(rng, 2, 3)
+            a, b, c = _number(rng, 4, 5, max_digits), _number(rng, 3, 4, max_digits), _number(rng, 2, 3, max_digits)
             expr, value = f"{a}+{b}*{c}", a + b * c
         case _:
-            a, b = _number(rng, 5, 7), _number(rng, 4, 6)
+            a, b = _number(rng, 5, 7, max_digits), _number(rng, 4, 6, max_digits)
             expr, value = f"{a}-{b}", a - b
     return CalculatorProblem(problem_id, expr, str(value))
 
 
 def make_calculator_splits(
-    seed: int, train_size: int, eval_size: int
+    seed: int, train_size: int, eval_size: int, max_digits: int = 0
 ) -> tuple[list[CalculatorProblem], list[CalculatorProblem]]:
-    """Deterministic (train, held_out) problems, disjoint by ``is_held_out`` for any sizes."""
+    """Deterministic (train, held_out) problems, disjoint by ``is_held_out`` for any sizes. ``max_digits``
+    (``task.calculator_max_digits``) caps every operand's digits; 0 keeps the built-in ranges (and the
+    same problems as before the cap existed)."""
 
     def draw(stream: str, size: int, held_out: bool) -> list[CalculatorProblem]:
         rng = random.Random(f"{seed}-calculator-{stream}")
         out: list[CalculatorProblem] = []
         index = 0
         while len(out) < size:
-            problem = _make_problem(rng, f"calc-{stream}-{index}")
+            problem = _make_problem(rng, f"calc-{stream}-{index}", max_digits)
             index += 1
             if is_held_out(seed, problem.question) == held_out:
                 out.append(problem)

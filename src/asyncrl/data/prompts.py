@@ -67,7 +67,9 @@ def build_task(
         case "calculator":
             from asyncrl.data.calculator import make_calculator_splits
 
-            train_c, held_c = make_calculator_splits(task.seed, task.train_size, task.eval_size)
+            train_c, held_c = make_calculator_splits(
+                task.seed, task.train_size, task.eval_size, task.calculator_max_digits
+            )
 
             def calc_prompt(p: Any) -> Prompt:
                 # the episode's opening is the environment's (system, tools, question); these ids measure it

@@ -37,11 +37,17 @@ CALCULATOR_DEMO_FORMAT = 1
 """Bump when the calculator demonstrations change (system message, tool schema, conversation)."""
 
 
+_TASK_FIELDS_ADDED = {"calculator_max_digits": 0}
+"""TaskConfig fields added after caches were keyed, with their defaults: hashed only when set otherwise, so
+that every existing config keeps its key (and its cached warm start)."""
+
+
 def warm_start_key(cfg: Config, spec: TinyModelSpec) -> str:
+    at_default = tuple(k for k, default in _TASK_FIELDS_ADDED.items() if getattr(cfg.task, k) == default)
     payload = {
         "spec": spec.__dict__,
         "sft": cfg.sft.__dict__,
-        "task": {k: v for k, v in cfg.task.__dict__.items() if k not in ("eval_size",)},
+        "task": {k: v for k, v in cfg.task.__dict__.items() if k not in ("eval_size", *at_default)},
         "micro": cfg.trainer.max_tokens_per_micro_batch,
         "format": 3,  # 3: held-out and training split by question hash (data/synthetic.py)
     }
@@ -97,7 +103,7 @@ def calculator_examples(cfg: Config, tokenizer: Any) -> list[SFTExample]:
 
     if cfg.agent.env != "calculator":
         raise ValueError(f"task.name=calculator warm-starts the calculator env, not agent.env={cfg.agent.env!r}")
-    train, _ = make_calculator_splits(cfg.task.seed, cfg.task.train_size, 0)
+    train, _ = make_calculator_splits(cfg.task.seed, cfg.task.train_size, 0, cfg.task.calculator_max_digits)
     renderer = ChatRenderer(tokenizer, (tokenizer.eos_token_id,))
     tool = calculator_tool()
     env = calculator_env()
