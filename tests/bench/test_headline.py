@@ -101,3 +101,18 @@ def test_a_synchronous_run_that_never_holds_its_own_target_gives_no_speedup() ->
     summary = result["summary"]["eta4"]
     assert summary["speedup"]["n"] == 1 and math.isfinite(summary["speedup"]["mean"])
     assert summary["seeds_without_synchronous_time"] == [0] and seed1["sync_holds_target"]
+
+
+def test_accuracy_at_equal_wall_time_compares_both_runs_when_the_shorter_ended() -> None:
+    from asyncrl.bench.stats import accuracy_at
+
+    sync = [(0.0, 0.2), (100.0, 0.4), (200.0, 0.6)]
+    assert accuracy_at(sync, 50.0) == pytest.approx(0.3) and accuracy_at(sync, 200.0) == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="outside"):
+        accuracy_at(sync, 250.0)
+    rows = [_row(0, 0, sync, 100.0, 100.0), _row(0, 4, [(0.0, 0.2), (60.0, 0.5), (120.0, 0.55)], 150.0, 150.0)]
+    seed = analyse(rows, target_fraction=0.9)["per_seed"][0]
+    # the asynchronous run ended at 120 s (its step budget): there the synchronous one was at 0.44
+    assert seed["eta4_common_end_s"] == pytest.approx(120.0)
+    assert seed["eta4_at_common_end_minus_sync_points"] == pytest.approx(100 * (0.55 - 0.44))
+    assert seed["eta4_final_minus_sync_points"] == pytest.approx(100 * (0.55 - 0.6))

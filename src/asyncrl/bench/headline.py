@@ -17,7 +17,9 @@ One invocation, seed-major (every arm of a seed runs back to back, so load drift
    ``target_fraction`` of its gain over the run (start -> final snapshot); each arm's time to the
    target (``stats.time_to_target``: reached and held at the next evaluation, interpolated);
    the speed-up ``T_sync / T_arm`` per seed, and its mean with a 95% t-interval; final accuracies
-   side by side with the paired difference to the synchronous run; the throughput of each run
+   side by side with the paired difference to the synchronous run, and both runs' accuracy at equal
+   wall time (when the shorter of the two ended: equal step budgets end the arms at different times);
+   the throughput of each run
    (``throughput.measure_throughput``: steady state and whole run). A plot of accuracy against
    wall time for every arm and seed is written beside the JSON.
 """
@@ -33,7 +35,7 @@ from typing import Any
 
 from asyncrl.bench.async_bench import WORKLOAD_ALIASES, workload_overrides
 from asyncrl.bench.runs import resolve_run_dir, run_and_measure
-from asyncrl.bench.stats import mean_ci95, time_to_target
+from asyncrl.bench.stats import accuracy_at, mean_ci95, time_to_target
 from asyncrl.bench.throughput import measure_throughput
 from asyncrl.bench.time_budget import time_budget
 from asyncrl.controller.rundir import fresh_subdir
@@ -140,6 +142,12 @@ def analyse(
             if math.isfinite(t_sync):
                 item[f"{_arm_name(eta)}_speedup"] = t_sync / t_arm if t_arm > 0 and math.isfinite(t_arm) else 0.0
             item[f"{_arm_name(eta)}_final_minus_sync_points"] = 100 * (row["final_accuracy"] - final)
+            # at equal wall time: both runs' accuracy when the shorter one ended (a step budget ends them apart)
+            common_end = min(row["curve"][-1][0], sync["curve"][-1][0])
+            item[f"{_arm_name(eta)}_common_end_s"] = common_end
+            item[f"{_arm_name(eta)}_at_common_end_minus_sync_points"] = 100 * (
+                accuracy_at(row["curve"], common_end) - accuracy_at(sync["curve"], common_end)
+            )
             for key in ("steady_state_tokens_per_s", "trained_tokens_per_s"):
                 if row.get(key) is not None and sync.get(key):
                     item[f"{_arm_name(eta)}_{key}_ratio"] = row[key] / sync[key]
@@ -164,6 +172,7 @@ def analyse(
             ),
             "seeds_without_synchronous_time": [s["seed"] for s in per_seed if not s["sync_holds_target"]],
             "final_minus_sync_points": mean_ci95(over_seeds("final_minus_sync_points")),
+            "at_common_end_minus_sync_points": mean_ci95(over_seeds("at_common_end_minus_sync_points")),
             "steady_state_ratio": mean_ci95(over_seeds("steady_state_tokens_per_s_ratio")),
             "whole_run_ratio": mean_ci95(over_seeds("trained_tokens_per_s_ratio")),
             "staleness_mean": mean_ci95([r["staleness_mean"] for r in rows if r["max_staleness"] == eta]),

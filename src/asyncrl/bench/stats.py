@@ -63,3 +63,14 @@ def time_to_target(curve: Sequence[tuple[float, float]], target: float) -> float
             return t
         return t_prev + (t - t_prev) * (target - acc_prev) / (acc - acc_prev)
     return math.inf
+
+
+def accuracy_at(curve: Sequence[tuple[float, float]], t: float) -> float:
+    """A run's accuracy at time ``t``, linear between its evaluations (``curve``: (time, accuracy) in
+    time order); ``t`` outside ``[first, last]`` evaluation is an error: a run says nothing there."""
+    if not curve or not curve[0][0] <= t <= curve[-1][0]:
+        raise ValueError(f"time {t} is outside the evaluated span of the run")
+    for (t0, a0), (t1, a1) in zip(curve, curve[1:], strict=False):
+        if t0 <= t <= t1:
+            return a0 if t1 == t0 else a0 + (a1 - a0) * (t - t0) / (t1 - t0)
+    return curve[-1][1]
