@@ -135,6 +135,8 @@ def analyse(
             "sync_holds_target": math.isfinite(t_sync),
         }  # fmt: skip
         for eta, row in sorted(arms.items()):
+            if not row["curve"]:  # a run with no evaluated snapshot says nothing of time or accuracy
+                continue
             t_arm = time_to_target(row["curve"], target)
             row["time_to_target_s"] = t_arm
             item[f"{_arm_name(eta)}_reached"] = math.isfinite(t_arm)
