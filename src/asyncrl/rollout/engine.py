@@ -318,7 +318,6 @@ class LocalEngine:
                 t_start = time.perf_counter()
                 self._step()
                 self._stats["busy_s"] += time.perf_counter() - t_start
-                self._mark_occupancy()
             except Exception as e:  # never let a step kill the thread: fail the in-flight requests
                 log.exception("LocalEngine step failed; failing in-flight requests")
                 self._fail_all(e)
