@@ -45,7 +45,8 @@ print("ROW " + json.dumps(_run_local(model, tokenizer, prompts, lengths, slots, 
 """
 
 
-def _git(*args: str) -> str:
+def git(*args: str) -> str:
+    """The output of ``git -C <repo> ARGS`` (fails loudly)."""
     return subprocess.run(["git", "-C", str(REPO), *args], check=True, capture_output=True, text=True).stdout.strip()
 
 
@@ -74,14 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.repeats < 2:
         ap.error("--repeats must be >= 2 (an interval needs two repetitions)")
-    revs = {"before": _git("rev-parse", args.before), "after": _git("rev-parse", args.after)}
+    revs = {"before": git("rev-parse", args.before), "after": git("rev-parse", args.after)}
     rows: dict[str, list[dict]] = {"before": [], "after": []}
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="engine-before-after-") as tmp:
         model_dir = build_tiny_policy(Path(tmp) / "tiny")
         trees = {side: Path(tmp) / side for side in revs}
         for side, rev in revs.items():
-            _git("worktree", "add", "--detach", str(trees[side]), rev)
+            git("worktree", "add", "--detach", str(trees[side]), rev)
         try:
             for rep in range(args.repeats):
                 order = ("before", "after") if rep % 2 == 0 else ("after", "before")
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"({row['wall_s']:.2f} s, {row['decode_steps']} steps)", flush=True)  # fmt: skip
         finally:
             for tree in trees.values():
-                _git("worktree", "remove", "--force", str(tree))
+                git("worktree", "remove", "--force", str(tree))
     for key in ("decode_steps", "useful_tokens"):
         seen = {r[key] for side in rows.values() for r in side}
         if len(seen) != 1:

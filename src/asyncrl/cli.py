@@ -337,8 +337,14 @@ def build_parser() -> argparse.ArgumentParser:
         "together into --json (--etas: only those arms)",
     )  # fmt: skip
     p.add_argument(
-        "--samples-per-prompt", type=int, default=8, help="headline --reevaluate: samples per held-out prompt"
-    )
+        "--samples-per-prompt", type=int, default=None,
+        help="headline: samples per held-out prompt when scoring snapshots (default: the runs' eval setting; "
+        "--reevaluate: 8)",
+    )  # fmt: skip
+    p.add_argument(
+        "--time-budget-s", type=float, default=None,
+        help="headline: every arm stops starting steps at this much RL time (--steps stays a cap)",
+    )  # fmt: skip
     p.add_argument(
         "--reanalyse", metavar="FILE",
         help="ablation|headline|agent-throughput: recompute a finished result file from its runs",

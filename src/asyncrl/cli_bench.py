@@ -215,7 +215,7 @@ def _bench_headline(args: argparse.Namespace) -> None:
         if not args.json:
             raise ConfigError("--reevaluate needs --json: where the re-evaluated analysis goes")
         etas = tuple(int(x) for x in args.etas.split(",")) if args.etas else None
-        reevaluate(args.reevaluate, args.json, samples_per_prompt=args.samples_per_prompt, etas=etas)
+        reevaluate(args.reevaluate, args.json, samples_per_prompt=args.samples_per_prompt or 8, etas=etas)
         return
     overrides = _bench_overrides(args)
     workload = args.workload or "reason"
@@ -225,12 +225,17 @@ def _bench_headline(args: argparse.Namespace) -> None:
         raise ConfigError("--snapshot-every must be > 0: the accuracy curves are evaluated from the snapshots")
     if args.sync_setting and args.sync_setting not in headline.SYNC_CANDIDATES:
         raise ConfigError(f"--sync-setting {args.sync_setting!r}: one of {', '.join(headline.SYNC_CANDIDATES)}")
+    if args.time_budget_s is not None and args.time_budget_s <= 0:
+        raise ConfigError("--time-budget-s must be > 0 (leave it out for step budgets alone)")
+    if args.samples_per_prompt is not None and args.samples_per_prompt < 1:
+        raise ConfigError("--samples-per-prompt must be >= 1")
     headline.run_headline_bench(
         args.json, overrides=overrides, workload=workload, steps=args.steps,
         etas=tuple(int(x) for x in args.etas.split(",")) if args.etas else (0, 2, 4, 8),
         seeds=tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (0, 1, 2),
         snapshot_every_s=args.snapshot_every, warmup_s=_warmup(args), target_fraction=args.target_fraction,
-        probe_steps=args.probe_steps, sync_setting=args.sync_setting, out_dir=args.out or "runs/bench-headline",
+        probe_steps=args.probe_steps, sync_setting=args.sync_setting, time_budget_s=args.time_budget_s or 0.0,
+        snapshot_samples_per_prompt=args.samples_per_prompt, out_dir=args.out or "runs/bench-headline",
     )  # fmt: skip
 
 

@@ -199,6 +199,11 @@ class ControllerConfig:
     """Set the mark and η_t <= max_staleness online from measurements (docs/controller.md §1.1; not with fixed_lag)."""
     total_steps: int = 120
     """Training steps of the run (each publishes one policy version)."""
+    max_rl_time_s: float = 0.0
+    """A wall-time budget: no training step starts once the run's RL time (across resumes) reached
+    it, and the run ends as it does after ``total_steps`` (final snapshot, checkpoint, evaluation);
+    the step under way when the budget passes finishes. 0: none (``total_steps`` alone ends the run).
+    ``asyncrl bench headline --time-budget-s`` gives every arm the same budget."""
     eval_every: int = 0
     """Held-out accuracy every N steps during RL (``eval_accuracy`` etc. in that step's line of
     metrics.jsonl; the trainer waits meanwhile, the time counts in RL wall time); 0: only before

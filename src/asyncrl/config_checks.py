@@ -71,6 +71,7 @@ _BOUNDS: dict[str, tuple[str, float, str]] = {
     "controller.total_steps": (_AT_LEAST, 0, ""),
     "controller.eval_every": (_AT_LEAST, 0, " (0: only before and after)"),
     "controller.snapshot_every_s": (_AT_LEAST, 0, " (0: off)"),
+    "controller.max_rl_time_s": (_AT_LEAST, 0, " (0: no budget)"),
     "controller.checkpoint_every": (_AT_LEAST, 0, " (0: only at the end)"),
     "controller.keep_checkpoints": (_AT_LEAST, 2, " (a damaged newest checkpoint needs a previous one)"),
     "controller.episode_retries": (_AT_LEAST, 0, ""),

@@ -116,3 +116,35 @@ def test_accuracy_at_equal_wall_time_compares_both_runs_when_the_shorter_ended()
     assert seed["eta4_common_end_s"] == pytest.approx(120.0)
     assert seed["eta4_at_common_end_minus_sync_points"] == pytest.approx(100 * (0.55 - 0.44))
     assert seed["eta4_final_minus_sync_points"] == pytest.approx(100 * (0.55 - 0.6))
+
+
+def test_a_time_budget_reaches_every_arm_and_snapshots_are_scored_apart(tmp_path, monkeypatch) -> None:
+    """``time_budget_s`` goes into every arm's config (``controller.max_rl_time_s``, the step count a
+    cap), and ``snapshot_samples_per_prompt`` only into the snapshot scoring, not the runs."""
+    from asyncrl.bench import headline
+
+    runs: list[list[str]] = []
+    scored: list[list[str]] = []
+
+    def fake_run(overrides: list[str], run_dir, warmup_s: float) -> dict:
+        runs.append(overrides)
+        return {"snapshots": [{"t": 0.0, "version": 0, "path": "v0"}, {"t": 90.0, "version": 5, "path": "v5"}],
+                "steady_state_tokens_per_s": 1.0, "trained_tokens_per_s": 1.0, "staleness_mean": 0.0}  # fmt: skip
+
+    def fake_evaluate(overrides: list[str], snapshots: list[dict]) -> list[float]:
+        scored.append(overrides)
+        return [0.2, 0.6][: len(snapshots)]
+
+    monkeypatch.setattr(headline, "run_and_measure", fake_run)
+    monkeypatch.setattr(headline, "evaluate_snapshots", fake_evaluate)
+    out = headline.run_headline_bench(
+        str(tmp_path / "h.json"), workload="task", etas=(0, 4), seeds=(0,), steps=500, time_budget_s=90.0,
+        snapshot_samples_per_prompt=8, sync_setting="threads1-trainer-process", out_dir=str(tmp_path / "runs"),
+    )  # fmt: skip
+    assert len(runs) == 2
+    assert all("controller.max_rl_time_s=90.0" in o and "controller.total_steps=500" in o for o in runs)
+    assert not any("eval.samples_per_prompt=8" in o for o in runs)
+    assert all(o.count("eval.samples_per_prompt=8") == 1 for o in scored) and len(scored) == 2
+    assert out["time_budget_s"] == 90.0 and out["eval_samples"] == load_config(None, scored[0]).task.eval_size * 8
+    with pytest.raises(ValueError, match="time_budget_s"):
+        headline.run_headline_bench(None, workload="task", time_budget_s=-1, out_dir=str(tmp_path / "runs"))

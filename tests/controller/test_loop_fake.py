@@ -255,3 +255,17 @@ def test_a_stop_request_checkpoints_and_the_run_resumes(tmp_path: Path) -> None:
     state = _resume(cfg, tmp_path)
     assert state.step == invariant.STEPS and state.resumes == 1
     invariant.check_ledger(tmp_path)
+
+
+def test_a_time_budget_ends_the_run_like_its_last_step(tmp_path: Path) -> None:
+    """``controller.max_rl_time_s``: no step starts once the RL time reached the budget; the step
+    under way finishes and the run ends as after ``total_steps`` (final checkpoint, no stop reason)."""
+    trainer = ScriptedTrainer(step_s=0.05)
+    cfg = _cfg(controller__total_steps=1000, controller__max_rl_time_s=0.3, controller__max_staleness=0)
+    state = _run(cfg, ScriptedEngine(), trainer, tmp_path)
+    assert 1 <= state.step < 1000 and state.stop_reason is None
+    assert state.rl_elapsed_s >= 0.3
+    assert state.rl_elapsed_s < 0.3 + 10 * trainer.step_s  # stopped at the budget, not at total_steps
+    assert latest_checkpoint(tmp_path).name == f"step-{state.step:08d}"
+    assert [m["step"] for m in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(state.step))
+    assert _cfg(controller__max_rl_time_s=0).controller.max_rl_time_s == 0  # 0: no budget

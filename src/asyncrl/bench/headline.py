@@ -30,6 +30,7 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,10 @@ from asyncrl.bench.throughput import measure_throughput
 from asyncrl.bench.time_budget import time_budget
 from asyncrl.controller.rundir import fresh_subdir
 
-__all__ = ["SYNC_CANDIDATES", "analyse", "evaluate_snapshots", "finish", "reanalyse", "run_headline_bench"]
+__all__ = [
+    "SAMPLES_KEY", "SYNC_CANDIDATES", "analyse", "evaluate_snapshots", "finish", "reanalyse", "run_headline_bench",
+    "with_samples_per_prompt",
+]
 
 SYNC_CANDIDATES: dict[str, list[str]] = {
     "threads1-trainer-process": ["run.torch_threads=1", "controller.trainer_process=true"],
@@ -56,6 +60,15 @@ PLATEAU_WINDOW = 3
 
 ASYNC_SETTING = ["run.torch_threads=1", "controller.trainer_process=true"]
 """The asynchronous arms: engine and trainer overlap, one core each (DESIGN §6)."""
+
+
+SAMPLES_KEY = "eval.samples_per_prompt"
+"""The setting a snapshot's score is drawn with (``--samples-per-prompt``)."""
+
+
+def with_samples_per_prompt(overrides: Sequence[str], samples_per_prompt: int) -> list[str]:
+    """``overrides`` with ``eval.samples_per_prompt`` set to ``samples_per_prompt`` (replaced, not added)."""
+    return [o for o in overrides if not o.startswith(f"{SAMPLES_KEY}=")] + [f"{SAMPLES_KEY}={samples_per_prompt}"]
 
 
 def evaluate_snapshots(overrides: list[str], snapshots: list[dict[str, Any]]) -> list[float]:
@@ -241,15 +254,26 @@ def run_headline_bench(
     target_fraction: float = 0.9,
     probe_steps: int = 0,
     sync_setting: str | None = None,
+    time_budget_s: float = 0.0,
+    snapshot_samples_per_prompt: int | None = None,
     out_dir: str = "runs/bench-headline",
 ) -> dict[str, Any]:
     """The headline benchmark (see the module docstring). ``sync_setting``: a name of
     ``SYNC_CANDIDATES`` to use without probing; ``probe_steps`` 0 with no ``sync_setting``: the
-    probe runs as many steps as the arms."""
+    probe runs as many steps as the arms. ``time_budget_s`` > 0: every arm stops starting steps at
+    this much RL time (``controller.max_rl_time_s``; ``steps`` stays a cap), so arms end together
+    and an arm that never reaches the target had as long as the synchronous run.
+    ``snapshot_samples_per_prompt``: samples per held-out prompt when scoring the snapshots (None:
+    the runs' ``eval.samples_per_prompt``, which also scores each run before and after RL)."""
     workload = WORKLOAD_ALIASES.get(workload, workload)
     base = workload_overrides(list(overrides or []), workload)
     if steps is not None:
         base.append(f"controller.total_steps={steps}")
+    if time_budget_s < 0:
+        raise ValueError(f"time_budget_s must be >= 0 (0: none), got {time_budget_s}")
+    if time_budget_s:
+        base.append(f"controller.max_rl_time_s={time_budget_s}")
+    scoring = with_samples_per_prompt(base, snapshot_samples_per_prompt) if snapshot_samples_per_prompt else base
     out = fresh_subdir(out_dir)
     probes: list[dict[str, Any]] = []
     if sync_setting is None:
@@ -272,16 +296,17 @@ def run_headline_bench(
             rows.append(row)
     print("\n=== bench headline: evaluating the snapshots (after every run) ===", flush=True)
     for row in rows:
-        accuracies = evaluate_snapshots(base, row["snapshots"])
+        accuracies = evaluate_snapshots(scoring, row["snapshots"])
         row["curve"] = [(s["t"], a) for s, a in zip(row["snapshots"], accuracies, strict=True)]
         row["curve_versions"] = [s["version"] for s in row["snapshots"]]
     from asyncrl.config import load_config
 
-    eval_cfg = load_config(None, base)
+    eval_cfg = load_config(None, scoring)
     eval_samples = eval_cfg.task.eval_size * (1 if eval_cfg.eval.greedy else eval_cfg.eval.samples_per_prompt)
     payload = {
         "bench": "headline", "workload": workload, "overrides": base, "seeds": list(seeds), "etas": list(etas),
         "target_fraction": target_fraction, "warmup_s": warmup_s, "snapshot_every_s": snapshot_every_s,
+        "time_budget_s": time_budget_s, "snapshot_overrides": scoring,
         "eval_samples": eval_samples, "sync_setting": sync_setting, "sync_probes": probes, "rows": rows,
     }  # fmt: skip
     return finish(payload, json_path)

@@ -30,19 +30,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from asyncrl.bench.headline import evaluate_snapshots, finish
+from asyncrl.bench.headline import SAMPLES_KEY, evaluate_snapshots, finish, with_samples_per_prompt
 from asyncrl.bench.runs import resolve_run_dir
 
 __all__ = ["SAMPLES_KEY", "reevaluate", "with_samples_per_prompt"]
 
-SAMPLES_KEY = "eval.samples_per_prompt"
 SAME_ACROSS_SOURCES = ("bench", "workload", "target_fraction", "warmup_s", "sync_setting")
 """What every source file must agree on to be analysed together."""
-
-
-def with_samples_per_prompt(overrides: Sequence[str], samples_per_prompt: int) -> list[str]:
-    """``overrides`` with ``eval.samples_per_prompt`` set to ``samples_per_prompt`` (replaced, not added)."""
-    return [o for o in overrides if not o.startswith(f"{SAMPLES_KEY}=")] + [f"{SAMPLES_KEY}={samples_per_prompt}"]
 
 
 def _weights_digest(snapshot_dir: Path) -> str:

@@ -334,10 +334,12 @@ class Controller:
 
     # ------------------------------------------------------------------ training
     async def _train_loop(self, executor: ThreadPoolExecutor) -> None:
-        """Until ``total_steps`` (or a stop): a fresh batch, one training step, the new weights to the
-        engine, the step recorded; held-out evaluation and a checkpoint when due."""
-        record = self.recorder
-        while self.state.step < self.cfg.controller.total_steps and self._stop_reason is None:
+        """Until ``total_steps`` (or the RL-time budget, or a stop): a fresh batch, one training step,
+        the new weights to the engine, the step recorded; held-out evaluation and a checkpoint when due."""
+        record, c = self.recorder, self.cfg.controller
+        while self.state.step < c.total_steps and self._stop_reason is None:
+            if c.max_rl_time_s and record.now() >= c.max_rl_time_s:
+                break
             step = self.state.step
             with record.waiting():
                 groups = await self._next_batch(step)
