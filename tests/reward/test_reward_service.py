@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from asyncrl.reward.service import RewardResult, RewardService, resolve_verifier
+from asyncrl.reward.service import RewardResult, RewardScorer, RewardService, resolve_verifier
+from tests.protocol_check import protocol_problems
 
 from .hostile import HOSTILE, TESTS, sandbox_processes
 
@@ -319,3 +320,12 @@ def test_identical_failing_requests_share_one_attempt(custom_module: str) -> Non
             assert m["timeouts"] == 1 and m["failures"] == 4 and m["workers_killed"] == 1
 
     run(main())
+
+
+def test_reward_services_satisfy_the_scorer_protocol() -> None:
+    """The seam a workflow's ``score`` callable uses: the local service and the Ray pool, member by member."""
+    assert protocol_problems(RewardService, RewardScorer) == []
+    pytest.importorskip("ray")
+    from asyncrl.launch.ray_clients import RayRewardPool
+
+    assert protocol_problems(RayRewardPool, RewardScorer) == []

@@ -10,11 +10,14 @@ it does not go on admitting prompts and filtering them without ever training.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.reward.arithmetic import arithmetic_reward
 from asyncrl.rollout.workflow import ScoreFn
 from asyncrl.types import Completion, Prompt
+
+if TYPE_CHECKING:
+    from asyncrl.reward.service import RewardScorer
 
 
 class ScoringFailed(RuntimeError):
@@ -31,7 +34,7 @@ def scoring_failed(groups: int, verifier: str, last: str) -> ScoringFailed:
     )
 
 
-def make_score_fn(verifier: str, tokenizer: Any, service: Any | None = None) -> ScoreFn:
+def make_score_fn(verifier: str, tokenizer: Any, service: RewardScorer | None = None) -> ScoreFn:
     """Build ``score(prompt, completion) -> (reward, failure)`` for ``verifier``."""
 
     async def score_inline(prompt: Prompt, completion: Completion) -> tuple[float, str | None]:

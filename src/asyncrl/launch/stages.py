@@ -47,7 +47,7 @@ from asyncrl.rollout.workflow import ScoreFn, Workflow, run_episode
 from asyncrl.types import Prompt
 
 if TYPE_CHECKING:
-    from asyncrl.reward.service import RewardService
+    from asyncrl.reward.service import RewardScorer, RewardService
     from asyncrl.rollout.engine import LocalEngine
     from asyncrl.rollout.pool import EnginePool
     from asyncrl.trainer.trainer import Trainer
@@ -176,7 +176,7 @@ def build_reward_service(cfg: Config, *, num_workers: int | None = None) -> Rewa
     )
 
 
-def build_score(cfg: Config, tokenizer: Any, service: Any = None) -> ScoreFn:
+def build_score(cfg: Config, tokenizer: Any, service: RewardScorer | None = None) -> ScoreFn:
     """The ``score`` callable of ``task.verifier`` over ``service`` (a ``RewardService`` or a Ray
     reward pool; None: only the inline ``arithmetic`` verifier)."""
     return make_score_fn(cfg.task.verifier, tokenizer, service)

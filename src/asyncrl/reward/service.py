@@ -23,12 +23,15 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from asyncrl.reward import InfrastructureError
 from asyncrl.reward.client import RemoteRewardClient
 from asyncrl.reward.verifiers import RemoteTarget, Request, WorkerFn, _score_code, resolve_verifier  # noqa: F401
 from asyncrl.reward.worker import _LeaderGone, _recv, _Worker  # noqa: F401
+
+if TYPE_CHECKING:
+    from asyncrl.reward.code import SandboxLimits
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +52,18 @@ class RewardResult:
     """Wall time of this call (queueing included)."""
     cached: bool
     """The verdict came from the cache (or from an identical request in flight)."""
+
+
+@runtime_checkable
+class RewardScorer(Protocol):
+    """What a workflow's ``score`` callable needs of a reward service: ``RewardService`` (local
+    processes) and ``launch.ray_clients.RayRewardPool`` (Ray actors) both are one."""
+
+    async def score(
+        self, verifier: str, response: str, reference: str, *, prompt: str = "", row: dict | None = None
+    ) -> RewardResult:
+        """The verdict of ``verifier`` on ``response`` against ``reference`` (a failure is a reason, never a 0)."""
+        ...
 
 
 @dataclass
@@ -86,7 +101,7 @@ class RewardService:
         cache_size: int = 100_000,
         *,
         code_timeout_s: float | None = None,
-        code_limits: Any = None,
+        code_limits: SandboxLimits | None = None,
         remote_timeout_s: float | None = None,
         preload: tuple[str, ...] = ("math",),
         startup_timeout_s: float = 120.0,

@@ -10,7 +10,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from asyncrl.reward.code import SandboxLimits
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,7 @@ class Request:
     row: dict[str, Any] | None = None
     math_timeout_s: float | None = 5.0
     code_timeout_s: float = 10.0
-    code_limits: Any = None
+    code_limits: SandboxLimits | None = None
 
 
 @dataclass(frozen=True)
