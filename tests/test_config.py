@@ -68,6 +68,25 @@ def test_bad_tool_latency_names_the_key(overrides: list[str], message: str) -> N
     assert (agent.tool_latency, agent.tool_latency_median_s, agent.tool_latency_sigma) == ("lognormal", 0.2, 1.0)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["sft.hidden_size=0"], "sft.hidden_size must be > 0"),
+        (["sft.num_layers=0"], "sft.num_layers must be > 0"),
+        (["sft.num_kv_heads=0"], "sft.num_kv_heads must be > 0"),
+        (["sft.intermediate_size=-1"], "sft.intermediate_size must be > 0"),
+        (["sft.hidden_size=130"], "sft.hidden_size must be a multiple of sft.num_heads=4"),
+        (["sft.hidden_size=132"], "sft.hidden_size must be a multiple of sft.num_heads=4 with an even"),
+        (["sft.num_heads=6", "sft.hidden_size=192", "sft.num_kv_heads=4"], "sft.num_kv_heads must divide"),
+    ],
+)
+def test_a_bad_tiny_model_shape_names_the_key(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        load_config(None, overrides)
+    shape = load_config(None, ["sft.hidden_size=192", "sft.num_heads=6", "sft.num_kv_heads=3"]).sft
+    assert (shape.hidden_size, shape.num_heads, shape.num_kv_heads) == (192, 6, 3)
+
+
 def test_unknown_key_in_file_lists_valid_keys(tmp_path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("rollout:\n  temprature: 0.7\n")

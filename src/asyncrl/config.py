@@ -128,6 +128,19 @@ class SFTConfig:
     0 gives clean demonstrations."""
     cache_dir: str = ".cache/asyncrl"
     """Where the built tiny model and its warm start are cached (keyed by the SFT settings)."""
+    # The shape of the tiny model the warm start builds (``models.TinyModelSpec`` takes its defaults from
+    # here: 800,384 parameters). Read only when the tiny model is built (``model.path`` null); the warm-start
+    # cache key hashes the shape, and a config at these defaults keeps the key it had before they existed.
+    hidden_size: int = 128
+    """Tiny model: hidden size (a multiple of ``sft.num_heads`` giving an even head size, for RoPE)."""
+    num_layers: int = 4
+    """Tiny model: decoder layers."""
+    num_heads: int = 4
+    """Tiny model: attention heads (a multiple of ``sft.num_kv_heads``)."""
+    num_kv_heads: int = 2
+    """Tiny model: key/value heads (grouped-query attention; equal to ``sft.num_heads``: none)."""
+    intermediate_size: int = 384
+    """Tiny model: hidden size of the SwiGLU MLP."""
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,7 @@ from asyncrl.config_parse import ConfigError, check_choices
 if TYPE_CHECKING:
     from asyncrl.config import Config
 
-__all__ = ["validate", "validate_algo", "validate_fixed_lag", "validate_launch", "validate_ranges",
-           "validate_workflow"]
+__all__ = ["validate", "validate_algo", "validate_fixed_lag", "validate_launch", "validate_ranges", "validate_workflow"]
 
 _WORKFLOW_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 _GREATER = ">"
@@ -88,6 +87,11 @@ _BOUNDS: dict[str, tuple[str, float, str]] = {
     "launch.startup_timeout_s": (_GREATER, 0, ""),
     "eval.samples_per_prompt": (_GREATER, 0, ""),
     "eval.max_new_tokens": (_GREATER, 0, ""),
+    "sft.hidden_size": (_GREATER, 0, ""),
+    "sft.num_layers": (_GREATER, 0, ""),
+    "sft.num_heads": (_GREATER, 0, ""),
+    "sft.num_kv_heads": (_GREATER, 0, ""),
+    "sft.intermediate_size": (_GREATER, 0, ""),
 }
 """The numeric keys with a lower bound."""
 
@@ -127,6 +131,17 @@ def validate_ranges(cfg: Config) -> None:
     digits = cfg.task.calculator_max_digits
     if digits != 0 and not 2 <= digits <= 7:
         raise ConfigError(f"task.calculator_max_digits must be 0 (the built-in ranges) or in [2, 7], got {digits}")
+    sft = cfg.sft
+    if sft.hidden_size % sft.num_heads or (sft.hidden_size // sft.num_heads) % 2:
+        raise ConfigError(
+            f"sft.hidden_size must be a multiple of sft.num_heads={sft.num_heads} with an even quotient (the head "
+            f"size, rotated in pairs by RoPE), got {sft.hidden_size}"
+        )
+    if sft.num_heads % sft.num_kv_heads:
+        raise ConfigError(
+            f"sft.num_kv_heads must divide sft.num_heads={sft.num_heads} (grouped-query attention), "
+            f"got {sft.num_kv_heads}"
+        )
 
 
 def validate_algo(cfg: Config) -> None:

@@ -6,10 +6,11 @@ Owns two things:
   eager attention on CPU by default. A directory that cannot be loaded (no tokenizer, an
   architecture transformers does not know, missing or damaged weights) raises ``ModelDirError``
   naming the directory and what is wrong, the tokenizer checked first (it is cheap).
-- ``build_tiny_policy(out_dir)``: build the embedded default locally (no hub): a character-level
+- ``build_tiny_policy(out_dir, spec)``: build the embedded default locally (no hub): a character-level
   tokenizer made with the ``tokenizers`` library (EOS/PAD/BOS, a small chat template) and a
-  randomly initialised Llama-architecture decoder of a few million parameters, both saved with
-  ``save_pretrained`` so that ``load_policy`` treats it like any real checkpoint.
+  randomly initialised Llama-architecture decoder (0.8 M parameters by default; its shape is
+  ``TinyModelSpec``, a run's from ``sft.*`` by ``tiny_spec``), both saved with ``save_pretrained``
+  so that ``load_policy`` treats it like any real checkpoint.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.choices import DType, check_choice
+from asyncrl.config import SFTConfig
 
 # A chat template for the tiny tokenizer: a user turn is "Q:<content>\n", the assistant turn
 # starts with "A:" and ends with EOS, a tool result is "R:<content>\n" (multi-turn episodes:
@@ -49,20 +51,32 @@ class ModelDirError(ValueError):
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
+
+
 TINY_CHARACTERS = string.digits + string.ascii_letters + string.punctuation + " \n"
 
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """Shape of the tiny Llama decoder (defaults: 800,384 parameters, about 0.8 M)."""
+    """Shape of the tiny Llama decoder. The defaults of the shape are the config's (``sft.hidden_size``
+    ...: 800,384 parameters, about 0.8 M), so they are written once; ``tiny_spec(cfg.sft)`` is a run's."""
 
-    hidden_size: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 384
+    hidden_size: int = SFTConfig.hidden_size
+    num_layers: int = SFTConfig.num_layers
+    num_heads: int = SFTConfig.num_heads
+    num_kv_heads: int = SFTConfig.num_kv_heads
+    intermediate_size: int = SFTConfig.intermediate_size
     max_position_embeddings: int = 1024
     seed: int = 0
+
+
+TINY_SHAPE_FIELDS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
+"""The ``TinyModelSpec`` fields that the config sets (``sft.<field>``, the same names)."""
+
+
+def tiny_spec(sft: SFTConfig) -> TinyModelSpec:
+    """The tiny model's shape that a run's ``sft.*`` asks for (the config validated it)."""
+    return TinyModelSpec(**{name: getattr(sft, name) for name in TINY_SHAPE_FIELDS})
 
 
 def build_tiny_tokenizer(out_dir: str | Path) -> Any:

@@ -1,7 +1,7 @@
 """``asyncrl bench agent-learning``'s analysis: a seed's row from its run's summary and metrics (gain in
 points, tool-use rates before and after, wall times with the warm start, the budget check, the curve
-on the wall clock since the warm start began), means with 95% intervals, the seeds meeting the
-criterion, and the plot."""
+on the wall clock since the warm start began, each problem kind apart), means with 95% intervals, the
+seeds meeting the criterion, and the plot."""
 
 from __future__ import annotations
 
@@ -71,3 +71,30 @@ def test_each_invocation_writes_under_a_fresh_directory(tmp_path, monkeypatch) -
         run_agent_learning_bench(None, config=None, overrides=[], seeds=[0], out_dir=str(tmp_path / "bench"))
     first, second = seed_dirs
     assert first != second and first.parent.parent == second.parent.parent == tmp_path / "bench"
+
+
+def _kinds(mul: float, sub: float) -> dict:
+    return {"mul 3x2": {"prompts": 58.0, "accuracy": mul, "tool_call_hit_rate": mul},
+            "sub 3-3": {"prompts": 66.0, "accuracy": sub, "tool_call_hit_rate": 0.9}}  # fmt: skip
+
+
+def test_each_kind_is_carried_before_during_and_after() -> None:
+    """A whole-set gain made of one kind rising while another collapses shows as such."""
+    summary = _summary(0.30, 0.40, 0.5, 0.5, 300.0)
+    summary["eval_before"]["by_kind"], summary["eval_after"]["by_kind"] = _kinds(0.5, 0.4), _kinds(0.95, 0.0)
+    metrics = [{**METRICS[0], "eval_by_kind": _kinds(0.8, 0.2)}, METRICS[1]]
+    row = seed_row(0, summary, metrics, warm_start_s=200.0, budget_s=600.0)
+    assert row["by_kind_before"]["sub 3-3"]["accuracy"] == 0.4 and row["by_kind_after"]["sub 3-3"]["accuracy"] == 0.0
+    assert row["kind_gain_points"] == pytest.approx({"mul 3x2": 45.0, "sub 3-3": -40.0})
+    assert row["kinds_fell"] == ["sub 3-3"]
+    assert row["curve_by_kind"] == [(200.0, {"mul 3x2": 0.5, "sub 3-3": 0.4}),
+                                    (300.0, {"mul 3x2": 0.8, "sub 3-3": 0.2}),
+                                    (500.0, {"mul 3x2": 0.95, "sub 3-3": 0.0})]  # fmt: skip
+    other = seed_row(1, summary, METRICS, warm_start_s=200.0, budget_s=600.0)  # kinds before and after only
+    assert [t for t, _ in other["curve_by_kind"]] == [200.0, 500.0]
+    kinds = analyse([row, other], 600.0)["summary"]["by_kind"]
+    assert kinds["sub 3-3"]["accuracy_before"]["mean"] == 0.4 and kinds["sub 3-3"]["gain_points"]["n"] == 2
+    assert kinds["mul 3x2"]["accuracy_after"]["mean"] == 0.95
+    plain = seed_row(2, _summary(0.1, 0.3, 0.2, 0.4, 100.0), METRICS, 50.0, 600.0)  # a task without kinds
+    assert plain["by_kind_before"] is None and plain["kinds_fell"] == [] and plain["curve_by_kind"] == []
+    assert "by_kind" not in analyse([plain], 600.0)["summary"]

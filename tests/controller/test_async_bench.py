@@ -68,14 +68,12 @@ def test_workloads_are_valid_configs_and_long_is_long() -> None:
 
 def test_long_workload_has_its_own_warm_start_on_its_own_problems() -> None:
     from asyncrl.launch.warm_start import warm_start_key
-    from asyncrl.models import TinyModelSpec
 
     assert set(WARM_STARTS) == set(WORKLOADS) and WARM_STARTS["task"] == []
     long_run, long_warm = load_config(None, WORKLOADS["long"]), load_config(None, WARM_STARTS["long"])
     # tuned on the very problems it is trained on (the held-out split's size aside)
     assert replace(long_warm.task, eval_size=0) == replace(long_run.task, eval_size=0)
-    spec = TinyModelSpec()
-    assert warm_start_key(long_warm, spec) != warm_start_key(load_config(None, []), spec)
+    assert warm_start_key(long_warm) != warm_start_key(load_config(None, []))
 
 
 def test_engine_alone_calibration_measures_after_every_queued_group_has_finished(tiny_policy_dir) -> None:

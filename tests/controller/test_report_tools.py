@@ -17,10 +17,12 @@ def test_tool_use_plot(tmp_path, monkeypatch) -> None:
          "tool_call_hit_rate": 0.2, "tool_call_malformed_rate": 0.1},
         {"time_s": 2.0, "accuracy": 0.2, "episode_turns_mean": 1.0},  # nothing attempted: no rate
         {"time_s": 3.0, "accuracy": 0.3, "episode_turns_mean": 2.0, "tool_call_hit_rate": 0.4,
-         "eval_accuracy": 0.25, "eval_tool_call_hit_rate": 0.3},
+         "eval_accuracy": 0.25, "eval_tool_call_hit_rate": 0.3,
+         "eval_by_kind": {"mul 3x2": {"prompts": 4.0, "accuracy": 0.5, "tool_call_hit_rate": 0.5}}},
     ]  # fmt: skip
-    summary = {"eval_before": {"accuracy": 0.05, "tool_call_hit_rate": 0.1},
-               "eval_after": {"accuracy": 0.35, "tool_call_hit_rate": 0.5}}  # fmt: skip
+    kinds = {"mul 3x2": {"prompts": 4.0, "accuracy": 0.25, "tool_call_hit_rate": 0.25}}  # the calculator's
+    summary = {"eval_before": {"accuracy": 0.05, "tool_call_hit_rate": 0.1, "by_kind": kinds},
+               "eval_after": {"accuracy": 0.35, "tool_call_hit_rate": 0.5, "by_kind": kinds}}  # fmt: skip
     saved = []
     real_save = report.save_figure
     monkeypatch.setattr(report, "save_figure", lambda fig, path: saved.append(fig) or real_save(fig, path))

@@ -1,6 +1,6 @@
 """Tool-use rates of multi-turn episodes (``controller.metrics.tool_use_rates``): per attempted call,
 correct (parsed, known tool, ran), malformed, and hits (the result the task needed); absent when
-nothing was attempted; the held-out evaluation reports them too."""
+nothing was attempted; the held-out evaluation reports them too, and kind by kind for prompts with kinds."""
 
 from __future__ import annotations
 
@@ -56,3 +56,29 @@ def test_the_held_out_evaluation_reports_tool_use() -> None:
     result = asyncio.run(evaluate(None, prompts, None, greedy=True, max_new_tokens=4, samples_per_prompt=1,
                                   workflow=workflow))  # type: ignore[arg-type]  # fmt: skip
     assert result["accuracy"] == 1.0 and result["tool_call_hit_rate"] == 1.0 and result["episode_turns_mean"] == 2.0
+
+
+def test_the_held_out_evaluation_reports_each_kind_apart() -> None:
+    """Prompts with ``meta["kind"]``: accuracy and hit rate per kind beside the whole set's; without: none."""
+    solved = _episode(_turn(calls=1, hits=1), _turn(hits=0))
+    missed = _episode(_turn(calls=1, hits=0), _turn(hits=0))
+
+    async def workflow(engine, prompt, sampling, n, score, start_version, on_sample_done=None):
+        right = prompt.meta.get("kind") == "mul 3x2"
+        episode = solved if right else missed
+        completions = tuple(episode.to_completion() for _ in range(n))
+        return Group(prompt, completions, (float(right),) * n, 0, trajectories=(episode,) * n)
+
+    kinds = ["mul 3x2", "mul 3x2", "sub 3-3", "sub 3-3", "sub 3-3"]
+    prompts = [Prompt(f"p{i}", (1, 2), "3", {"kind": k}) for i, k in enumerate(kinds)]
+    kwargs = {"greedy": True, "max_new_tokens": 4, "samples_per_prompt": 1, "workflow": workflow}
+    result = asyncio.run(evaluate(None, prompts, None, **kwargs))  # type: ignore[arg-type]
+    assert result["accuracy"] == pytest.approx(2 / 5) and result["tool_call_hit_rate"] == pytest.approx(2 / 5)
+    assert result["by_kind"] == {
+        "mul 3x2": {"prompts": 2.0, "accuracy": 1.0, "tool_call_hit_rate": 1.0, "tool_call_malformed_rate": 0.0},
+        "sub 3-3": {"prompts": 3.0, "accuracy": 0.0, "tool_call_hit_rate": 0.0, "tool_call_malformed_rate": 0.0},
+    }
+    sampled = asyncio.run(evaluate(None, prompts, None, **{**kwargs, "greedy": False, "samples_per_prompt": 3}))  # type: ignore[arg-type]
+    assert sampled["by_kind"]["mul 3x2"]["accuracy"] == 1.0 and sampled["by_kind"]["sub 3-3"]["prompts"] == 3.0
+    plain = [Prompt(f"p{i}", (1, 2), "3") for i in range(3)]
+    assert "by_kind" not in asyncio.run(evaluate(None, plain, None, **kwargs))  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.config_parse import ConfigError
-from asyncrl.data.calculator import demonstration, make_calculator_splits
+from asyncrl.data.calculator import demonstration, make_calculator_splits, problem_kind
 from asyncrl.rollout.envs.calculator import calculator_reward, evaluate_expression
 from asyncrl.types import Prompt
 
@@ -52,3 +52,33 @@ def test_max_digits_zero_is_the_built_in_problem_set() -> None:
 def test_max_digits_is_validated(bad: int) -> None:
     with pytest.raises(ConfigError, match="task.calculator_max_digits"):
         load_config(None, ["task.name=calculator", f"task.calculator_max_digits={bad}"])
+
+
+def test_problem_kind_is_the_operation_and_the_digits_of_each_operand() -> None:
+    assert problem_kind("483*57") == "mul 3x2"
+    assert problem_kind("294+448*496") == "add_mul 3+3x3"
+    assert problem_kind("38521-4417") == "sub 5-4"
+    for bad in ("12+7-5", "48213*379*2", "", "1/2"):
+        with pytest.raises(ValueError, match="not a calculator question"):
+            problem_kind(bad)
+
+
+@pytest.mark.parametrize(("cap", "kinds"), [(3, 5), (0, 26)])
+def test_every_problem_has_a_kind_and_the_cap_sets_how_many(cap: int, kinds: int) -> None:
+    """Cap 3: every operand has 3 digits but a product's second (2 or 3), so five kinds; the built-in
+    ranges give 3 x 3 products, 2 x 2 x 2 additions of a product and 3 x 3 subtractions."""
+    train, held = make_calculator_splits(1234, 3000, 256, max_digits=cap)
+    found = {problem_kind(p.question) for p in train + held}
+    assert len(found) == kinds
+    if cap == 3:
+        assert found == {"mul 3x2", "mul 3x3", "add_mul 3+3x2", "add_mul 3+3x3", "sub 3-3"}
+
+
+def test_calculator_prompts_carry_their_kind(tiny_policy_dir) -> None:
+    from asyncrl.data.prompts import build_task
+    from asyncrl.models import load_tokenizer
+
+    cfg = load_config(None, ["task.name=calculator", "task.train_size=8", "task.eval_size=8"])
+    train, held, _ = build_task(cfg.task, load_tokenizer(tiny_policy_dir))
+    for prompt in train + held:
+        assert prompt.meta["kind"] == problem_kind(prompt.meta["question"])

@@ -97,9 +97,12 @@ def test_agent_calculator_run(tiny_policy_dir, tmp_path, trained_batches) -> Non
     model_dir = _teach_calculator(tiny_policy_dir, tmp_path / "calc-policy")
     run_dir = tmp_path / "run"
     batches = trained_batches
-    _, summary = train(_cfg(model_dir, run_dir))
+    _, summary = train(_cfg(model_dir, run_dir, ("eval.report_greedy=true",)))
     assert summary["steps"] == STEPS and summary["stop_reason"] is None
     assert summary["accuracy_after"] is not None
+    for held_out in (summary["eval_before"], summary["eval_after"]):  # the calculator's kinds, every problem once
+        assert sum(k["prompts"] for k in held_out["by_kind"].values()) == 4
+        assert held_out["greedy_by_kind"] == held_out["by_kind"]  # greedy both times: the same episodes
     assert summary["max_staleness_seen"] <= 1
 
     trained = [r for r in read_jsonl(run_dir / "trajectories.jsonl") if r["status"] == "trained"]

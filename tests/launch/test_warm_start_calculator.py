@@ -12,7 +12,7 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.data.calculator import make_calculator_splits
 from asyncrl.launch.warm_start import ensure_policy, warm_start_examples, warm_start_key
-from asyncrl.models import TinyModelSpec, load_policy
+from asyncrl.models import TinyModelSpec, load_policy, tiny_spec
 
 CALC = ["task.name=calculator", "rollout.workflow=agent", "agent.tool_format=tag", "task.train_size=64",
         "task.eval_size=256"]  # fmt: skip
@@ -50,27 +50,53 @@ def test_demonstrations_never_hold_a_held_out_problem() -> None:
 
 
 def test_the_key_follows_what_changes_the_result() -> None:
-    spec = TinyModelSpec()
-    base = warm_start_key(load_config(None, CALC), spec)
-    assert warm_start_key(load_config(None, [*CALC, "task.eval_size=512"]), spec) == base  # not in the demos
+    base = warm_start_key(load_config(None, CALC))
+    assert warm_start_key(load_config(None, [*CALC, "task.eval_size=512"])) == base  # not in the demos
     for change in ("agent.tool_format=hermes", "task.train_size=128", "task.seed=7", "sft.steps=10"):
-        assert warm_start_key(load_config(None, [*CALC, change]), spec) != base, change
-    arithmetic = warm_start_key(load_config(None, []), spec)
-    assert warm_start_key(load_config(None, ["agent.tool_format=tag"]), spec) == arithmetic  # single-turn: unchanged
-    assert warm_start_key(load_config(None, [*CALC, "task.calculator_max_digits=3"]), spec) != base
+        assert warm_start_key(load_config(None, [*CALC, change])) != base, change
+    arithmetic = warm_start_key(load_config(None, []))
+    assert warm_start_key(load_config(None, ["agent.tool_format=tag"])) == arithmetic  # single-turn: unchanged
+    assert warm_start_key(load_config(None, [*CALC, "task.calculator_max_digits=3"])) != base
 
 
 def test_fields_added_at_their_defaults_keep_every_existing_key() -> None:
     """The keys of the cached warm starts built before ``task.calculator_max_digits`` existed (computed at
     the commit before it): a new field at its default must not orphan a cache."""
-    spec = TinyModelSpec()
-    assert warm_start_key(load_config(None, []), spec) == "29e4437d1ea3"
-    assert warm_start_key(load_config(None, ["task.form=repeat", "task.max_terms=300"]), spec) == "bc33b0febc22"
+    assert warm_start_key(load_config(None, [])) == "29e4437d1ea3"
+    assert warm_start_key(load_config(None, ["task.form=repeat", "task.max_terms=300"])) == "bc33b0febc22"
     # the config of that commit
     calculator = ["task.name=calculator", "task.train_size=4096", "sft.steps=800", "sft.batch_size=32", "sft.lr=3e-3",
                   "sft.warmup_steps=10", "rollout.workflow=agent", "agent.tool_format=tag"]  # fmt: skip
-    assert warm_start_key(load_config(None, calculator), spec) == "fd049aab88e0"
-    assert warm_start_key(load_config(None, [*calculator, "task.calculator_max_digits=0"]), spec) == "fd049aab88e0"
+    assert warm_start_key(load_config(None, calculator)) == "fd049aab88e0"
+    assert warm_start_key(load_config(None, [*calculator, "task.calculator_max_digits=0"])) == "fd049aab88e0"
+
+
+SHAPE = ["sft.hidden_size=64", "sft.num_layers=2", "sft.num_heads=2", "sft.num_kv_heads=1",
+         "sft.intermediate_size=96"]  # fmt: skip
+SHAPE_KEYS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
+
+
+def test_the_shape_fields_at_their_defaults_keep_every_key_and_a_changed_shape_changes_it() -> None:
+    """``sft.hidden_size`` ... (added after the keys above): written out at the defaults, the keys pinned above
+    stay; each changed one gives a new key (a cache of another shape is never reused)."""
+    defaults = TinyModelSpec()
+    at_defaults = [f"sft.{name}={getattr(defaults, name)}" for name in SHAPE_KEYS]
+    assert warm_start_key(load_config(None, at_defaults)) == "29e4437d1ea3"
+    assert tiny_spec(load_config(None, []).sft) == defaults
+    base = warm_start_key(load_config(None, CALC))
+    keys = {warm_start_key(load_config(None, [*CALC, change])) for change in SHAPE}
+    assert base not in keys and len(keys) == len(SHAPE)
+
+
+def test_the_warm_start_builds_the_shape_of_the_config(tmp_path) -> None:
+    cfg = load_config(None, [*CALC, *SHAPE, "task.train_size=8", "sft.steps=1", "sft.batch_size=4",
+                             "sft.warmup_steps=1", f"sft.cache_dir={tmp_path}", "run.progress=false"])  # fmt: skip
+    built = ensure_policy(cfg)
+    model, _ = load_policy(built, device="cpu", dtype="float32")
+    c = model.config
+    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+            c.intermediate_size) == (64, 2, 2, 1, 96)  # fmt: skip
+    assert json.loads((built / "asyncrl_tiny.json").read_text())["hidden_size"] == 64
 
 
 def test_a_tiny_calculator_warm_start_is_built_then_reused(tmp_path) -> None:

@@ -6,14 +6,12 @@ from __future__ import annotations
 from asyncrl.config import load_config
 from asyncrl.data.synthetic import make_splits
 from asyncrl.launch.warm_start import warm_start_key
-from asyncrl.models import TinyModelSpec
 
 
 def test_eval_size_leaves_the_key_and_the_demonstrations_unchanged() -> None:
-    spec = TinyModelSpec()
-    keys = {warm_start_key(load_config(None, [f"task.eval_size={n}"]), spec) for n in (16, 256, 512)}
+    keys = {warm_start_key(load_config(None, [f"task.eval_size={n}"])) for n in (16, 256, 512)}
     assert len(keys) == 1
     trains = {tuple(p.question for p in make_splits(1234, 500, n)[0]) for n in (16, 256, 512)}
     assert len(trains) == 1
-    assert warm_start_key(load_config(None, ["task.form=repeat"]), spec) not in keys
-    assert warm_start_key(load_config(None, ["task.seed=7"]), spec) not in keys
+    assert warm_start_key(load_config(None, ["task.form=repeat"])) not in keys
+    assert warm_start_key(load_config(None, ["task.seed=7"])) not in keys

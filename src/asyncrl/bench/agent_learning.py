@@ -16,6 +16,11 @@ Per seed, one after the other (issue 18's learning criterion):
    a loaded machine does not inflate) and whether warm start + RL fit ``budget_s``;
    over seeds, means with 95% t-intervals. A plot of held-out accuracy and the hit rate of tool
    calls against wall time (warm start included) for every seed is written beside the JSON.
+4. **By kind.** The held-out evaluation reports each problem kind apart (``by_kind``: accuracy and hit
+   rate per kind, ``data.calculator.problem_kind``), so each seed carries them before and after RL
+   (``by_kind_before`` / ``by_kind_after``, the gain per kind in points, ``kinds_fell``: the kinds that
+   lost accuracy) and at every evaluation between (``curve_by_kind``); over seeds, each kind's accuracy
+   before and after. A gain on one kind cannot hide the collapse of another.
 
 The RL step count is the config's (``controller.total_steps``), not cut at the budget: a run that
 overran says so (``within_budget``) instead of being truncated.
@@ -50,6 +55,17 @@ def seed_row(seed: int, summary: dict[str, Any], metrics: list[dict[str, Any]], 
     if after:
         curve.append((rl_s, after.get("accuracy"), after.get("tool_call_hit_rate")))
     acc_before, acc_after = summary["accuracy_before"], summary["accuracy_after"]
+    kinds_before, kinds_after = before.get("by_kind") or {}, after.get("by_kind") or {}
+    kind_gain = {
+        kind: 100.0 * (kinds_after[kind]["accuracy"] - kinds_before[kind]["accuracy"])
+        for kind in kinds_before
+        if kind in kinds_after
+    }
+    kind_curve = [(0.0, before.get("by_kind"))] + [
+        (m["time_s"], m["eval_by_kind"]) for m in metrics if "eval_by_kind" in m
+    ]
+    if after:
+        kind_curve.append((rl_s, after.get("by_kind")))
     return {
         "seed": seed,
         "accuracy_before": acc_before,
@@ -67,6 +83,13 @@ def seed_row(seed: int, summary: dict[str, Any], metrics: list[dict[str, Any]], 
         "total_wall_s": warm_start_s + float(summary["wall_s"]),
         "within_budget": warm_start_s + rl_s <= budget_s,
         "curve": [(warm_start_s + t, a, h) for t, a, h in curve],
+        "by_kind_before": kinds_before or None,
+        "by_kind_after": kinds_after or None,
+        "kind_gain_points": kind_gain or None,
+        "kinds_fell": sorted(kind for kind, gain in kind_gain.items() if gain < 0),
+        "curve_by_kind": [
+            (warm_start_s + t, {kind: k["accuracy"] for kind, k in kinds.items()}) for t, kinds in kind_curve if kinds
+        ],
     }
 
 
@@ -81,6 +104,7 @@ def analyse(rows: list[dict[str, Any]], budget_s: float, min_gain_points: float 
         values = [r[key] for r in rows if r.get(key) is not None]
         if values:
             summary[key] = mean_ci95(values)
+    summary.update(_kinds_over_seeds(rows))
     met = [r["seed"] for r in rows if r["within_budget"] and (r["gain_points"] or 0.0) >= min_gain_points]
     hit_rose = [
         r["seed"] for r in rows if (r["tool_call_hit_rate_after"] or 0.0) > (r["tool_call_hit_rate_before"] or 0.0)
@@ -95,6 +119,21 @@ def analyse(rows: list[dict[str, Any]], budget_s: float, min_gain_points: float 
             "seeds": [r["seed"] for r in rows],
         },
     }
+
+
+def _kinds_over_seeds(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``by_kind``: per problem kind, held-out accuracy before and after RL and the gain in points, each a
+    mean with its 95% interval over the seeds that evaluated the kind (absent: no seed had kinds)."""
+    kinds = sorted({kind for r in rows for kind in (r.get("kind_gain_points") or {})})
+    out: dict[str, dict[str, Any]] = {}
+    for kind in kinds:
+        mine = [r for r in rows if kind in (r.get("kind_gain_points") or {})]
+        out[kind] = {
+            "accuracy_before": mean_ci95([r["by_kind_before"][kind]["accuracy"] for r in mine]),
+            "accuracy_after": mean_ci95([r["by_kind_after"][kind]["accuracy"] for r in mine]),
+            "gain_points": mean_ci95([r["kind_gain_points"][kind] for r in mine]),
+        }
+    return {"by_kind": out} if out else {}
 
 
 def plot_curves(rows: list[dict[str, Any]], path: Path, budget_s: float) -> None:
@@ -198,3 +237,6 @@ def _print_table(payload: dict[str, Any]) -> None:
     if gain:
         print(f"gain: mean {gain['mean']:.1f} points, 95% CI [{gain['low']}, {gain['high']}] over {gain['n']} seeds")
     print(f"seeds meeting the criterion: {payload['criterion']['seeds_met']}")
+    for kind, k in payload["summary"].get("by_kind", {}).items():
+        before, after = k["accuracy_before"]["mean"], k["accuracy_after"]["mean"]
+        print(f"  {kind:>14}: held-out accuracy {before:.3f} -> {after:.3f} (mean over {k['gain_points']['n']} seeds)")

@@ -32,9 +32,12 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.bench.stats import mean_ci95
+
+if TYPE_CHECKING:
+    from asyncrl.models import TinyModelSpec
 
 __all__ = ["BASE_OVERRIDES", "run_prefix_reuse_bench"]
 
@@ -160,11 +163,12 @@ def _arm(cfg: Any, model_dir: Path, num_prompts: int, workload: str) -> tuple[di
 
 
 @functools.cache
-def _random_tiny() -> Path:
-    """The random-init tiny policy, built once per process (both arms decode with the same weights)."""
+def _random_tiny(spec: TinyModelSpec) -> Path:
+    """The random-init tiny policy of shape ``spec``, built once per process (both arms decode with the
+    same weights)."""
     from asyncrl.models import build_tiny_policy
 
-    return Path(build_tiny_policy(Path(tempfile.mkdtemp(prefix="asyncrl-prefix-reuse-")) / "tiny"))
+    return Path(build_tiny_policy(Path(tempfile.mkdtemp(prefix="asyncrl-prefix-reuse-")) / "tiny", spec))
 
 
 def _compare(off: dict[str, Any], on: dict[str, Any], same: int) -> dict[str, Any]:
@@ -189,13 +193,14 @@ def run_prefix_reuse_bench(
     ``model.path`` when an override sets it, else the workload's warm start (built once, cached)."""
     from asyncrl.config import load_config
     from asyncrl.launch.warm_start import ensure_policy
+    from asyncrl.models import tiny_spec
 
     if workload not in ("calculator", "scripted"):
         raise ValueError(f"prefix-reuse workload {workload!r}: calculator or scripted")
 
     def policy(cfg: Any) -> Path:
         if workload == "scripted" and not cfg.model.path:
-            return _random_tiny()
+            return _random_tiny(tiny_spec(cfg.sft))
         return ensure_policy(cfg)
 
     rows: list[dict[str, Any]] = []
@@ -217,7 +222,7 @@ def run_prefix_reuse_bench(
             "overrides": [*BASE_OVERRIDES, *overrides],
             "prompts_per_seed": num_prompts,
             "model": "model.path, else (calculator) the workload's warm start (launch.warm_start.ensure_policy) or "
-            "(scripted) the random-init tiny policy (models.build_tiny_policy)",
+            "(scripted) the random-init tiny policy of the config's shape (models.build_tiny_policy, sft.*)",
         },
         "rows": rows,
         "per_seed": per_seed,

@@ -72,6 +72,7 @@ from typing import Any
 from asyncrl.config import Config
 from asyncrl.controller.adaptive import adaptive_admission
 from asyncrl.controller.buffer import GroupBuffer, groups_to_samples
+from asyncrl.controller.evaluate import EvalResult
 from asyncrl.controller.fixed_lag import LaggedWeights
 from asyncrl.controller.recorder import RunRecorder
 from asyncrl.controller.resume import prompt_at, restore_snapshot, save_checkpoint, take_snapshot
@@ -104,7 +105,7 @@ class Controller:
         stop_token_ids: tuple[int, ...] = (),
         resume: dict[str, Any] | None = None,
         checkpoint_extra: dict[str, Any] | None = None,
-        evaluator: Callable[[], Awaitable[dict[str, float]]] | None = None,
+        evaluator: Callable[[], Awaitable[EvalResult]] | None = None,
         workflow: Workflow = run_episode,
     ) -> None:
         """``resume``: the controller snapshot of the checkpoint the trainer was restored from.
@@ -413,7 +414,7 @@ class Controller:
         c, n = self.cfg.controller, self.state.step  # the final evaluation is the launcher's accuracy_after
         return bool(c.eval_every and self.evaluator and n % c.eval_every == 0 and n < c.total_steps)
 
-    async def _evaluate(self) -> dict[str, float]:
+    async def _evaluate(self) -> dict[str, Any]:
         """Held-out accuracy now, as ``eval_*`` metrics and the seconds it took."""
         assert self.evaluator is not None
         start = time.perf_counter()

@@ -6,6 +6,9 @@ model cannot multiply five-digit numbers token by token; it can learn to copy th
 calculator call and the result into its answer. ``demonstration`` gives the worked conversation of a
 problem (the call, the tool's result, the answer after ``#``) for a multi-turn warm start.
 
+A problem's kind (``problem_kind``: the operation and the digits of each operand, ``mul 3x2``) is what
+the held-out evaluation reports accuracy by: success depends on it far more than on the problem.
+
 Splits follow the synthetic task's rule (``synthetic.is_held_out``: a hash of the seed and the
 question), so held-out and training questions are disjoint for every size.
 """
@@ -13,11 +16,12 @@ question), so held-out and training questions are disjoint for every size.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 
 from asyncrl.data.synthetic import is_held_out
 
-__all__ = ["CalculatorProblem", "demonstration", "make_calculator_splits"]
+__all__ = ["CalculatorProblem", "demonstration", "make_calculator_splits", "problem_kind"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,25 @@ def _make_problem(rng: random.Random, problem_id: str, max_digits: int) -> Calcu
             a, b = _number(rng, 5, 7, max_digits), _number(rng, 4, 6, max_digits)
             expr, value = f"{a}-{b}", a - b
     return CalculatorProblem(problem_id, expr, str(value))
+
+
+_KINDS = (
+    (re.compile(r"(\d+)\*(\d+)"), "mul {}x{}"),
+    (re.compile(r"(\d+)\+(\d+)\*(\d+)"), "add_mul {}+{}x{}"),
+    (re.compile(r"(\d+)-(\d+)"), "sub {}-{}"),
+)
+
+
+def problem_kind(question: str) -> str:
+    """The kind of a calculator question: its operation (``mul``, ``add_mul``, ``sub``, as
+    ``_make_problem`` draws them) and the digits of each operand: ``483*57`` -> ``mul 3x2``,
+    ``294+448*496`` -> ``add_mul 3+3x3``, ``38521-4417`` -> ``sub 5-4``. Raises ``ValueError`` for
+    anything else."""
+    for pattern, name in _KINDS:
+        match = pattern.fullmatch(question)
+        if match:
+            return name.format(*(len(operand) for operand in match.groups()))
+    raise ValueError(f"not a calculator question: {question!r}")
 
 
 def make_calculator_splits(

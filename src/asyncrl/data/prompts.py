@@ -65,15 +65,16 @@ def build_task(
             demos = [(p.question, teacher_solution(p, teacher_rng, teacher_slip_rate)) for p in train]
             return [to_prompt(p) for p in train], [to_prompt(p) for p in held_out], demos
         case "calculator":
-            from asyncrl.data.calculator import make_calculator_splits
+            from asyncrl.data.calculator import make_calculator_splits, problem_kind
 
             train_c, held_c = make_calculator_splits(
                 task.seed, task.train_size, task.eval_size, task.calculator_max_digits
             )
 
             def calc_prompt(p: Any) -> Prompt:
-                # the episode's opening is the environment's (system, tools, question); these ids measure it
-                meta = {"question": p.question}
+                # the episode's opening is the environment's (system, tools, question); these ids measure it;
+                # the kind: held-out accuracy is reported by it (controller.evaluate)
+                meta = {"question": p.question, "kind": problem_kind(p.question)}
                 return Prompt(p.problem_id, render_prompt(tokenizer, p.question), p.answer, meta)
 
             return [calc_prompt(p) for p in train_c], [calc_prompt(p) for p in held_c], []

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config
+from asyncrl.controller.evaluate import EvalResult
 from asyncrl.controller.loop import Controller
 from asyncrl.controller.resume import check_snapshot, resume_checkpoint
 from asyncrl.controller.rundir import RunDir, claim_run_dir, default_run_dir, read_jsonl
@@ -100,17 +101,20 @@ async def run_stages(
         workflow = build_workflow(cfg, tokenizer, stages.stop_token_ids)  # rollout.workflow
         evaluator = build_evaluator(cfg, engine, held_out, score, stages.stop_token_ids, workflow=workflow)
 
-        async def measure() -> dict[str, float]:
-            """Held-out accuracy as configured, plus greedy accuracy when ``eval.report_greedy``."""
+        async def measure() -> EvalResult:
+            """Held-out accuracy as configured, plus greedy accuracy (and by kind, where prompts have kinds)
+            when ``eval.report_greedy``."""
             result = await evaluator()
             if cfg.eval.report_greedy:
                 greedy = await build_evaluator(
                     cfg, engine, held_out, score, stages.stop_token_ids, greedy=True, workflow=workflow
                 )()
                 result["greedy_accuracy"] = greedy["accuracy"]
+                if "by_kind" in greedy:
+                    result["greedy_by_kind"] = greedy["by_kind"]
             return result
 
-        after: dict[str, float] | None = None
+        after: EvalResult | None = None
         before = dict(snapshot["launcher"]["before"]) if snapshot is not None else await measure()
         print(f"held-out accuracy before RL: {before['accuracy']:.3f} (greedy {before.get('greedy_accuracy')})")
         controller = Controller(

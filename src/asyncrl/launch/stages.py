@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import Config
-from asyncrl.controller.evaluate import eval_kwargs, evaluate
+from asyncrl.controller.evaluate import EvalResult, eval_kwargs, evaluate
 from asyncrl.controller.scoring import make_score_fn
 from asyncrl.reward.custom import import_callable
 from asyncrl.rollout.api import RolloutEngine
@@ -252,7 +252,7 @@ class Evaluator:
     """``controller.evaluate.evaluate``'s keyword arguments (``eval_kwargs`` of the run's config; with a
     multi-turn ``rollout.workflow``, the workflow that plays each held-out episode)."""
 
-    async def __call__(self) -> dict[str, float]:
+    async def __call__(self) -> EvalResult:
         return await evaluate(self.engine, self.prompts, self.score, **self.kwargs)
 
 
@@ -280,7 +280,7 @@ def build_evaluator(
 
 async def evaluate_once(
     cfg: Config, engine: RolloutEngine, prompts: Sequence[Prompt], tokenizer: Any, stop_token_ids: tuple[int, ...]
-) -> dict[str, float]:
+) -> EvalResult:
     """One evaluation outside a run (``asyncrl eval``, the headline bench's snapshots): the scoring
     built, the evaluator run, the reward service closed."""
     score, service = build_scoring(cfg, tokenizer)

@@ -5,7 +5,9 @@ user gave one; otherwise ``<sft.cache_dir>/tiny-sft-<key>``, built (random-init 
 ``asyncrl sft`` on the task's demonstrations) the first time and reused afterwards. The key
 hashes everything that changes the result (model shape, task, SFT settings; for ``calculator``
 also the call format and environment), so a changed setting never reuses a stale cache. The
-directory is written atomically (temp dir + rename).
+model's shape is the config's (``sft.hidden_size`` ..., ``models.tiny_spec``); the key hashes it
+as the spec it always hashed, so a config at the default shape keeps its key. The directory is
+written atomically (temp dir + rename).
 
 Demonstrations (``warm_start_examples``): single-turn tasks give (question, worked solution) pairs,
 the response learned; ``task.name=calculator`` (multi-turn, ``rollout.workflow=agent``) gives worked
@@ -29,7 +31,7 @@ from typing import Any
 
 from asyncrl.config import Config
 from asyncrl.data.prompts import build_task, render_prompt
-from asyncrl.models import TinyModelSpec, build_tiny_policy, load_policy
+from asyncrl.models import TINY_SHAPE_FIELDS, build_tiny_policy, load_policy, tiny_spec
 from asyncrl.trainer.sft import SFTExample, prompt_response_example, sft_train
 from asyncrl.types import Prompt
 
@@ -42,11 +44,13 @@ _TASK_FIELDS_ADDED = {"calculator_max_digits": 0}
 that every existing config keeps its key (and its cached warm start)."""
 
 
-def warm_start_key(cfg: Config, spec: TinyModelSpec) -> str:
+def warm_start_key(cfg: Config) -> str:
+    """The cache key of ``cfg``'s warm start (see the module docstring). The tiny model's shape
+    (``sft.hidden_size`` ...) enters through the spec, never twice."""
     at_default = tuple(k for k, default in _TASK_FIELDS_ADDED.items() if getattr(cfg.task, k) == default)
     payload = {
-        "spec": spec.__dict__,
-        "sft": cfg.sft.__dict__,
+        "spec": tiny_spec(cfg.sft).__dict__,
+        "sft": {k: v for k, v in cfg.sft.__dict__.items() if k not in TINY_SHAPE_FIELDS},
         "task": {k: v for k, v in cfg.task.__dict__.items() if k not in ("eval_size", *at_default)},
         "micro": cfg.trainer.max_tokens_per_micro_batch,
         "format": 3,  # 3: held-out and training split by question hash (data/synthetic.py)
@@ -57,11 +61,11 @@ def warm_start_key(cfg: Config, spec: TinyModelSpec) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def run_warm_start(cfg: Config, out_dir: str | Path, spec: TinyModelSpec | None = None) -> dict[str, float]:
-    """Build the tiny policy in ``out_dir`` and fine-tune it in place on the task's demonstrations."""
-    spec = spec or TinyModelSpec()
+def run_warm_start(cfg: Config, out_dir: str | Path) -> dict[str, float]:
+    """Build the tiny policy (the shape of ``sft.*``) in ``out_dir`` and fine-tune it in place on the
+    task's demonstrations."""
     out = Path(out_dir)
-    build_tiny_policy(out, spec)
+    build_tiny_policy(out, tiny_spec(cfg.sft))
     model, tokenizer = load_policy(out, device=cfg.model.device)
     examples = warm_start_examples(cfg, tokenizer)
     stats = sft_train(
@@ -121,20 +125,19 @@ def calculator_examples(cfg: Config, tokenizer: Any) -> list[SFTExample]:
     return examples
 
 
-def ensure_policy(cfg: Config, spec: TinyModelSpec | None = None) -> Path:
+def ensure_policy(cfg: Config) -> Path:
     """The model directory to start RL from (built and cached on first use)."""
     if cfg.model.path:
         return Path(cfg.model.path)
-    spec = spec or TinyModelSpec()
     cache = Path(cfg.sft.cache_dir)
-    target = cache / f"tiny-sft-{warm_start_key(cfg, spec)}"
+    target = cache / f"tiny-sft-{warm_start_key(cfg)}"
     if (target / "warm_start.json").is_file():
         return target
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="building-", dir=cache))
     t0 = time.perf_counter()
     try:
-        run_warm_start(cfg, tmp, spec)
+        run_warm_start(cfg, tmp)
         if target.exists():  # built concurrently by another run: keep theirs
             shutil.rmtree(tmp)
         else:
