@@ -9,8 +9,9 @@ One invocation, seed-major (every arm of a seed runs back to back, so load drift
    nothing overlapping, generation and training may each use both cores).
 2. **The arms.** ``max_staleness`` in ``etas`` (0 at the winning setting; the others as the local
    launcher runs asynchronously: engine thread and trainer process, one core each), the same
-   steps (or, with ``time_budget_s``, the same RL wall-time budget), data order and seed. Each run saves its published policy every ``snapshot_every_s``
-   seconds of RL time (``controller.snapshot_every_s``) with its version and time.
+   steps (or, with ``time_budget_s``, the same RL wall-time budget), data order and seed. Each run
+   saves its published policy every ``snapshot_every_s`` seconds of RL time
+   (``controller.snapshot_every_s``) with its version and time.
 3. **Evaluation afterwards.** Every snapshot is evaluated on the held-out split (``eval.*``)
    once all runs are done, so measuring accuracy costs a run only the saves (milliseconds each).
 4. **The numbers.** Per seed, the target is the synchronous run's starting accuracy plus
