@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         trees = {side: scratch / side for side in revs}
         for side, rev in revs.items():
             git("worktree", "add", "--detach", str(trees[side]), rev)
+            (REPO / ".cache").mkdir(exist_ok=True)
             (trees[side] / ".cache").symlink_to(REPO / ".cache")
         try:
             for i, seed in enumerate(seeds):

@@ -204,6 +204,8 @@ def _bench_headline(args: argparse.Namespace) -> None:
     synchronous arm (``bench/headline.py``)."""
     from asyncrl.bench import async_bench, headline
 
+    if args.samples_per_prompt is not None and args.samples_per_prompt < 1:
+        raise ConfigError("--samples-per-prompt must be >= 1")
     if args.reanalyse and args.reevaluate:
         raise ConfigError("--reanalyse and --reevaluate: one at a time")
     if args.reanalyse:
@@ -227,8 +229,6 @@ def _bench_headline(args: argparse.Namespace) -> None:
         raise ConfigError(f"--sync-setting {args.sync_setting!r}: one of {', '.join(headline.SYNC_CANDIDATES)}")
     if args.time_budget_s is not None and args.time_budget_s <= 0:
         raise ConfigError("--time-budget-s must be > 0 (leave it out for step budgets alone)")
-    if args.samples_per_prompt is not None and args.samples_per_prompt < 1:
-        raise ConfigError("--samples-per-prompt must be >= 1")
     headline.run_headline_bench(
         args.json, overrides=overrides, workload=workload, steps=args.steps,
         etas=tuple(int(x) for x in args.etas.split(",")) if args.etas else (0, 2, 4, 8),

@@ -215,7 +215,10 @@ class ControllerConfig:
     max_rl_time_s: float = 0.0
     """A wall-time budget: no training step starts once the run's RL time (across resumes) reached
     it, and the run ends as it does after ``total_steps`` (final snapshot, checkpoint, evaluation);
-    the step under way when the budget passes finishes. 0: none (``total_steps`` alone ends the run).
+    the step under way when the budget passes finishes; ``summary.json`` says ``ended_by``. 0: none
+    (``total_steps`` alone ends the run). Held-out evaluations during RL (``eval_every``) count against
+    it. A decaying LR schedule still decays over ``trainer.decay_steps`` or ``total_steps``, so set
+    ``decay_steps`` with a budget. Resuming a run its budget ended needs a larger budget.
     ``asyncrl bench headline --time-budget-s`` gives every arm the same budget."""
     eval_every: int = 0
     """Held-out accuracy every N steps during RL (``eval_accuracy`` etc. in that step's line of

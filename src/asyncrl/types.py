@@ -32,6 +32,11 @@ class Prompt:
     """Anything else the verifier or the logs need (difficulty, dataset row, ...)."""
 
 
+KIND_KEY = "problem_kind"
+"""The ``Prompt.meta`` key of a prompt's problem kind (set by the calculator task; a string): held-out
+evaluation reports accuracy per kind when present. Reserved, so a dataset row's own fields never set it."""
+
+
 @dataclass(frozen=True)
 class Completion:
     """One sampled continuation of a prompt, as returned by an engine."""

@@ -265,7 +265,7 @@ def test_a_time_budget_ends_the_run_like_its_last_step(tmp_path: Path) -> None:
     state = _run(cfg, ScriptedEngine(), trainer, tmp_path)
     assert 1 <= state.step < 1000 and state.stop_reason is None
     assert state.rl_elapsed_s >= 0.3
-    assert state.rl_elapsed_s < 0.3 + 10 * trainer.step_s  # stopped at the budget, not at total_steps
+    assert state.rl_elapsed_s < 0.3 + 2.0  # stopped at the budget, not at total_steps (1000 steps: 50 s)
     assert latest_checkpoint(tmp_path).name == f"step-{state.step:08d}"
     assert [m["step"] for m in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(state.step))
     assert _cfg(controller__max_rl_time_s=0).controller.max_rl_time_s == 0  # 0: no budget

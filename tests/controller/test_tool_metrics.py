@@ -10,7 +10,7 @@ import pytest
 
 from asyncrl.controller.evaluate import evaluate
 from asyncrl.controller.metrics import episode_metrics, tool_use_rates
-from asyncrl.types import EnvSegment, Group, ModelSegment, Prompt, Trajectory, TurnRecord
+from asyncrl.types import KIND_KEY, EnvSegment, Group, ModelSegment, Prompt, Trajectory, TurnRecord
 
 
 def _turn(calls: int = 0, errors: int = 0, malformed: int = 0, hits: int | None = None) -> TurnRecord:
@@ -59,18 +59,18 @@ def test_the_held_out_evaluation_reports_tool_use() -> None:
 
 
 def test_the_held_out_evaluation_reports_each_kind_apart() -> None:
-    """Prompts with ``meta["kind"]``: accuracy and hit rate per kind beside the whole set's; without: none."""
+    """Prompts with ``meta[KIND_KEY]``: accuracy and hit rate per kind beside the whole set's; without: none."""
     solved = _episode(_turn(calls=1, hits=1), _turn(hits=0))
     missed = _episode(_turn(calls=1, hits=0), _turn(hits=0))
 
     async def workflow(engine, prompt, sampling, n, score, start_version, on_sample_done=None):
-        right = prompt.meta.get("kind") == "mul 3x2"
+        right = prompt.meta.get(KIND_KEY) == "mul 3x2"
         episode = solved if right else missed
         completions = tuple(episode.to_completion() for _ in range(n))
         return Group(prompt, completions, (float(right),) * n, 0, trajectories=(episode,) * n)
 
     kinds = ["mul 3x2", "mul 3x2", "sub 3-3", "sub 3-3", "sub 3-3"]
-    prompts = [Prompt(f"p{i}", (1, 2), "3", {"kind": k}) for i, k in enumerate(kinds)]
+    prompts = [Prompt(f"p{i}", (1, 2), "3", {KIND_KEY: k}) for i, k in enumerate(kinds)]
     kwargs = {"greedy": True, "max_new_tokens": 4, "samples_per_prompt": 1, "workflow": workflow}
     result = asyncio.run(evaluate(None, prompts, None, **kwargs))  # type: ignore[arg-type]
     assert result["accuracy"] == pytest.approx(2 / 5) and result["tool_call_hit_rate"] == pytest.approx(2 / 5)
@@ -82,3 +82,6 @@ def test_the_held_out_evaluation_reports_each_kind_apart() -> None:
     assert sampled["by_kind"]["mul 3x2"]["accuracy"] == 1.0 and sampled["by_kind"]["sub 3-3"]["prompts"] == 3.0
     plain = [Prompt(f"p{i}", (1, 2), "3") for i in range(3)]
     assert "by_kind" not in asyncio.run(evaluate(None, plain, None, **kwargs))  # type: ignore[arg-type]
+    # a dataset row's own "kind" field (any type) is not the calculator's and adds nothing
+    rows = [Prompt(f"p{i}", (1, 2), "3", {"kind": k}) for i, k in enumerate(["a", 3, ["x"]])]
+    assert "by_kind" not in asyncio.run(evaluate(None, rows, None, **kwargs))  # type: ignore[arg-type]

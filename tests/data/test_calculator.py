@@ -8,7 +8,7 @@ from asyncrl.config import load_config
 from asyncrl.config_parse import ConfigError
 from asyncrl.data.calculator import demonstration, make_calculator_splits, problem_kind
 from asyncrl.rollout.envs.calculator import calculator_reward, evaluate_expression
-from asyncrl.types import Prompt
+from asyncrl.types import KIND_KEY, Prompt
 
 
 def test_problems_are_exact_large_and_split_disjointly() -> None:
@@ -81,4 +81,4 @@ def test_calculator_prompts_carry_their_kind(tiny_policy_dir) -> None:
     cfg = load_config(None, ["task.name=calculator", "task.train_size=8", "task.eval_size=8"])
     train, held, _ = build_task(cfg.task, load_tokenizer(tiny_policy_dir))
     for prompt in train + held:
-        assert prompt.meta["kind"] == problem_kind(prompt.meta["question"])
+        assert prompt.meta[KIND_KEY] == problem_kind(prompt.meta["question"])

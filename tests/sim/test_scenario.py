@@ -49,9 +49,9 @@ def test_a_training_config_maps_onto_the_scenario() -> None:
         2, "samples", "keep", 32, 7, "h800-1.5b")  # fmt: skip
 
 
-def _write_run(run: Path) -> None:
+def _write_run(run: Path, *extra: str) -> None:
     run.mkdir()
-    cfg = load_config(None, ["controller.batch_size=2", "rollout.group_size=2", "controller.max_staleness=3"])
+    cfg = load_config(None, ["controller.batch_size=2", "rollout.group_size=2", "controller.max_staleness=3", *extra])
     dump_yaml(cfg, run / "config.yaml")
     rows = [
         {"prompt_id": "a", "sample_idx": 0, "status": "trained", "start_version": 0, "response_len": 10},
@@ -73,6 +73,13 @@ def test_a_run_directory_gives_its_scenario(tmp_path: Path) -> None:
     assert s.filter_prob == pytest.approx(0.5) and s.prompt_len == 12
     sampler = LengthSampler("ledger", 2, 100, ledger=s.ledger, seed=1)
     assert {tuple(sorted(sampler.next_group())) for _ in range(50)} == {(5, 7), (10, 30)}
+    assert s.total_steps == 120  # the config's steps (its one metrics line says nothing without a budget)
+
+
+def test_a_run_its_time_budget_ended_is_simulated_for_the_steps_it_trained(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    _write_run(run, "controller.total_steps=200", "controller.max_rl_time_s=60")
+    assert from_run(run, profile="cpu-2core-tiny").total_steps == 1  # one metrics line: one step trained
 
 
 def test_lognormal_lengths_are_long_tailed_clipped_and_correlated_in_a_group() -> None:

@@ -35,8 +35,15 @@ from asyncrl.bench.runs import resolve_run_dir
 
 __all__ = ["SAMPLES_KEY", "reevaluate", "with_samples_per_prompt"]
 
-SAME_ACROSS_SOURCES = ("bench", "workload", "target_fraction", "warmup_s", "sync_setting")
+SAME_ACROSS_SOURCES = ("bench", "workload", "target_fraction", "warmup_s", "sync_setting", "time_budget_s")
 """What every source file must agree on to be analysed together."""
+
+_ABSENT_MEANS = {"time_budget_s": 0.0}
+"""A file written before the field existed ran without it: its value."""
+
+
+def _setting(payload: dict[str, Any], key: str) -> Any:
+    return payload.get(key, _ABSENT_MEANS.get(key))
 
 
 def _weights_digest(snapshot_dir: Path) -> str:
@@ -57,9 +64,9 @@ def _load_sources(sources: Sequence[str]) -> list[dict[str, Any]]:
         if payload.get("bench") != "headline":
             raise ValueError(f"{source}: not a bench headline result (bench={payload.get('bench')!r})")
         for key in SAME_ACROSS_SOURCES:
-            if payload.get(key) != payloads[0].get(key):
-                raise ValueError(f"{source}: {key}={payload.get(key)!r} differs from {sources[0]}'s "
-                                 f"{payloads[0].get(key)!r}; these runs cannot be analysed together")  # fmt: skip
+            if _setting(payload, key) != _setting(payloads[0], key):
+                raise ValueError(f"{source}: {key}={_setting(payload, key)!r} differs from {sources[0]}'s "
+                                 f"{_setting(payloads[0], key)!r}; these runs cannot be analysed together")  # fmt: skip
     seeds = [seed for p in payloads for seed in p["seeds"]]
     if len(seeds) != len(set(seeds)):
         raise ValueError(f"seeds repeat across the source files ({sorted(seeds)}): each seed must come from one file")
@@ -124,7 +131,7 @@ def reevaluate(
     rows: list[dict[str, Any]] = []
     first_samples = sorted({p.get("eval_samples") or 0 for p in payloads})
     payload: dict[str, Any] = {
-        **{key: payloads[0].get(key) for key in SAME_ACROSS_SOURCES},
+        **{key: _setting(payloads[0], key) for key in SAME_ACROSS_SOURCES},
         "overrides": with_samples_per_prompt(payloads[0]["overrides"], samples_per_prompt),
         "seeds": sorted(seed for p in payloads for seed in p["seeds"]),
         "etas": sorted({eta for p in payloads for eta in p["etas"] if etas is None or eta in etas}),

@@ -4,9 +4,9 @@ With a multi-turn workflow (``rollout.workflow=agent``) the workflow plays each 
 itself (tools and all) and its group's rewards are the scores: single-turn generation and a verifier
 cannot score a tool episode. The controller still knows nothing of turns: it calls the workflow.
 
-Prompts whose ``meta`` names a ``kind`` (the calculator's problems: ``data.calculator.problem_kind``)
-are also reported kind by kind (``by_kind``), so that a gain on one kind cannot hide the collapse of
-another; prompts without one (every other task) add nothing."""
+Prompts whose ``meta`` names a kind under ``types.KIND_KEY`` (the calculator's problems:
+``data.calculator.problem_kind``) are also reported kind by kind (``by_kind``), so that a gain on one kind
+cannot hide the collapse of another; prompts without one (every other task) add nothing."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.interruptible import generate_group
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.workflow import ScoreFn, Workflow
-from asyncrl.types import Prompt, Trajectory
+from asyncrl.types import KIND_KEY, Prompt, Trajectory
 
 EvalResult = dict[str, Any]
 """What ``evaluate`` returns: numbers (``accuracy``, ``reward``, ``response_len``, tool-use rates) and, for
@@ -45,7 +45,8 @@ async def evaluate(
     ``greedy``, ``max_new_tokens`` and ``samples_per_prompt`` have no default: a run's are
     ``eval.*``, passed by :func:`eval_kwargs`. ``workflow``: play each prompt's episodes with it (a
     multi-turn one; response length: every token after the opening; its episodes' tool use is added,
-    ``controller.metrics.trajectory_metrics``). Prompts with a ``meta["kind"]`` add ``by_kind``."""
+    ``controller.metrics.trajectory_metrics``). Prompts with a non-empty string ``meta[KIND_KEY]`` (the
+    calculator's) add ``by_kind``."""
     n = 1 if greedy else max(1, samples_per_prompt)
     sampling = SamplingParams(
         max_new_tokens=max_new_tokens,
@@ -69,7 +70,7 @@ async def evaluate(
         **_scores([r for results, _ in per_prompt for r in results]),
         **trajectory_metrics([t for _, episodes in per_prompt for t in episodes]),
     }
-    kinds = [p.meta.get("kind") for p in prompts]
+    kinds = [kind if isinstance(kind := p.meta.get(KIND_KEY), str) and kind else None for p in prompts]
     if any(kinds):
         result["by_kind"] = by_kind(kinds, per_prompt)
     return result

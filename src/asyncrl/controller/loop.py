@@ -340,6 +340,7 @@ class Controller:
         record, c = self.recorder, self.cfg.controller
         while self.state.step < c.total_steps and self._stop_reason is None:
             if c.max_rl_time_s and record.now() >= c.max_rl_time_s:
+                record.note(f"controller.max_rl_time_s={c.max_rl_time_s:g} reached after {self.state.step} steps")
                 break
             step = self.state.step
             with record.waiting():

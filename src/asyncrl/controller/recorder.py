@@ -96,6 +96,10 @@ class RunRecorder:
         """RL wall time of the run so far (seconds, across resumes)."""
         return self._elapsed0 + time.perf_counter() - self._run_start
 
+    def note(self, message: str) -> None:
+        """A line for the user, printed above the progress bar."""
+        tqdm.write(message)
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
@@ -265,4 +269,4 @@ class RunRecorder:
                 tok_s=f"{metrics['trained_tokens_per_s']:.0f}",
             )
         if not metrics["applied"]:
-            tqdm.write(f"step {metrics['step']}: non-finite loss or gradient, update skipped (ledger: status=skipped)")
+            self.note(f"step {metrics['step']}: non-finite loss or gradient, update skipped (ledger: status=skipped)")

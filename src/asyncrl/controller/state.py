@@ -30,7 +30,8 @@ class ControllerState:
     """RL wall time of the run (across resumes; the time lost between a checkpoint and a kill excluded)."""
     resumes: int = 0
     stop_reason: str | None = None
-    """None: ran to ``total_steps``; else why it stopped early (e.g. ``SIGTERM``)."""
+    """None: ran to its end (``total_steps``, or the RL-time budget ``max_rl_time_s``); else why it
+    stopped early and can resume (e.g. ``SIGTERM``)."""
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)

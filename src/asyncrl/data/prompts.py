@@ -20,7 +20,7 @@ from typing import Any
 from asyncrl.config import ConfigError, SFTConfig, TaskConfig
 from asyncrl.data.rows import DatasetError, bad_row, iter_jsonl
 from asyncrl.data.synthetic import make_splits, teacher_solution
-from asyncrl.types import Prompt
+from asyncrl.types import KIND_KEY, Prompt
 
 
 def render_prompt(tokenizer: Any, question: str) -> tuple[int, ...]:
@@ -74,7 +74,7 @@ def build_task(
             def calc_prompt(p: Any) -> Prompt:
                 # the episode's opening is the environment's (system, tools, question); these ids measure it;
                 # the kind: held-out accuracy is reported by it (controller.evaluate)
-                meta = {"question": p.question, "kind": problem_kind(p.question)}
+                meta = {"question": p.question, KIND_KEY: problem_kind(p.question)}
                 return Prompt(p.problem_id, render_prompt(tokenizer, p.question), p.answer, meta)
 
             return [calc_prompt(p) for p in train_c], [calc_prompt(p) for p in held_c], []

@@ -162,6 +162,9 @@ async def run_stages(
         "eval_after": after,
         "steps": state.step,
         "stop_reason": state.stop_reason,
+        # what ended a run that was not stopped: its step count or its RL-time budget
+        "ended_by": None if state.stop_reason else "total_steps" if state.step >= cfg.controller.total_steps
+        else "max_rl_time_s",
         "resumes": state.resumes,
         "wall_s": time.perf_counter() - t_start,
         "warm_start_s": t_warm,

@@ -206,6 +206,10 @@ def from_run(run_dir: str | Path, **extra: Any) -> Scenario:
     stats = run_workload(run)
     replay = {"lengths": "ledger", "ledger": str(ledger_path(run)), "ledger_filter": True, "ledger_ordered": True}
     measured = {**replay, **stats}
+    if cfg.controller.max_rl_time_s and (metrics := run / "metrics.jsonl").is_file():
+        # a run its time budget ended trained fewer steps than its cap: simulate the steps it trained
+        trained_steps = sum(1 for line in metrics.read_text().splitlines() if line.strip())
+        measured["total_steps"] = max(1, min(cfg.controller.total_steps, trained_steps))
     return from_config(cfg, **{**measured, **extra})
 
 
