@@ -32,6 +32,7 @@ __all__ = [
     "Precision",
     "ProxMode",
     "RayWeightSync",
+    "StragglerPolicy",
     "TaskName",
     "ToolFormat",
     "ToolLatencyDist",
@@ -55,6 +56,9 @@ InterruptMode = Literal["abort", "keep"]
 """``rollout.interrupt_mode``: what an in-flight weight update does to running requests (``LocalEngine``)."""
 HighWaterUnit = Literal["groups", "samples"]
 """``controller.high_water_unit``: what a running group weighs under the high-water mark (``StalenessGate``)."""
+StragglerPolicy = Literal["drop", "wait"]
+"""``controller.stragglers``: what the trainer does about a group still generating at its last trainable
+step (``controller.loop``): drop it once stale, or wait for it."""
 WeightSyncMode = Literal["inflight", "drain"]
 """``controller.weight_sync``: whether an update waits for running episodes (``controller.loop``)."""
 WorkflowName = Literal["single_turn", "agent", "openai_agent"]

@@ -38,6 +38,7 @@ from asyncrl.choices import (
     LaunchKind,
     PlacementStrategy,
     RayWeightSync,
+    StragglerPolicy,
     TaskName,
     WeightSyncMode,
 )
@@ -208,6 +209,14 @@ class ControllerConfig:
     do not keep the engine half empty: for generation-bound, long-tailed workloads (``asyncrl bench
     async --workload long``). Per-sample completion comes from ``LocalEngine``; with other engines a
     group's samples are counted done when the engine returns the group, as with ``groups``."""
+    stragglers: StragglerPolicy = "drop"
+    """drop | wait: a group still generating at the last step allowed to train it (admitted at version v,
+    bound η: step v + η). ``drop``: the trainer goes on and the group is dropped as stale when it
+    finishes (the ledger's ``stale``). ``wait``: that step waits until the group has finished, and batches
+    take the buffered groups closest to their bound first, so none is dropped for staleness (every
+    trained sample still within η; the gate allows at most B such groups per step). On long-tailed
+    workloads ``drop`` trains the long problems less (their groups finish past the bound); ``wait``
+    trains every admitted prompt at the cost of the trainer waiting for them (docs/controller.md §1.2)."""
     adaptive: bool = False
     """Set the mark and η_t <= max_staleness online from measurements (docs/controller.md §1.1; not with fixed_lag)."""
     total_steps: int = 120

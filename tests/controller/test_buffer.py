@@ -42,6 +42,21 @@ def test_take_fresh_takes_a_whole_batch_or_nothing() -> None:
     assert [g.prompt.prompt_id for g in batch] == ["a", "b", "c"] and stale == [] and len(buf) == 0
 
 
+def test_nearest_bound_first_takes_the_group_due_soonest() -> None:
+    """Buffer order a, b, late, c (late finished after a and b but is the oldest): FIFO passes it over;
+    nearest bound first takes it now (a group's own bound, adaptive admission, counts: c is due as
+    soon as late)."""
+    for nearest, expected in ((False, ["a", "b"]), (True, ["late", "c"])):
+        buf = GroupBuffer()
+        buf.put(_group("a", [0, 1], [4, 4]))
+        buf.put(_group("b", [0, 1], [4, 4]))
+        buf.put(_group("late", [0, 1], [3, 3]))
+        buf.put(_group("c", [0, 1], [4, 4]), max_staleness=1)
+        batch, stale = buf.take_fresh(step=5, max_staleness=2, count=2, nearest_bound_first=nearest)
+        assert [g.prompt.prompt_id for g in batch] == expected and stale == []
+        assert len(buf) == 2
+
+
 def test_groups_to_samples_grpo_by_hand() -> None:
     group = _group("p", [1.0, 0.0], [2, 2])
     samples = groups_to_samples([group], AlgoConfig(advantage="grpo"))

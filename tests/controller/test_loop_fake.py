@@ -3,7 +3,8 @@
 Each test runs the real loop (admission, gate, episodes, buffer, batcher, publish, checkpoints,
 run directory) in well under a second over ``tests.controller.fakes``: admission within the
 staleness budget and the concurrency cap, no sample trained more than η versions old (a group
-held back until it is stale is dropped, not trained), the high-water mark in groups and in
+held back until it is stale is dropped, not trained, or waited for with ``controller.stragglers=wait``),
+the high-water mark in groups and in
 samples, retries of failed or hung generation and of a failed scoring, failures that are not
 retried (verification, equal rewards, a non-finite step), the stop after consecutive engine
 failures, and a checkpoint then resume after a kill and after a graceful stop (the ledger then
@@ -141,6 +142,41 @@ def test_a_group_that_comes_back_too_stale_is_dropped_not_trained(tmp_path: Path
     assert stale[0]["step"] - stale[0]["min_version"] > 1
     assert first not in {s.token_ids[:1] for b in trainer.batches for s in b.samples}
     assert all(b.version - s.min_version <= 1 for b in trainer.batches for s in b.samples)
+
+
+def _straggler_run(run_dir: Path, policy: str) -> tuple[ControllerState, ScriptedTrainer, tuple[int, ...]]:
+    """η = 1, B = 1, steps of 0.1 s: the first prompt's group takes 0.5 s, every other one returns at once."""
+    first = _stream(1)[0]
+    scripts = {first: Script(tail_s=0.5)}
+    engine, trainer = ScriptedEngine(scripts), ScriptedTrainer(step_s=0.1)
+    cfg = _cfg(controller__batch_size=1, controller__total_steps=8, controller__stragglers=policy)
+    return _run(cfg, engine, trainer, run_dir, scripts), trainer, first
+
+
+def test_a_straggler_is_dropped_or_waited_for_as_controller_stragglers_says(tmp_path: Path) -> None:
+    """``drop``: the slow group finishes after step 1 (its last trainable step) and is dropped;
+    ``wait``: step 1 waits for it and trains it, nothing is dropped, and no trained sample is more
+    than η versions old either way."""
+    dropped, trainer, first = _straggler_run(tmp_path / "drop", "drop")
+    assert dropped.stale_groups == 1
+    assert first not in {s.token_ids[:1] for b in trainer.batches for s in b.samples}
+    waited, trainer, first = _straggler_run(tmp_path / "wait", "wait")
+    assert waited.step == 8 and waited.stale_groups == 0 and _ledger(tmp_path / "wait", "stale") == []
+    trained_at = [b.version for b in trainer.batches for s in b.samples if s.token_ids[:1] == first]
+    assert trained_at == [1, 1]  # both samples, at the group's last trainable step (admitted at 0, η = 1)
+    assert all(b.version - s.min_version <= 1 for b in trainer.batches for s in b.samples)
+    _replay_admission(tmp_path / "wait", 1, 1)
+
+
+def test_waiting_for_stragglers_changes_nothing_in_a_synchronous_run(tmp_path: Path) -> None:
+    """η = 0: every group of a version is due at its step anyway, so ``wait`` trains what ``drop`` does."""
+    runs = {}
+    for policy in ("drop", "wait"):
+        trainer = ScriptedTrainer()
+        _run(_cfg(controller__max_staleness=0, controller__stragglers=policy), ScriptedEngine(), trainer,
+             tmp_path / policy)  # fmt: skip
+        runs[policy] = [[s.token_ids for s in b.samples] for b in trainer.batches]
+    assert runs["drop"] == runs["wait"] and len(runs["wait"]) == 6
 
 
 def _run_ahead(run_dir: Path, unit: str, mark: int) -> tuple[ScriptedTrainer, list[tuple[int, int, int]]]:

@@ -156,3 +156,12 @@ def test_a_run_is_deterministic_for_a_seed() -> None:
     first, second = simulate(sc, profile()).result, simulate(sc, profile()).result
     clock = {"wall_s": 0, "cpu_s": 0, "events_per_s": 0}
     assert first.as_row() | clock == second.as_row() | clock
+
+
+def test_waiting_for_stragglers_trains_every_group_within_eta() -> None:
+    """A long-tailed run at η = 1 drops groups finished past their bound (``drop``); ``wait`` holds the
+    trainer for them instead: nothing dropped, nothing trained past η, every step taken."""
+    sc = replace(SMALL, max_staleness=1, lengths="lognormal", high_water_batches=0, total_steps=16, seed=3)
+    dropped, waited = (simulate(replace(sc, stragglers=p), profile()).result for p in ("drop", "wait"))
+    assert dropped.groups["stale"] > 0
+    assert waited.groups["stale"] == 0 and waited.max_staleness_seen <= 1 and waited.steps == sc.total_steps

@@ -4,7 +4,8 @@
   training step i takes the oldest ``batch_size`` groups whose samples obey the staleness bound
   (``i - min_version <= max_staleness``, or the group's own lower bound: with
   ``controller.adaptive`` each group is put with the η in force when it was admitted), or none
-  while fewer are buffered, and removes (and returns, for the ledger) the older ones.
+  while fewer are buffered, and removes (and returns, for the ledger) the older ones; with
+  ``controller.stragglers=wait`` it takes the groups nearest their bound first.
 - ``groups_to_samples``: groups into ``TrainSample``s with per-token advantages from the group
   estimator of ``algo`` (rewards scaled and biased first, then DAPO's overlong penalty added when
   ``algo.overlong_buffer > 0``).
@@ -43,11 +44,16 @@ class GroupBuffer:
         self._groups.clear()
         return out
 
-    def take_fresh(self, step: int, max_staleness: int, count: int) -> tuple[list[Group], list[Group]]:
+    def take_fresh(
+        self, step: int, max_staleness: int, count: int, *, nearest_bound_first: bool = False
+    ) -> tuple[list[Group], list[Group]]:
         """``(batch, stale)``: the ``count`` oldest groups fresh enough for training step ``step``,
         removed, or ``[]`` while fewer are buffered (they stay, in order); and every stale group
         (``step - min_version`` above ``max_staleness`` or above its own bound), removed: the caller
-        records them as dropped."""
+        records them as dropped. ``nearest_bound_first``: the batch takes the groups whose last
+        trainable step (``min_version`` + bound) comes first, in buffer order among equals, instead of
+        the oldest in buffer order (``controller.stragglers=wait``: a group that finished late but is due
+        now is trained now, not passed over and dropped at the next step)."""
         stale: list[Group] = []
         fresh: deque[tuple[Group, int | None]] = deque()
         for entry in self._groups:
@@ -56,8 +62,15 @@ class GroupBuffer:
                 stale.append(group)
             else:
                 fresh.append(entry)
-        batch = [fresh.popleft()[0] for _ in range(count)] if len(fresh) >= count else []
-        self._groups = fresh
+        if len(fresh) < count:
+            self._groups = fresh
+            return [], stale
+        order = list(range(len(fresh)))
+        if nearest_bound_first:
+            order.sort(key=lambda k: fresh[k][0].min_version + group_bound(fresh[k][1], max_staleness))
+        taken = set(order[:count])
+        batch = [fresh[k][0] for k in order[:count]]
+        self._groups = deque(entry for k, entry in enumerate(fresh) if k not in taken)
         return batch, stale
 
 

@@ -50,8 +50,10 @@ episode tasks)                                                           ``Episo
                                                                          ``run``: the run is stopping
 ``_next_batch``    ``_wake_train``     ``take_fresh`` gives a whole      ``_episode``: a group entered the buffer
 (train loop:                           batch, an episode failed, or a    ``_fail``: an episode task raised, or too many
-the buffer)                            stop was requested                engine failures in a row
-                                                                         ``request_stop``: SIGINT/SIGTERM
+the buffer)                            stop was requested; with          engine failures in a row
+                                       ``stragglers = wait``, first no   ``request_stop``: SIGINT/SIGTERM
+                                       episode due at this step is       ``_in_flight_done``: an episode task ended
+                                       still running                     (``stragglers = wait``)
 ``_drain``         ``_episode_end``    ``gate.running == 0`` (no         ``_episode_left_gate``; ``_fail``
 (``weight_sync``                       episode generating or scoring),
 ``= drain``)                           or an episode failed
@@ -79,7 +81,7 @@ from asyncrl.controller.resume import prompt_at, restore_snapshot, save_checkpoi
 from asyncrl.controller.rundir import RunDir
 from asyncrl.controller.scoring import scoring_failed
 from asyncrl.controller.snapshots import PolicySnapshots
-from asyncrl.controller.staleness import EpisodeSamples, StalenessGate
+from asyncrl.controller.staleness import EpisodeSamples, StalenessGate, group_bound
 from asyncrl.controller.state import ControllerState
 from asyncrl.data.prompts import PromptSource
 from asyncrl.rollout.api import RolloutEngine
@@ -145,6 +147,7 @@ class Controller:
             stop_token_ids=stop_token_ids,
         )
         self._in_flight: dict[asyncio.Task, tuple[Prompt, int]] = {}
+        self._last_step: dict[asyncio.Task, int] = {}  # episode -> the last step sure to train it (stragglers)
         self._readmit: deque[int] = deque()  # stream indices to admit again first (resume)
         # the three wake-ups of the backpressure table (module docstring)
         self._wake_admit = asyncio.Event()
@@ -223,6 +226,7 @@ class Controller:
                 self.recorder.admitted(prompt, index, version, readmitted, bound)
                 task = asyncio.create_task(self._episode(prompt, version, bound))
                 self._in_flight[task] = (prompt, version)
+                self._last_step[task] = version + group_bound(bound, self.cfg.controller.max_staleness)
                 task.add_done_callback(self._in_flight_done)
             self._wake_admit.clear()
             await self._wake_admit.wait()
@@ -237,6 +241,8 @@ class Controller:
 
     def _in_flight_done(self, task: asyncio.Task) -> None:
         self._in_flight.pop(task, None)
+        if self._last_step.pop(task, None) is not None:
+            self._wake_train.set()  # a straggler the trainer may be waiting for has ended
         if not task.cancelled() and task.exception() is not None:
             self._fail(task.exception())  # type: ignore[arg-type]
 
@@ -370,7 +376,12 @@ class Controller:
                 raise RuntimeError("an episode failed") from self._errors[0]
             if self._stop_reason is not None:
                 return None
-            batch, stale = self.buffer.take_fresh(step, c.max_staleness, c.batch_size)
+            wait = c.stragglers == "wait"
+            if wait and step in self._last_step.values():
+                self._wake_train.clear()  # a group still generating is due at this step: wait for it
+                await self._wake_train.wait()
+                continue
+            batch, stale = self.buffer.take_fresh(step, c.max_staleness, c.batch_size, nearest_bound_first=wait)
             for _ in stale:
                 self.gate.on_drop_accepted()
             self.recorder.stale(stale, step)

@@ -223,8 +223,8 @@ class Simulator:
         else:
             self.gate.on_finish(accepted=True)
             self.buffer.put(buffer_record(grp), grp.bound)
-            if self.trainer == IDLE and len(self.buffer) >= self.s.batch_size:
-                self._next_batch()
+        if self.trainer == IDLE and len(self.buffer) >= self.s.batch_size:
+            self._next_batch()  # a new batch, or (stragglers=wait) the group the trainer waited for ended
         if self.waiting_drain and self.gate.running == 0:
             self._export()
 
@@ -240,10 +240,16 @@ class Simulator:
 
     # ------------------------------------------------------------------ training and weight sync
     def _next_batch(self) -> None:
-        """``Controller._next_batch``: the oldest fresh batch, stale groups dropped."""
+        """``Controller._next_batch``: the oldest fresh batch (nearest its bound first with
+        ``stragglers=wait``, which first waits for any group due at this step), stale groups dropped."""
         if self.step >= self.s.total_steps:
             return
-        batch, stale = self.buffer.take_fresh(self.step, self.s.max_staleness, self.s.batch_size)
+        wait = self.s.stragglers == "wait"
+        if wait and any(g.admit_version + self._bound(g) == self.step for g in self.in_flight.values()):
+            return  # a group still generating is due at this step: the trainer waits for it
+        batch, stale = self.buffer.take_fresh(
+            self.step, self.s.max_staleness, self.s.batch_size, nearest_bound_first=wait
+        )
         for record in stale:
             self.gate.on_drop_accepted()
             grp = simulated(record)

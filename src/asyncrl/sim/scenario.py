@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from asyncrl.choices import HighWaterUnit, InterruptMode, WeightSyncMode, check_choice
+from asyncrl.choices import HighWaterUnit, InterruptMode, StragglerPolicy, WeightSyncMode, check_choice
 from asyncrl.config import Config, load_config
 from asyncrl.sim.workload import FINISHED, LengthKind, ledger_path
 
@@ -44,6 +44,9 @@ class Scenario:
     max_concurrent: int = 64
     high_water_batches: int = 2
     high_water_unit: HighWaterUnit = "groups"
+    stragglers: StragglerPolicy = "drop"
+    """``controller.stragglers``: drop a group finished past its bound, or hold the trainer at the group's
+    last trainable step until it has finished (and batch the groups nearest their bound first)."""
     adaptive: bool = False
     """``controller.adaptive``: the controller's own policy (``controller.adaptive.AdaptiveAdmission``)
     sets η_t <= max_staleness and the mark after every simulated step from the simulated trainer wait
@@ -117,6 +120,7 @@ def check_scenario(s: Scenario) -> None:
     choices = {
         "high_water_unit": (s.high_water_unit, HighWaterUnit), "weight_sync": (s.weight_sync, WeightSyncMode),
         "interrupt_mode": (s.interrupt_mode, InterruptMode), "lengths": (s.lengths, LengthKind),
+        "stragglers": (s.stragglers, StragglerPolicy),
         "sample_reports": (s.sample_reports, SampleReports),
     }  # fmt: skip
     for key, (value, alias) in choices.items():
@@ -192,7 +196,7 @@ def from_config(cfg: Config, **extra: Any) -> Scenario:
         engines=engines, slots=r.max_slots, trainer_ranks=cfg.launch.trainer_ranks, batch_size=c.batch_size,
         group_size=r.group_size, max_staleness=c.max_staleness, max_concurrent=c.max_concurrent,
         high_water_batches=c.high_water_batches, high_water_unit=c.high_water_unit, adaptive=c.adaptive,
-        weight_sync=c.weight_sync,
+        weight_sync=c.weight_sync, stragglers=c.stragglers,
         interrupt_mode=r.interrupt_mode, total_steps=c.total_steps, max_new_tokens=r.max_new_tokens,
     )  # fmt: skip
     return with_overrides(base, extra)
