@@ -216,7 +216,7 @@ class ControllerConfig:
     take the buffered groups closest to their bound first, so none is dropped for staleness (every
     trained sample still within η; the gate allows at most B such groups per step). On long-tailed
     workloads ``drop`` trains the long problems less (their groups finish past the bound); ``wait``
-    trains every admitted prompt at the cost of the trainer waiting for them (docs/controller.md §1.2)."""
+    trains every admitted prompt at the cost of the trainer waiting for them (docs/controller.md §1, Stragglers)."""
     adaptive: bool = False
     """Set the mark and η_t <= max_staleness online from measurements (docs/controller.md §1.1; not with fixed_lag)."""
     total_steps: int = 120
