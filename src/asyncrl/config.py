@@ -210,13 +210,15 @@ class ControllerConfig:
     async --workload long``). Per-sample completion comes from ``LocalEngine``; with other engines a
     group's samples are counted done when the engine returns the group, as with ``groups``."""
     stragglers: StragglerPolicy = "drop"
-    """drop | wait: a group still generating at the last step allowed to train it (admitted at version v,
-    bound η: step v + η). ``drop``: the trainer goes on and the group is dropped as stale when it
-    finishes (the ledger's ``stale``). ``wait``: that step waits until the group has finished, and batches
-    take the buffered groups closest to their bound first, so none is dropped for staleness (every
-    trained sample still within η; the gate allows at most B such groups per step). On long-tailed
-    workloads ``drop`` trains the long problems less (their groups finish past the bound); ``wait``
-    trains every admitted prompt at the cost of the trainer waiting for them (docs/controller.md §1, Stragglers)."""
+    """drop | wait: what happens to a group that may finish after the last step allowed to train it
+    (admitted at version v, bound η: step v + η). ``drop``: the trainer goes on and the group is dropped as
+    stale if it finishes too late (the ledger's ``stale``). ``wait``: batches take the groups due soonest,
+    and a step waits for running groups while that order could not otherwise train every group in time
+    (``controller.staleness.must_wait_for_stragglers``), so none is dropped for staleness and every trained
+    sample is still within η. On long-tailed workloads ``drop`` trains the long problems less (their groups
+    finish past the bound); ``wait`` trains every admitted prompt at the cost of the trainer waiting for
+    them. Keep ``episode_timeout_s`` > 0 with it (a hung request holds the trainer until it times out).
+    docs/controller.md §1, Stragglers."""
     adaptive: bool = False
     """Set the mark and η_t <= max_staleness online from measurements (docs/controller.md §1.1; not with fixed_lag)."""
     total_steps: int = 120

@@ -168,13 +168,32 @@ def test_a_straggler_is_dropped_or_waited_for_as_controller_stragglers_says(tmp_
     _replay_admission(tmp_path / "wait", 1, 1)
 
 
+def test_wait_keeps_a_group_that_later_admissions_would_crowd_out(tmp_path: Path) -> None:
+    """η = 2, B = 1: version 0 admits p0 (fast), p1 and p2 (slow), all due by step 2. p3, admitted at
+    version 1 and fast, would take step 1 and leave p1 and p2 one place at step 2; ``wait`` sees that at
+    step 1 (two groups due by step 2, one place) and waits, so all of them are trained in time."""
+    slow = _stream(3)[1:]
+    scripts = {ids: Script(tail_s=0.4) for ids in slow}
+    for policy, stale in (("drop", 2), ("wait", 0)):
+        trainer = ScriptedTrainer(step_s=0.1)
+        cfg = _cfg(controller__batch_size=1, controller__max_staleness=2, controller__total_steps=6,
+                   controller__stragglers=policy)  # fmt: skip
+        state = _run(cfg, ScriptedEngine(scripts), trainer, tmp_path / policy, scripts)
+        assert state.stale_groups == stale and state.step == 6
+        assert all(b.version - s.min_version <= 2 for b in trainer.batches for s in b.samples)
+    trained = {s.token_ids[:1] for b in trainer.batches for s in b.samples}
+    assert all(ids in trained for ids in slow)
+
+
 def test_waiting_for_stragglers_changes_nothing_in_a_synchronous_run(tmp_path: Path) -> None:
-    """η = 0: every group of a version is due at its step anyway, so ``wait`` trains what ``drop`` does."""
+    """η = 0: every group of a version is in its step's batch anyway, so ``wait`` trains what ``drop``
+    does, a slow group included (both wait for it)."""
+    scripts = {_stream(3)[2]: Script(tail_s=0.2)}
     runs = {}
     for policy in ("drop", "wait"):
         trainer = ScriptedTrainer()
-        _run(_cfg(controller__max_staleness=0, controller__stragglers=policy), ScriptedEngine(), trainer,
-             tmp_path / policy)  # fmt: skip
+        _run(_cfg(controller__max_staleness=0, controller__stragglers=policy), ScriptedEngine(scripts), trainer,
+             tmp_path / policy, scripts)  # fmt: skip
         runs[policy] = [[s.token_ids for s in b.samples] for b in trainer.batches]
     assert runs["drop"] == runs["wait"] and len(runs["wait"]) == 6
 

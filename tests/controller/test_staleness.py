@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.controller.staleness import EpisodeSamples, StalenessGate, group_bound
+from asyncrl.controller.staleness import EpisodeSamples, StalenessGate, group_bound, must_wait_for_stragglers
 
 
 def test_synchronous_gate_admits_one_batch_per_version() -> None:
@@ -145,3 +145,17 @@ def test_a_groups_own_bound_applies_but_never_above_the_runs() -> None:
     assert group_bound(None, 4) == 4  # no bound of its own: the run's
     assert group_bound(2, 4) == 2  # admitted under a lower η_t: held to it
     assert group_bound(6, 4) == 4  # a resume with a lower controller.max_staleness wins
+
+
+def test_must_wait_for_stragglers_by_hand() -> None:
+    """B = 1, step 1. Nothing running: never. A running group due now: wait. Two groups due at 2 (one
+    running) and one buffered due at 3: the batch would take the buffered one, leaving two groups for
+    the one place of step 2, so wait (the running group can take this batch's place). Only buffered
+    groups overflowing: waiting cannot help. A running group already past its step: ignored."""
+    assert not must_wait_for_stragglers(1, 1, [1, 2], [])
+    assert must_wait_for_stragglers(1, 1, [], [1])
+    assert must_wait_for_stragglers(1, 1, [3], [2, 2])
+    assert not must_wait_for_stragglers(1, 1, [2, 3], [3])  # step 1 takes the 2; the 3s fit steps 2-3
+    assert not must_wait_for_stragglers(1, 1, [2, 2, 2], [5])
+    assert not must_wait_for_stragglers(1, 1, [1], [0])
+    assert must_wait_for_stragglers(1, 2, [1, 1, 2, 2], [2])  # B = 2: three due by 2 for two places

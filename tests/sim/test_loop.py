@@ -159,9 +159,10 @@ def test_a_run_is_deterministic_for_a_seed() -> None:
 
 
 def test_waiting_for_stragglers_trains_every_group_within_eta() -> None:
-    """A long-tailed run at η = 1 drops groups finished past their bound (``drop``); ``wait`` holds the
+    """Long-tailed runs at η = 1, 2, 4 drop groups finished past their bound (``drop``); ``wait`` holds the
     trainer for them instead: nothing dropped, nothing trained past η, every step taken."""
-    sc = replace(SMALL, max_staleness=1, lengths="lognormal", high_water_batches=0, total_steps=16, seed=3)
-    dropped, waited = (simulate(replace(sc, stragglers=p), profile()).result for p in ("drop", "wait"))
-    assert dropped.groups["stale"] > 0
-    assert waited.groups["stale"] == 0 and waited.max_staleness_seen <= 1 and waited.steps == sc.total_steps
+    for eta, seed in ((1, 3), (4, 2), (2, 0), (4, 5)):
+        sc = replace(SMALL, max_staleness=eta, lengths="lognormal", high_water_batches=0, total_steps=16, seed=seed)
+        dropped, waited = (simulate(replace(sc, stragglers=p), profile()).result for p in ("drop", "wait"))
+        assert dropped.groups["stale"] > 0, (eta, seed)
+        assert waited.groups["stale"] == 0 and waited.max_staleness_seen <= eta and waited.steps == sc.total_steps

@@ -38,6 +38,10 @@ class GroupBuffer:
         None: only the bound ``take_fresh`` is given."""
         self._groups.append((group, max_staleness))
 
+    def last_steps(self, max_staleness: int) -> list[int]:
+        """The last step that may train each buffered group (``min_version`` + its bound)."""
+        return [g.min_version + group_bound(own, max_staleness) for g, own in self._groups]
+
     def drain(self) -> list[Group]:
         """Remove and return everything (shutdown / checkpoint)."""
         out = [g for g, _ in self._groups]

@@ -52,8 +52,8 @@ episode tasks)                                                           ``Episo
 (train loop:                           batch, an episode failed, or a    ``_fail``: an episode task raised, or too many
 the buffer)                            stop was requested; with          engine failures in a row
                                        ``stragglers = wait``, first no   ``request_stop``: SIGINT/SIGTERM
-                                       episode due at this step is       ``_in_flight_done``: an episode task ended
-                                       still running                     (``stragglers = wait``)
+                                       running group must be in this     ``_in_flight_done``: an episode task ended
+                                       batch to be trained in time       (``stragglers = wait``)
 ``_drain``         ``_episode_end``    ``gate.running == 0`` (no         ``_episode_left_gate``; ``_fail``
 (``weight_sync``                       episode generating or scoring),
 ``= drain``)                           or an episode failed
@@ -81,7 +81,7 @@ from asyncrl.controller.resume import prompt_at, restore_snapshot, save_checkpoi
 from asyncrl.controller.rundir import RunDir
 from asyncrl.controller.scoring import scoring_failed
 from asyncrl.controller.snapshots import PolicySnapshots
-from asyncrl.controller.staleness import EpisodeSamples, StalenessGate, group_bound
+from asyncrl.controller.staleness import EpisodeSamples, StalenessGate, group_bound, must_wait_for_stragglers
 from asyncrl.controller.state import ControllerState
 from asyncrl.data.prompts import PromptSource
 from asyncrl.rollout.api import RolloutEngine
@@ -226,7 +226,8 @@ class Controller:
                 self.recorder.admitted(prompt, index, version, readmitted, bound)
                 task = asyncio.create_task(self._episode(prompt, version, bound))
                 self._in_flight[task] = (prompt, version)
-                self._last_step[task] = version + group_bound(bound, self.cfg.controller.max_staleness)
+                if self.cfg.controller.stragglers == "wait":
+                    self._last_step[task] = version + group_bound(bound, self.cfg.controller.max_staleness)
                 task.add_done_callback(self._in_flight_done)
             self._wake_admit.clear()
             await self._wake_admit.wait()
@@ -377,8 +378,10 @@ class Controller:
             if self._stop_reason is not None:
                 return None
             wait = c.stragglers == "wait"
-            if wait and step in self._last_step.values():
-                self._wake_train.clear()  # a group still generating is due at this step: wait for it
+            if wait and must_wait_for_stragglers(
+                step, c.batch_size, self.buffer.last_steps(c.max_staleness), self._last_step.values()
+            ):
+                self._wake_train.clear()  # a group still generating must be in this batch to be trained in time
                 await self._wake_train.wait()
                 continue
             batch, stale = self.buffer.take_fresh(step, c.max_staleness, c.batch_size, nearest_bound_first=wait)

@@ -31,7 +31,7 @@ staleness grows past η), see ``state_dict``/``load_state_dict``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from asyncrl.choices import HighWaterUnit, check_choice
@@ -42,6 +42,26 @@ def group_bound(own: int | None, max_staleness: int) -> int:
     admitted under ``controller.adaptive``; None: none), never above the run's ``max_staleness``. The
     buffer (``GroupBuffer.take_fresh``), the ledger check and the simulator all apply this rule."""
     return max_staleness if own is None else min(own, max_staleness)
+
+
+def must_wait_for_stragglers(step: int, batch_size: int, buffered: Iterable[int], running: Iterable[int]) -> bool:
+    """``controller.stragglers=wait``: whether training step ``step`` waits for groups still generating.
+    ``buffered`` and ``running``: the last trainable step (first token's version + bound; for a running
+    group, its admission version + bound, which is never later) of each buffered and each running group.
+
+    The batch takes the ``batch_size`` buffered groups due soonest. The rest, with the running ones, must
+    fit the later steps: the groups due by step d have (d − step)·B places in steps step + 1 … d. Waiting
+    is right when some d overflows and a running group is due by d (it can take a place in this batch
+    once it has finished); when only buffered groups overflow, waiting cannot help (taking the soonest
+    due first is already the best order). With the gate's budget this keeps every group trainable: the
+    groups admitted by version v number at most (v + η + 1)·B, so they fit steps up to v + η if each step
+    takes the ones due soonest among those that have finished. A group due before ``step`` is ignored
+    (it is already past its bound, or finishes fresher than its admission version says)."""
+    late = sorted(d for d in running if d >= step)
+    if not late:
+        return False
+    due = sorted([*sorted(d for d in buffered if d >= step)[batch_size:], *late])
+    return any(k + 1 > (d - step) * batch_size and d >= late[0] for k, d in enumerate(due))
 
 
 @dataclass

@@ -33,7 +33,7 @@ from typing import Any
 
 from asyncrl.controller.adaptive import AdaptiveAdmission, AdaptiveLimits
 from asyncrl.controller.buffer import GroupBuffer
-from asyncrl.controller.staleness import EpisodeSamples, StalenessGate, group_bound
+from asyncrl.controller.staleness import EpisodeSamples, StalenessGate, group_bound, must_wait_for_stragglers
 from asyncrl.sim.engine import EngineTotals, Router, SimEngine
 from asyncrl.sim.groups import SimGroup, buffer_record, simulated
 from asyncrl.sim.profile import CostProfile
@@ -214,8 +214,8 @@ class Simulator:
             grp.status = "filtered"
             self.rec.finished(grp)
         elif self.trainer == IDLE and self.step - grp.min_version > self._bound(grp):
-            # The waiting trainer's take_fresh would drop it at once (nothing else buffered is stale
-            # at this step: the step's first take_fresh dropped the rest), so skip the O(buffer) call.
+            # The waiting trainer's take_fresh would drop it at once, so skip the O(buffer) call (with
+            # stragglers=wait other stale groups may still be buffered: the next take_fresh drops them).
             self.gate.on_finish(accepted=True)
             self.gate.on_drop_accepted()
             grp.status = "stale"
@@ -245,8 +245,11 @@ class Simulator:
         if self.step >= self.s.total_steps:
             return
         wait = self.s.stragglers == "wait"
-        if wait and any(g.admit_version + self._bound(g) == self.step for g in self.in_flight.values()):
-            return  # a group still generating is due at this step: the trainer waits for it
+        if wait and must_wait_for_stragglers(
+            self.step, self.s.batch_size, self.buffer.last_steps(self.s.max_staleness),
+            (g.admit_version + self._bound(g) for g in self.in_flight.values()),
+        ):  # fmt: skip
+            return  # a group still generating must be in this batch: the trainer waits for it
         batch, stale = self.buffer.take_fresh(
             self.step, self.s.max_staleness, self.s.batch_size, nearest_bound_first=wait
         )
