@@ -1,0 +1,63 @@
+"""Synchronous training continued past a time budget: does η = 0 lose accuracy with more steps?
+
+Issue 15's equal-budget headline (docs/controller.md §5.0.3) saw η = 4 lose held-out accuracy after about
+20 versions on workload ``reason`` while η = 0, stopped by the same 420 s budget at 23-31 versions, did not.
+This probe separates "more steps" from "asynchrony": it trains η = 0 with the headline file's own overrides
+and synchronous setting but no budget (``--steps`` versions), saves snapshots every 15 s of RL time, and
+scores the chosen versions at ``--samples-per-prompt`` as the headline scores its snapshots. Synchronous
+training is deterministic for a seed, so the first versions repeat the headline's own η = 0 run (the
+ledgers' rewards and the shared versions' accuracies are the check).
+
+    python scripts/reason_continuation.py --headline docs/results/headline_reason_time_budget.json \\
+        --seeds 6 --steps 40 --versions 23,27,31,34,37,40 --out runs/continuation \\
+        --json docs/results/headline_reason_eta0_continuation.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from asyncrl.bench.headline import SYNC_CANDIDATES, evaluate_snapshots, with_samples_per_prompt
+from asyncrl.bench.runs import run_and_measure
+
+
+def base_overrides(headline: dict, steps: int) -> list[str]:
+    """The headline's overrides without its budget and step cap, with ``steps`` as the cap."""
+    dropped = ("controller.max_rl_time_s=", "controller.total_steps=")
+    return [o for o in headline["overrides"] if not o.startswith(dropped)] + [f"controller.total_steps={steps}"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--headline", required=True, help="a bench headline JSON (its overrides and sync setting)")
+    parser.add_argument("--seeds", default="6")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--versions", default="23,27,31,34,37,40", help="snapshot versions to score")
+    parser.add_argument("--samples-per-prompt", type=int, default=8)
+    parser.add_argument("--out", default="runs/continuation")
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args()
+    headline = json.loads(Path(args.headline).read_text())
+    base = base_overrides(headline, args.steps)
+    scoring = with_samples_per_prompt(base, args.samples_per_prompt)
+    versions = {int(v) for v in args.versions.split(",")}
+    rows = []
+    for seed in (int(s) for s in args.seeds.split(",")):
+        over = [*base, *SYNC_CANDIDATES[headline["sync_setting"]], f"run.seed={seed}", "controller.max_staleness=0",
+                "controller.snapshot_every_s=15"]  # fmt: skip
+        row = run_and_measure(over, Path(args.out) / f"s{seed}-eta0", 60.0)
+        snaps = [s for s in row["snapshots"] if s["version"] in versions]
+        accuracies = evaluate_snapshots(scoring, snaps)
+        rows.append({"seed": seed, "steps": row["steps"], "curve": [{"version": s["version"], "t": s["t"],
+                     "accuracy": a} for s, a in zip(snaps, accuracies, strict=True)]})  # fmt: skip
+        print(seed, [(c["version"], round(c["accuracy"], 3)) for c in rows[-1]["curve"]], flush=True)
+    payload = {"probe": "reason_continuation", "headline": args.headline, "overrides": base,
+               "sync_setting": headline["sync_setting"], "eval_samples_per_prompt": args.samples_per_prompt,
+               "rows": rows}  # fmt: skip
+    Path(args.json).write_text(json.dumps(payload, indent=1))
+
+
+if __name__ == "__main__":
+    main()
