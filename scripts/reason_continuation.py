@@ -5,8 +5,9 @@ Issue 15's equal-budget headline (docs/controller.md §5.0.3) saw η = 4 lose he
 This probe separates "more steps" from "asynchrony": it trains η = 0 with the headline file's own overrides
 and synchronous setting but no budget (``--steps`` versions), saves snapshots every 15 s of RL time, and
 scores the chosen versions at ``--samples-per-prompt`` as the headline scores its snapshots. Synchronous
-training is deterministic for a seed, so the first versions repeat the headline's own η = 0 run (the
-ledgers' rewards and the shared versions' accuracies are the check).
+training repeats a seed's samples while the engine's batches are formed alike (not always: batch shapes
+depend on request timing, docs/controller.md §5.0.4), so check that the first versions repeat the headline's
+own η = 0 run (its ledger, step by step, and the shared versions' accuracies) before reading the rest.
 
     python scripts/reason_continuation.py --headline docs/results/headline_reason_time_budget.json \\
         --seeds 6 --steps 40 --versions 23,27,31,34,37,40 --out runs/continuation \\
