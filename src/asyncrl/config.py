@@ -129,6 +129,10 @@ class SFTConfig:
     0 gives clean demonstrations."""
     cache_dir: str = ".cache/asyncrl"
     """Where the built tiny model and its warm start are cached (keyed by the SFT settings)."""
+    tool_call_fraction: float = 1.0
+    """``task.name=calculator``: the share of training problems whose demonstration calls the tool, in
+    [0, 1]; the rest answer directly (``#answer`` as the first assistant turn, no call), chosen per problem
+    by a hash of its question (``data.calculator.demonstrates_call``). 1.0: every demonstration calls it."""
     # The shape of the tiny model the warm start builds (``models.TinyModelSpec`` takes its defaults from
     # here: 800,384 parameters). Read only when the tiny model is built (``model.path`` null); the warm-start
     # cache key hashes the shape, and a config at these defaults keeps the key it had before they existed.

@@ -98,6 +98,7 @@ _BOUNDS: dict[str, tuple[str, float, str]] = {
 _UNIT_INTERVAL: dict[str, str] = {
     "task.length_tail": "[0, 1]",
     "sft.teacher_slip_rate": "[0, 1]",
+    "sft.tool_call_fraction": "[0, 1]",
     "rollout.top_p": "(0, 1]",
     "trainer.min_lr_ratio": "[0, 1]",
 }
@@ -131,6 +132,11 @@ def validate_ranges(cfg: Config) -> None:
     digits = cfg.task.calculator_max_digits
     if digits != 0 and not 2 <= digits <= 7:
         raise ConfigError(f"task.calculator_max_digits must be 0 (the built-in ranges) or in [2, 7], got {digits}")
+    if cfg.sft.tool_call_fraction != 1.0 and cfg.task.name != "calculator":
+        raise ConfigError(
+            f"sft.tool_call_fraction shapes the calculator's demonstrations only (task.name=calculator), got "
+            f"{cfg.sft.tool_call_fraction} with task.name={cfg.task.name}"
+        )
     sft = cfg.sft
     if sft.hidden_size % sft.num_heads or (sft.hidden_size // sft.num_heads) % 2:
         raise ConfigError(

@@ -14,18 +14,20 @@ from asyncrl.bench.agent_learning import analyse, plot_curves, run_agent_learnin
 from asyncrl.bench.stats import t95
 
 
-def _summary(before: float, after: float, hit_before: float, hit_after: float, rl_s: float) -> dict:
+def _summary(before: float, after: float, hit_before: float, hit_after: float, rl_s: float,
+             calling: tuple[float, float] = (0.3, 0.8)) -> dict:  # fmt: skip
     return {
         "accuracy_before": before, "accuracy_after": after, "accuracy_mode": "greedy",
         "eval_before": {"accuracy": before, "tool_call_hit_rate": hit_before, "tool_call_correct_rate": 0.9,
-                        "episode_turns_mean": 2.0},
+                        "episode_turns_mean": 2.0, "episode_tool_call_frac": calling[0]},
         "eval_after": {"accuracy": after, "tool_call_hit_rate": hit_after, "tool_call_correct_rate": 1.0,
-                       "episode_turns_mean": 2.0},
+                       "episode_turns_mean": 2.0, "episode_tool_call_frac": calling[1]},
         "steps": 30, "rl_wall_s": rl_s, "wall_s": rl_s + 20.0,
     }  # fmt: skip
 
 
-METRICS = [{"step": 10, "time_s": 100.0, "eval_accuracy": 0.3, "eval_tool_call_hit_rate": 0.35}, {"step": 11}]
+METRICS = [{"step": 10, "time_s": 100.0, "eval_accuracy": 0.3, "eval_tool_call_hit_rate": 0.35,
+            "eval_episode_tool_call_frac": 0.5}, {"step": 11}]  # fmt: skip
 
 
 def test_a_seed_row() -> None:
@@ -34,7 +36,8 @@ def test_a_seed_row() -> None:
     assert row["tool_call_hit_rate_before"] == 0.2 and row["tool_call_hit_rate_after"] == 0.5
     assert row["tool_call_malformed_rate_after"] is None  # not measured: None, never 0
     assert row["train_wall_s"] == 500.0 and row["total_wall_s"] == 520.0 and row["within_budget"]
-    assert row["curve"] == [(200.0, 0.1, 0.2), (300.0, 0.3, 0.35), (500.0, 0.35, 0.5)]
+    assert row["curve"] == [(200.0, 0.1, 0.2, 0.3), (300.0, 0.3, 0.35, 0.5), (500.0, 0.35, 0.5, 0.8)]
+    assert row["episode_tool_call_frac_before"] == 0.3 and row["episode_tool_call_frac_after"] == 0.8
     late = seed_row(3, _summary(0.1, 0.35, 0.2, 0.5, 450.0), METRICS, warm_start_s=200.0, budget_s=600.0)
     assert not late["within_budget"]
 
@@ -43,7 +46,7 @@ def test_analysis_over_seeds(tmp_path) -> None:
     rows = [
         seed_row(0, _summary(0.10, 0.40, 0.2, 0.5, 300.0), METRICS, 200.0, 600.0),  # +30, in budget
         seed_row(1, _summary(0.10, 0.25, 0.2, 0.4, 300.0), METRICS, 200.0, 600.0),  # +15
-        seed_row(2, _summary(0.10, 0.40, 0.3, 0.3, 500.0), METRICS, 200.0, 600.0),  # +30 but over budget
+        seed_row(2, _summary(0.10, 0.40, 0.3, 0.3, 500.0, (0.5, 0.4)), METRICS, 200.0, 600.0),  # over budget
     ]
     result = analyse(rows, 600.0)
     gain = result["summary"]["gain_points"]
@@ -52,6 +55,8 @@ def test_analysis_over_seeds(tmp_path) -> None:
     assert gain["low"] == pytest.approx(25.0 - half) and gain["high"] == pytest.approx(25.0 + half)
     assert result["criterion"]["seeds_met"] == [0]
     assert result["criterion"]["seeds_hit_rate_rose"] == [0, 1]
+    assert result["criterion"]["seeds_episode_tool_call_frac_rose"] == [0, 1]  # seed 2 called less
+    assert result["summary"]["episode_tool_call_frac_after"]["mean"] == pytest.approx(2.0 / 3)
     assert result["summary"]["warm_start_s"]["mean"] == 200.0
     plot_curves(rows, tmp_path / "curves.png", 600.0)
     assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")

@@ -1,6 +1,7 @@
 """Tool-use rates of multi-turn episodes (``controller.metrics.tool_use_rates``): per attempted call,
 correct (parsed, known tool, ran), malformed, and hits (the result the task needed); absent when
-nothing was attempted; the held-out evaluation reports them too, and kind by kind for prompts with kinds."""
+nothing was attempted; per episode, the share that calls at all; the held-out evaluation reports them
+too, and kind by kind for prompts with kinds."""
 
 from __future__ import annotations
 
@@ -34,12 +35,27 @@ def test_rates_count_attempted_calls() -> None:
     assert rates["tool_call_malformed_rate"] == pytest.approx(1 / 5)
     assert rates["tool_call_hit_rate"] == pytest.approx(1 / 5)
     assert rates["episode_tool_hit_frac"] == pytest.approx(1 / 3)
+    assert rates["episode_tool_call_frac"] == 1.0  # every episode attempted a call
+
+
+def test_the_share_of_episodes_that_call_counts_episodes_not_calls() -> None:
+    """A policy that stops calling keeps its per-call rates; the share of calling episodes shows it."""
+    calling = [_episode(_turn(calls=1, hits=1), _turn(hits=0)), _episode(_turn(malformed=2, hits=0), _turn(hits=0))]
+    direct = [_episode(_turn(hits=0)) for _ in range(6)]  # answered at once, no call
+    rates = tool_use_rates([*calling, *direct])
+    assert rates["episode_tool_call_frac"] == pytest.approx(2 / 8)  # a malformed attempt counts as calling
+    assert rates["tool_call_hit_rate"] == pytest.approx(1 / 3)  # per attempted call: 1 hit of 3 attempts
+    assert tool_use_rates(calling)["tool_call_hit_rate"] == rates["tool_call_hit_rate"]  # blind to the 6
+    assert rates["episode_tool_hit_frac"] == pytest.approx(1 / 8)
+    assert tool_use_rates([]) == {}  # no episodes: no share
 
 
 def test_no_attempt_and_no_check_leave_the_rates_out() -> None:
     answered = [_episode(_turn(hits=0))]
-    assert tool_use_rates(answered) == {"episode_tool_hit_frac": 0.0}  # the environment tells: no hit
-    assert tool_use_rates([_episode(_turn(calls=1))]).keys() == {"tool_call_correct_rate", "tool_call_malformed_rate"}
+    # the environment tells: no hit; no episode called
+    assert tool_use_rates(answered) == {"episode_tool_hit_frac": 0.0, "episode_tool_call_frac": 0.0}
+    assert tool_use_rates([_episode(_turn(calls=1))]).keys() == {
+        "tool_call_correct_rate", "tool_call_malformed_rate", "episode_tool_call_frac"}  # fmt: skip
     prompt = Prompt("p", (1, 2), "3")
     group = Group(prompt, (answered[0].to_completion(),), (0.0,), 0, trajectories=tuple(answered))
     assert episode_metrics([group])["episode_turns_mean"] == 1.0
@@ -61,7 +77,7 @@ def test_the_held_out_evaluation_reports_tool_use() -> None:
 def test_the_held_out_evaluation_reports_each_kind_apart() -> None:
     """Prompts with ``meta[KIND_KEY]``: accuracy and hit rate per kind beside the whole set's; without: none."""
     solved = _episode(_turn(calls=1, hits=1), _turn(hits=0))
-    missed = _episode(_turn(calls=1, hits=0), _turn(hits=0))
+    missed = _episode(_turn(hits=0))  # answered at once, no call
 
     async def workflow(engine, prompt, sampling, n, score, start_version, on_sample_done=None):
         right = prompt.meta.get(KIND_KEY) == "mul 3x2"
@@ -73,11 +89,13 @@ def test_the_held_out_evaluation_reports_each_kind_apart() -> None:
     prompts = [Prompt(f"p{i}", (1, 2), "3", {KIND_KEY: k}) for i, k in enumerate(kinds)]
     kwargs = {"greedy": True, "max_new_tokens": 4, "samples_per_prompt": 1, "workflow": workflow}
     result = asyncio.run(evaluate(None, prompts, None, **kwargs))  # type: ignore[arg-type]
-    assert result["accuracy"] == pytest.approx(2 / 5) and result["tool_call_hit_rate"] == pytest.approx(2 / 5)
+    assert result["accuracy"] == pytest.approx(2 / 5) and result["tool_call_hit_rate"] == 1.0
+    assert result["episode_tool_call_frac"] == pytest.approx(2 / 5)
     assert result["by_kind"] == {
-        "mul 3x2": {"prompts": 2.0, "accuracy": 1.0, "tool_call_hit_rate": 1.0, "tool_call_malformed_rate": 0.0},
-        "sub 3-3": {"prompts": 3.0, "accuracy": 0.0, "tool_call_hit_rate": 0.0, "tool_call_malformed_rate": 0.0},
-    }
+        "mul 3x2": {"prompts": 2.0, "accuracy": 1.0, "tool_call_hit_rate": 1.0, "tool_call_malformed_rate": 0.0,
+                    "episode_tool_call_frac": 1.0},
+        "sub 3-3": {"prompts": 3.0, "accuracy": 0.0, "episode_tool_call_frac": 0.0},  # no call: no per-call rate
+    }  # fmt: skip
     sampled = asyncio.run(evaluate(None, prompts, None, **{**kwargs, "greedy": False, "samples_per_prompt": 3}))  # type: ignore[arg-type]
     assert sampled["by_kind"]["mul 3x2"]["accuracy"] == 1.0 and sampled["by_kind"]["sub 3-3"]["prompts"] == 3.0
     plain = [Prompt(f"p{i}", (1, 2), "3") for i in range(3)]

@@ -6,7 +6,7 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.config_parse import ConfigError
-from asyncrl.data.calculator import demonstration, make_calculator_splits, problem_kind
+from asyncrl.data.calculator import demonstrates_call, demonstration, make_calculator_splits, problem_kind
 from asyncrl.rollout.envs.calculator import calculator_reward, evaluate_expression
 from asyncrl.types import KIND_KEY, Prompt
 
@@ -27,6 +27,43 @@ def test_demonstration_is_a_correct_tool_conversation() -> None:
     assert [m["role"] for m in demo] == ["user", "assistant", "tool", "assistant"]
     assert demo[1]["content"] == f"<calc>{p.question}</calc>" and demo[2]["content"] == p.answer
     assert calculator_reward(Prompt(p.problem_id, (), p.answer), demo[3]["content"]) == 1.0
+
+
+def test_the_direct_demonstration_answers_at_once_and_right() -> None:
+    (p,), _ = make_calculator_splits(0, 1, 0)
+    demo = demonstration(p, calls_tool=False)
+    assert [m["role"] for m in demo] == ["user", "assistant"] and demo[0]["content"] == p.question
+    assert demo[1]["content"] == f"#{p.answer}"
+    assert calculator_reward(Prompt(p.problem_id, (), p.answer), demo[1]["content"]) == 1.0
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.3, 0.5, 0.9])
+def test_the_share_of_problems_that_call_follows_the_fraction(fraction: float) -> None:
+    train, _ = make_calculator_splits(0, 4000, 0, max_digits=3)
+    questions = sorted({p.question for p in train})
+    calls = [demonstrates_call(q, fraction) for q in questions]
+    assert abs(sum(calls) / len(calls) - fraction) < 0.03  # 4000 draws: 3 points is > 4 standard errors
+    assert calls == [demonstrates_call(q, fraction) for q in questions]  # the same problem, the same form
+    lower = [demonstrates_call(q, fraction / 2) for q in questions]
+    assert all(c for c, low in zip(calls, lower, strict=True) if low)  # a smaller share calls on a subset
+
+
+def test_fraction_one_calls_on_every_problem_and_zero_on_none() -> None:
+    train, _ = make_calculator_splits(0, 500, 0)
+    assert all(demonstrates_call(p.question, 1.0) for p in train)
+    assert not any(demonstrates_call(p.question, 0.0) for p in train)
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5])
+def test_tool_call_fraction_is_validated(bad: float) -> None:
+    with pytest.raises(ConfigError, match="sft.tool_call_fraction"):
+        load_config(None, ["task.name=calculator", "rollout.workflow=agent", f"sft.tool_call_fraction={bad}"])
+
+
+def test_tool_call_fraction_is_refused_outside_the_calculator_task() -> None:
+    with pytest.raises(ConfigError, match="sft.tool_call_fraction"):
+        load_config(None, ["sft.tool_call_fraction=0.5"])
+    load_config(None, ["sft.tool_call_fraction=1.0"])  # the default is fine anywhere
 
 
 def _operands(question: str) -> list[str]:

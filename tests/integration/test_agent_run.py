@@ -103,6 +103,7 @@ def test_agent_calculator_run(tiny_policy_dir, tmp_path, trained_batches) -> Non
     for held_out in (summary["eval_before"], summary["eval_after"]):  # the calculator's kinds, every problem once
         assert sum(k["prompts"] for k in held_out["by_kind"].values()) == 4
         assert held_out["greedy_by_kind"] == held_out["by_kind"]  # greedy both times: the same episodes
+        assert held_out["greedy_episode_tool_call_frac"] == held_out["episode_tool_call_frac"]
     assert summary["max_staleness_seen"] <= 1
 
     trained = [r for r in read_jsonl(run_dir / "trajectories.jsonl") if r["status"] == "trained"]

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.data.calculator import make_calculator_splits
+from asyncrl.data.calculator import demonstrates_call, make_calculator_splits
 from asyncrl.launch.warm_start import ensure_policy, warm_start_examples, warm_start_key
 from asyncrl.models import TinyModelSpec, load_policy, tiny_spec
 
@@ -31,6 +31,26 @@ def test_examples_learn_the_assistant_turns_only(tiny_policy_dir) -> None:
         assert learned == f"<calc>{problem.question}</calc>{eos}#{problem.answer}{eos}"
         context = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if not m])
         assert problem.question in context and problem.answer in context  # the question and the tool's result
+
+
+def test_a_tool_call_fraction_makes_the_rest_answer_directly(tiny_policy_dir) -> None:
+    """``sft.tool_call_fraction=0.3``: the problems ``demonstrates_call`` picks keep the call, the others learn
+    ``#answer`` as the first assistant turn, token for token as an episode would build it."""
+    _, tokenizer = load_policy(tiny_policy_dir, device="cpu", dtype="float32")
+    cfg = load_config(None, [*CALC, "task.train_size=400", "sft.tool_call_fraction=0.3"])
+    examples = warm_start_examples(cfg, tokenizer)
+    train, _ = make_calculator_splits(cfg.task.seed, cfg.task.train_size, 0)
+    eos, calling = tokenizer.eos_token, 0
+    for (ids, mask), problem in zip(examples, train, strict=True):
+        learned = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+        if demonstrates_call(problem.question, 0.3):
+            calling += 1
+            assert learned == f"<calc>{problem.question}</calc>{eos}#{problem.answer}{eos}"
+        else:
+            assert learned == f"#{problem.answer}{eos}"
+            context = tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if not m])
+            assert problem.question in context and problem.answer not in context  # no tool result shown
+    assert 0.2 < calling / len(train) < 0.4
 
 
 @pytest.mark.parametrize("fmt", ["hermes", "json"])
@@ -57,6 +77,9 @@ def test_the_key_follows_what_changes_the_result() -> None:
     arithmetic = warm_start_key(load_config(None, []))
     assert warm_start_key(load_config(None, ["agent.tool_format=tag"])) == arithmetic  # single-turn: unchanged
     assert warm_start_key(load_config(None, [*CALC, "task.calculator_max_digits=3"])) != base
+    assert warm_start_key(load_config(None, [*CALC, "sft.tool_call_fraction=0.3"])) != base
+    assert warm_start_key(load_config(None, [*CALC, "sft.tool_call_fraction=0.5"])) not in (
+        base, warm_start_key(load_config(None, [*CALC, "sft.tool_call_fraction=0.3"])))  # fmt: skip
 
 
 def test_fields_added_at_their_defaults_keep_every_existing_key() -> None:
@@ -69,6 +92,9 @@ def test_fields_added_at_their_defaults_keep_every_existing_key() -> None:
                   "sft.warmup_steps=10", "rollout.workflow=agent", "agent.tool_format=tag"]  # fmt: skip
     assert warm_start_key(load_config(None, calculator)) == "fd049aab88e0"
     assert warm_start_key(load_config(None, [*calculator, "task.calculator_max_digits=0"])) == "fd049aab88e0"
+    # sft.tool_call_fraction (added later) written out at its default: the same keys
+    assert warm_start_key(load_config(None, [*calculator, "sft.tool_call_fraction=1.0"])) == "fd049aab88e0"
+    assert warm_start_key(load_config(None, ["sft.tool_call_fraction=1.0"])) == "29e4437d1ea3"
 
 
 SHAPE = ["sft.hidden_size=64", "sft.num_layers=2", "sft.num_heads=2", "sft.num_kv_heads=1",

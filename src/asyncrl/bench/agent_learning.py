@@ -11,7 +11,8 @@ Per seed, one after the other (issue 18's learning criterion):
    ``controller.eval_every`` steps, in RL time), held-out accuracy after.
 3. **The numbers.** Per seed: accuracy before and after on the held-out problems (disjoint from the
    training ones, ``data.calculator``; ``task.eval_size`` x episodes per prompt), the gain in points,
-   the tool-use rates before and after (``controller.metrics.tool_use_rates``), wall times (warm
+   the tool-use rates before and after (``controller.metrics.tool_use_rates``; with
+   ``episode_tool_call_frac``, the share of episodes that call the tool at all), wall times (warm
    start, RL, evaluations before and after, total; CPU seconds of the warm start and of the run, which
    a loaded machine does not inflate) and whether warm start + RL fit ``budget_s``;
    over seeds, means with 95% t-intervals. A plot of held-out accuracy and the hit rate of tool
@@ -38,8 +39,8 @@ from asyncrl.bench.stats import mean_ci95
 
 __all__ = ["TOOL_RATES", "analyse", "run_agent_learning_bench", "seed_row"]
 
-TOOL_RATES = ("tool_call_correct_rate", "tool_call_hit_rate", "tool_call_malformed_rate", "episode_tool_hit_frac",
-              "episode_turns_mean")  # fmt: skip
+TOOL_RATES = ("tool_call_correct_rate", "tool_call_hit_rate", "tool_call_malformed_rate", "episode_tool_call_frac",
+              "episode_tool_hit_frac", "episode_turns_mean")  # fmt: skip
 """Held-out tool-use figures reported before and after RL (``controller.metrics.tool_use_rates``)."""
 
 
@@ -48,12 +49,11 @@ def seed_row(seed: int, summary: dict[str, Any], metrics: list[dict[str, Any]], 
     """One seed's result from its run's ``summary.json`` and ``metrics.jsonl`` (times in seconds)."""
     before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
     rl_s = float(summary["rl_wall_s"])
-    curve = [(0.0, before.get("accuracy"), before.get("tool_call_hit_rate"))]
-    curve += [
-        (m["time_s"], m["eval_accuracy"], m.get("eval_tool_call_hit_rate")) for m in metrics if "eval_accuracy" in m
-    ]
+    figures = ("accuracy", "tool_call_hit_rate", "episode_tool_call_frac")
+    curve = [(0.0, *(before.get(k) for k in figures))]
+    curve += [(m["time_s"], *(m.get(f"eval_{k}") for k in figures)) for m in metrics if "eval_accuracy" in m]
     if after:
-        curve.append((rl_s, after.get("accuracy"), after.get("tool_call_hit_rate")))
+        curve.append((rl_s, *(after.get(k) for k in figures)))
     acc_before, acc_after = summary["accuracy_before"], summary["accuracy_after"]
     kinds_before, kinds_after = before.get("by_kind") or {}, after.get("by_kind") or {}
     kind_gain = {
@@ -82,7 +82,7 @@ def seed_row(seed: int, summary: dict[str, Any], metrics: list[dict[str, Any]], 
         "train_wall_s": warm_start_s + rl_s,
         "total_wall_s": warm_start_s + float(summary["wall_s"]),
         "within_budget": warm_start_s + rl_s <= budget_s,
-        "curve": [(warm_start_s + t, a, h) for t, a, h in curve],
+        "curve": [(warm_start_s + t, *point) for t, *point in curve],
         "by_kind_before": kinds_before or None,
         "by_kind_after": kinds_after or None,
         "kind_gain_points": kind_gain or None,
@@ -106,19 +106,24 @@ def analyse(rows: list[dict[str, Any]], budget_s: float, min_gain_points: float 
             summary[key] = mean_ci95(values)
     summary.update(_kinds_over_seeds(rows))
     met = [r["seed"] for r in rows if r["within_budget"] and (r["gain_points"] or 0.0) >= min_gain_points]
-    hit_rose = [
-        r["seed"] for r in rows if (r["tool_call_hit_rate_after"] or 0.0) > (r["tool_call_hit_rate_before"] or 0.0)
-    ]
+    rose = {key: _rose(rows, key) for key in ("tool_call_hit_rate", "episode_tool_call_frac", "episode_tool_hit_frac")}
     return {  # fmt: skip
         "summary": summary,
         "criterion": {
             "min_gain_points": min_gain_points,
             "budget_s": budget_s,
             "seeds_met": met,
-            "seeds_hit_rate_rose": hit_rose,
+            "seeds_hit_rate_rose": rose["tool_call_hit_rate"],
+            "seeds_episode_tool_call_frac_rose": rose["episode_tool_call_frac"],
+            "seeds_episode_tool_hit_frac_rose": rose["episode_tool_hit_frac"],
             "seeds": [r["seed"] for r in rows],
         },
     }
+
+
+def _rose(rows: list[dict[str, Any]], key: str) -> list[int]:
+    """The seeds whose held-out ``key`` (a ``TOOL_RATES`` figure; absent counts as 0) rose during RL."""
+    return [r["seed"] for r in rows if (r[f"{key}_after"] or 0.0) > (r[f"{key}_before"] or 0.0)]
 
 
 def _kinds_over_seeds(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -137,7 +142,8 @@ def _kinds_over_seeds(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def plot_curves(rows: list[dict[str, Any]], path: Path, budget_s: float) -> None:
-    """Held-out accuracy and the hit rate of tool calls against wall time (warm start included)."""
+    """Held-out accuracy, the hit rate of tool calls and the share of episodes that call the tool against
+    wall time (warm start included)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -149,6 +155,10 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, budget_s: float) -> None
         t = [c[0] for c in row["curve"]]
         top.plot(t, [c[1] for c in row["curve"]], marker="o", color=color, label=f"seed {row['seed']}")
         bottom.plot(t, [c[2] for c in row["curve"]], marker="o", color=color, label=f"seed {row['seed']}")
+        calls = [(c[0], c[3]) for c in row["curve"] if len(c) > 3 and c[3] is not None]  # older files: none
+        if calls:
+            bottom.plot(*zip(*calls, strict=True), marker="x", linestyle="--", color=color,
+                        label=f"seed {row['seed']}: episodes calling")  # fmt: skip
         for ax in (top, bottom):
             ax.axvline(row["warm_start_s"], color=color, alpha=0.3, linestyle=":")
     for ax in (top, bottom):
@@ -158,7 +168,7 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, budget_s: float) -> None
     top.set_ylabel("held-out accuracy")
     top.set_title(f"calculator: held-out accuracy during RL ({rows[0]['accuracy_mode']}; dotted: warm start ends)",
                   fontsize=9)  # fmt: skip
-    bottom.set_ylabel("held-out tool calls that hit\n(result = the answer needed)")
+    bottom.set_ylabel("held-out tool calls that hit\n(dashed: episodes that call)")
     bottom.set_xlabel("wall time since the warm start began (s)")
     top.legend(fontsize=8)
     from asyncrl.controller.report import save_figure
@@ -227,11 +237,12 @@ def run_agent_learning_bench(
 
 def _print_table(payload: dict[str, Any]) -> None:
     print(f"{'seed':>4} {'before':>7} {'after':>7} {'gain pts':>8} {'hit before':>10} {'hit after':>9} "
-          f"{'warm s':>7} {'RL s':>6} {'in budget':>9}")  # fmt: skip
+          f"{'calling before':>14} {'after':>6} {'warm s':>7} {'RL s':>6} {'in budget':>9}")  # fmt: skip
     for r in payload["rows"]:
         gain = f"{r['gain_points']:.1f}" if r["gain_points"] is not None else "-"
         print(f"{r['seed']:>4} {r['accuracy_before']:>7.3f} {r['accuracy_after'] or 0:>7.3f} {gain:>8} "
               f"{r['tool_call_hit_rate_before'] or 0:>10.3f} {r['tool_call_hit_rate_after'] or 0:>9.3f} "
+              f"{r['episode_tool_call_frac_before'] or 0:>14.3f} {r['episode_tool_call_frac_after'] or 0:>6.3f} "
               f"{r['warm_start_s']:>7.0f} {r['rl_wall_s']:>6.0f} {str(r['within_budget']):>9}")  # fmt: skip
     gain = payload["summary"].get("gain_points")
     if gain:

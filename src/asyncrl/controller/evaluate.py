@@ -24,7 +24,8 @@ from asyncrl.types import KIND_KEY, Prompt, Trajectory
 
 EvalResult = dict[str, Any]
 """What ``evaluate`` returns: numbers (``accuracy``, ``reward``, ``response_len``, tool-use rates) and, for
-prompts with kinds, ``by_kind`` (``{kind: {prompts, accuracy, tool_call_hit_rate, ...}}``)."""
+prompts with kinds, ``by_kind`` (``{kind: {prompts, accuracy, tool_call_hit_rate, episode_tool_call_frac,
+...}}``)."""
 
 
 async def evaluate(
@@ -85,12 +86,17 @@ def _scores(results: Sequence[tuple[float, int]]) -> dict[str, float]:
     }
 
 
+_KIND_RATES = ("tool_call_hit_rate", "tool_call_malformed_rate", "episode_tool_call_frac")
+"""The tool-use figures ``by_kind`` reports per kind (``controller.metrics.tool_use_rates``)."""
+
+
 def by_kind(
     kinds: Sequence[str | None], per_prompt: Sequence[tuple[list[tuple[float, int]], tuple[Trajectory, ...]]]
 ) -> dict[str, dict[str, float]]:
     """Per kind (sorted; prompts without one left out): ``prompts``, ``accuracy`` (as the whole set's,
     over every sample), ``tool_call_hit_rate`` and ``tool_call_malformed_rate`` of its episodes (absent
-    when none attempted a call: ``tool_use_rates``)."""
+    when none attempted a call: ``tool_use_rates``) and ``episode_tool_call_frac`` (the share of its
+    episodes that call the tool; absent without episodes)."""
     out: dict[str, dict[str, float]] = {}
     for kind in sorted({k for k in kinds if k}):
         mine = [r for k, r in zip(kinds, per_prompt, strict=True) if k == kind]
@@ -98,7 +104,7 @@ def by_kind(
         out[kind] = {
             "prompts": float(len(mine)),
             "accuracy": _scores([r for results, _ in mine for r in results])["accuracy"],
-            **{k: rates[k] for k in ("tool_call_hit_rate", "tool_call_malformed_rate") if k in rates},
+            **{k: rates[k] for k in _KIND_RATES if k in rates},
         }
     return out
 

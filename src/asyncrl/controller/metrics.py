@@ -172,11 +172,17 @@ def tool_use_rates(episodes: Sequence[Trajectory]) -> dict[str, float]:
     - ``tool_call_hit_rate``: correct calls whose result was what the task needed (the calculator: the
       reference answer), where the environment can tell (``TurnRecord.tool_hits``).
 
-    ``episode_tool_hit_frac``: the share of episodes with at least one hit (same condition)."""
+    Over the episodes (present whenever there are episodes): ``episode_tool_call_frac``, the share that
+    attempted at least one call (well-formed or malformed), which the rates above cannot show (a policy
+    that stops calling keeps its hit rate); ``episode_tool_hit_frac``, the share with at least one hit
+    (only where the environment tells hits)."""
     turns = [turn for t in episodes for turn in t.turns]
     calls = sum(len(turn.tool_calls) for turn in turns)
     malformed = sum(turn.malformed for turn in turns)
     rates: dict[str, float] = {}
+    if episodes:
+        calling = sum(1 for t in episodes if any(turn.tool_calls or turn.malformed for turn in t.turns))
+        rates["episode_tool_call_frac"] = calling / len(episodes)
     if calls + malformed:
         rates["tool_call_correct_rate"] = (calls - sum(turn.tool_errors for turn in turns)) / (calls + malformed)
         rates["tool_call_malformed_rate"] = malformed / (calls + malformed)

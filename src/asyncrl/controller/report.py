@@ -14,8 +14,9 @@
   episodes waiting on a tool (hatched, from the ledger's ``tool_wait`` intervals,
   ``controller.tool_waits``) beside the engine's running samples;
 - ``tools.png`` (multi-turn runs only): held-out accuracy (before, every ``controller.eval_every``
-  steps, after) above the rates of tool calls (correct, hitting the needed result, malformed) of
-  the rollouts per step and of the held-out episodes, and turns per episode, against RL wall time.
+  steps, after) above the rates of tool calls (correct, hitting the needed result, malformed) and the
+  share of episodes that call the tool at all, of the rollouts per step and of the held-out episodes,
+  and turns per episode, against RL wall time.
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
 
 _TOOL_RATES = (("tool_call_correct_rate", "correct calls", "tab:green"),
                ("tool_call_hit_rate", "calls hitting the needed result", "tab:blue"),
-               ("tool_call_malformed_rate", "malformed calls", "tab:red"))  # fmt: skip
+               ("tool_call_malformed_rate", "malformed calls", "tab:red"),
+               ("episode_tool_call_frac", "episodes that call the tool", "tab:purple"))  # fmt: skip
 
 
 def _tool_use(plt: Any, metrics: list[dict], summary: dict[str, Any], path: Path) -> Path:
@@ -158,7 +160,7 @@ def _tool_use(plt: Any, metrics: list[dict], summary: dict[str, Any], path: Path
                linestyle=":", label="turns per episode (rollouts)")  # fmt: skip
     turns.set_ylabel("turns per episode")
     turns.set_ylim(bottom=0)
-    bottom.set_ylabel("fraction of attempted tool calls")
+    bottom.set_ylabel("fraction of attempted calls\n(purple: of episodes)")
     bottom.set_ylim(-0.02, 1.02)
     bottom.set_xlabel("RL wall time (s)")
     bottom.legend(fontsize=7, loc="center left")

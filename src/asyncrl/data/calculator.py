@@ -4,7 +4,10 @@ Owns the problems of the multi-turn ``calculator`` environment (``rollout.envs.c
 question is an expression (``48213*379``, ``90817+4582*61``), its answer the exact integer. A tiny
 model cannot multiply five-digit numbers token by token; it can learn to copy the expression into a
 calculator call and the result into its answer. ``demonstration`` gives the worked conversation of a
-problem (the call, the tool's result, the answer after ``#``) for a multi-turn warm start.
+problem (the call, the tool's result, the answer after ``#``) for a multi-turn warm start, or its direct
+form (``#answer`` at once, no call: what a model never taught the tool does); ``demonstrates_call``
+picks the form per problem, by a hash of its question, for a warm start that shows the tool on only a
+share of its problems (``sft.tool_call_fraction``).
 
 A problem's kind (``problem_kind``: the operation and the digits of each operand, ``mul 3x2``) is what
 the held-out evaluation reports accuracy by: success depends on it far more than on the problem.
@@ -15,13 +18,14 @@ question), so held-out and training questions are disjoint for every size.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from dataclasses import dataclass
 
 from asyncrl.data.synthetic import is_held_out
 
-__all__ = ["CalculatorProblem", "demonstration", "make_calculator_splits", "problem_kind"]
+__all__ = ["CalculatorProblem", "demonstrates_call", "demonstration", "make_calculator_splits", "problem_kind"]
 
 
 @dataclass(frozen=True)
@@ -94,14 +98,28 @@ def make_calculator_splits(
     return draw("train", train_size, False), draw("eval", eval_size, True)
 
 
+def demonstrates_call(question: str, fraction: float) -> bool:
+    """Whether the warm start's demonstration of ``question`` calls the tool (else it answers directly),
+    given the share ``fraction`` of problems that call it: a hash of the question mapped to [0, 1) falls
+    below ``fraction``, so a problem always gets the same form, 1.0 gives every problem the call and 0.0
+    none, and the share over many problems approaches ``fraction``."""
+    digest = hashlib.sha256(f"tool-call\x00{question}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
 def demonstration(
-    problem: CalculatorProblem, tool_role: str = "tool", call_text: str | None = None
+    problem: CalculatorProblem, tool_role: str = "tool", call_text: str | None = None, *, calls_tool: bool = True
 ) -> list[dict[str, str]]:
     """The worked conversation: the question, the call, the result, the answer. ``call_text``: the
-    call as the run's tool format writes it (default: the ``tag`` format, ``<calc>...</calc>``)."""
+    call as the run's tool format writes it (default: the ``tag`` format, ``<calc>...</calc>``).
+    ``calls_tool=False``: the direct form, the question and then the answer (``#answer``) with no call."""
+    question = {"role": "user", "content": problem.question}
+    answer = {"role": "assistant", "content": f"#{problem.answer}"}
+    if not calls_tool:
+        return [question, answer]
     return [
-        {"role": "user", "content": problem.question},
+        question,
         {"role": "assistant", "content": call_text or f"<calc>{problem.question}</calc>"},
         {"role": tool_role, "content": problem.answer},
-        {"role": "assistant", "content": f"#{problem.answer}"},
+        answer,
     ]

@@ -102,14 +102,17 @@ async def run_stages(
         evaluator = build_evaluator(cfg, engine, held_out, score, stages.stop_token_ids, workflow=workflow)
 
         async def measure() -> EvalResult:
-            """Held-out accuracy as configured, plus greedy accuracy (and by kind, where prompts have kinds)
-            when ``eval.report_greedy``."""
+            """Held-out accuracy as configured, plus greedy accuracy (its tool use, and by kind, where the
+            episodes and prompts have them) when ``eval.report_greedy``."""
             result = await evaluator()
             if cfg.eval.report_greedy:
                 greedy = await build_evaluator(
                     cfg, engine, held_out, score, stages.stop_token_ids, greedy=True, workflow=workflow
                 )()
                 result["greedy_accuracy"] = greedy["accuracy"]
+                for key in ("tool_call_hit_rate", "episode_tool_call_frac", "episode_tool_hit_frac"):
+                    if key in greedy:
+                        result[f"greedy_{key}"] = greedy[key]
                 if "by_kind" in greedy:
                     result["greedy_by_kind"] = greedy["by_kind"]
             return result

@@ -12,7 +12,8 @@ written atomically (temp dir + rename).
 Demonstrations (``warm_start_examples``): single-turn tasks give (question, worked solution) pairs,
 the response learned; ``task.name=calculator`` (multi-turn, ``rollout.workflow=agent``) gives worked
 conversations of its *training* problems (``data.calculator.demonstration``: the call in
-``agent.tool_format``, the tool's result, the answer), opened by the environment's own ``reset`` and
+``agent.tool_format``, the tool's result, the answer; or, on the problems that ``sft.tool_call_fraction``
+leaves out, the answer at once with no call), opened by the environment's own ``reset`` and
 built by ``rollout.chat.demonstration_ids`` exactly as an episode builds its sequence; the loss
 covers the assistant turns only. Keep ``sft.steps`` short there: a partial warm start teaches the
 format and leaves RL room to improve.
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config import Config
+from asyncrl.config import Config, SFTConfig
 from asyncrl.data.prompts import build_task, render_prompt
 from asyncrl.models import TINY_SHAPE_FIELDS, build_tiny_policy, load_policy, tiny_spec
 from asyncrl.trainer.sft import SFTExample, prompt_response_example, sft_train
@@ -43,14 +44,21 @@ _TASK_FIELDS_ADDED = {"calculator_max_digits": 0}
 """TaskConfig fields added after caches were keyed, with their defaults: hashed only when set otherwise, so
 that every existing config keeps its key (and its cached warm start)."""
 
+_SFT_FIELDS_ADDED = {"tool_call_fraction": SFTConfig.tool_call_fraction}
+"""The same for SFTConfig fields (the tiny model's shape enters through the spec instead)."""
+
 
 def warm_start_key(cfg: Config) -> str:
     """The cache key of ``cfg``'s warm start (see the module docstring). The tiny model's shape
     (``sft.hidden_size`` ...) enters through the spec, never twice."""
     at_default = tuple(k for k, default in _TASK_FIELDS_ADDED.items() if getattr(cfg.task, k) == default)
+    sft_left_out = (
+        *TINY_SHAPE_FIELDS,
+        *(k for k, default in _SFT_FIELDS_ADDED.items() if getattr(cfg.sft, k) == default),
+    )
     payload = {
         "spec": tiny_spec(cfg.sft).__dict__,
-        "sft": {k: v for k, v in cfg.sft.__dict__.items() if k not in TINY_SHAPE_FIELDS},
+        "sft": {k: v for k, v in cfg.sft.__dict__.items() if k not in sft_left_out},
         "task": {k: v for k, v in cfg.task.__dict__.items() if k not in ("eval_size", *at_default)},
         "micro": cfg.trainer.max_tokens_per_micro_batch,
         "format": 3,  # 3: held-out and training split by question hash (data/synthetic.py)
@@ -98,8 +106,9 @@ def warm_start_examples(cfg: Config, tokenizer: Any) -> list[SFTExample]:
 
 def calculator_examples(cfg: Config, tokenizer: Any) -> list[SFTExample]:
     """Worked conversations of the calculator task's training problems (never its held-out ones), in
-    ``agent.tool_format``, each opened by the calculator environment's ``reset``; turns end at EOS."""
-    from asyncrl.data.calculator import demonstration, make_calculator_splits
+    ``agent.tool_format``, each opened by the calculator environment's ``reset``; turns end at EOS. A
+    share ``sft.tool_call_fraction`` of them (by question hash) calls the tool, the rest answer directly."""
+    from asyncrl.data.calculator import demonstrates_call, demonstration, make_calculator_splits
     from asyncrl.rollout.chat import ChatRenderer, demonstration_ids
     from asyncrl.rollout.envs.base import Message
     from asyncrl.rollout.envs.calculator import calculator_env, calculator_tool
@@ -119,7 +128,8 @@ def calculator_examples(cfg: Config, tokenizer: Any) -> list[SFTExample]:
     examples: list[SFTExample] = []
     for problem, opening in zip(train, asyncio.run(openings()), strict=True):
         call = format_tool_call(cfg.agent.tool_format, ToolCall(tool.name, {tool.arg: problem.question}), tool.tag)
-        worked = demonstration(problem, tool_role=env.tool_role, call_text=call)[1:]  # reset opened with the question
+        calls = demonstrates_call(problem.question, cfg.sft.tool_call_fraction)
+        worked = demonstration(problem, env.tool_role, call, calls_tool=calls)[1:]  # reset opened with the question
         messages = [*opening.messages, *(Message(m["role"], m["content"]) for m in worked)]
         examples.append(demonstration_ids(renderer, messages, opening.tools))
     return examples
