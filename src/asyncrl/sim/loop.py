@@ -240,8 +240,9 @@ class Simulator:
 
     # ------------------------------------------------------------------ training and weight sync
     def _next_batch(self) -> None:
-        """``Controller._next_batch``: the oldest fresh batch (nearest its bound first with
-        ``stragglers=wait``, which first waits for any group due at this step), stale groups dropped."""
+        """``Controller._next_batch``: the oldest fresh batch, stale groups dropped; with ``stragglers=wait``
+        the groups due soonest, after waiting while a running group must be in this batch to be trained in
+        time (``staleness.must_wait_for_stragglers``)."""
         if self.step >= self.s.total_steps:
             return
         wait = self.s.stragglers == "wait"
