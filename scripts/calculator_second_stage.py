@@ -32,9 +32,7 @@ sys.path.insert(0, str(REPO / "src"))
 def main() -> int:
     from asyncrl.config import load_config
     from asyncrl.launch.stages import configure_threads
-    from asyncrl.launch.warm_start import warm_start_examples
-    from asyncrl.models import load_policy
-    from asyncrl.trainer.sft import sft_train
+    from asyncrl.launch.warm_start import fine_tune_in_place
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
@@ -51,17 +49,7 @@ def main() -> int:
         raise SystemExit(f"{out} exists: choose a new --output")
     t0 = time.perf_counter()
     shutil.copytree(args.source, out)
-    model, tokenizer = load_policy(out, device=cfg.model.device)
-    examples = warm_start_examples(cfg, tokenizer)
-    stats = sft_train(
-        model,
-        examples,
-        cfg.sft,
-        device=cfg.model.device,
-        max_tokens_per_micro_batch=cfg.trainer.max_tokens_per_micro_batch,
-        progress=cfg.run.progress,
-    )
-    model.save_pretrained(str(out), safe_serialization=True)
+    stats = fine_tune_in_place(cfg, out)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     record = {
         "second_stage": stats,

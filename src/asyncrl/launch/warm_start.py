@@ -74,11 +74,20 @@ def run_warm_start(cfg: Config, out_dir: str | Path) -> dict[str, float]:
     task's demonstrations."""
     out = Path(out_dir)
     build_tiny_policy(out, tiny_spec(cfg.sft))
+    stats = fine_tune_in_place(cfg, out)
+    (out / "warm_start.json").write_text(json.dumps(stats, indent=2))
+    return stats
+
+
+def fine_tune_in_place(cfg: Config, policy_dir: str | Path) -> dict[str, float]:
+    """Fine-tune the policy in ``policy_dir`` on the task's demonstrations (``sft.*``) and save it there
+    (weights and tokenizer); the training statistics. The warm start's second half, and what
+    ``scripts/calculator_second_stage.py`` runs on a copy of an existing policy."""
+    out = Path(policy_dir)
     model, tokenizer = load_policy(out, device=cfg.model.device)
-    examples = warm_start_examples(cfg, tokenizer)
     stats = sft_train(
         model,
-        examples,
+        warm_start_examples(cfg, tokenizer),
         cfg.sft,
         device=cfg.model.device,
         max_tokens_per_micro_batch=cfg.trainer.max_tokens_per_micro_batch,
@@ -86,7 +95,6 @@ def run_warm_start(cfg: Config, out_dir: str | Path) -> dict[str, float]:
     )
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))
-    (out / "warm_start.json").write_text(json.dumps(stats, indent=2))
     return stats
 
 
