@@ -3,20 +3,16 @@ added, removed or re-described without regenerating the map fails here."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "module_map.py"
+from tests.script_module import load_script
 
 
 @pytest.fixture(scope="module")
 def module_map():
-    spec = importlib.util.spec_from_file_location("module_map", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("module_map")
 
 
 def test_the_committed_module_map_is_the_trees(module_map) -> None:

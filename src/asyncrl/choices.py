@@ -57,8 +57,8 @@ InterruptMode = Literal["abort", "keep"]
 HighWaterUnit = Literal["groups", "samples"]
 """``controller.high_water_unit``: what a running group weighs under the high-water mark (``StalenessGate``)."""
 StragglerPolicy = Literal["drop", "wait"]
-"""``controller.stragglers``: what the trainer does about a group still generating at its last trainable
-step (``controller.loop``): drop it once stale, or wait for it."""
+"""``controller.stragglers``: what the trainer does about a group that may finish after its last trainable
+step (``controller.loop``): drop it once stale, or wait for it (``staleness.must_wait_for_stragglers``)."""
 WeightSyncMode = Literal["inflight", "drain"]
 """``controller.weight_sync``: whether an update waits for running episodes (``controller.loop``)."""
 WorkflowName = Literal["single_turn", "agent", "openai_agent"]

@@ -3,20 +3,14 @@ per-window decode cost it reads from real and simulated runs alike."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "plan_mark_gap.py"
+from tests.script_module import load_script
 
 
 @pytest.fixture(scope="module")
 def gap():
-    spec = importlib.util.spec_from_file_location("plan_mark_gap", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("plan_mark_gap")
 
 
 def _line(wait: float, train: float, sync: float, wall: float, tokens: int) -> dict:

@@ -5,7 +5,8 @@
   (``i - min_version <= max_staleness``, or the group's own lower bound: with
   ``controller.adaptive`` each group is put with the η in force when it was admitted), or none
   while fewer are buffered, and removes (and returns, for the ledger) the older ones; with
-  ``controller.stragglers=wait`` it takes the groups nearest their bound first.
+  ``controller.stragglers=wait`` it takes the groups nearest their bound first; ``last_steps``
+  gives each buffered group's last trainable step for the wait rule.
 - ``groups_to_samples``: groups into ``TrainSample``s with per-token advantages from the group
   estimator of ``algo`` (rewards scaled and biased first, then DAPO's overlong penalty added when
   ``algo.overlong_buffer > 0``).

@@ -45,8 +45,9 @@ class Scenario:
     high_water_batches: int = 2
     high_water_unit: HighWaterUnit = "groups"
     stragglers: StragglerPolicy = "drop"
-    """``controller.stragglers``: drop a group finished past its bound, or hold the trainer at the group's
-    last trainable step until it has finished (and batch the groups nearest their bound first)."""
+    """``controller.stragglers``: drop a group finished past its bound, or batch the groups due soonest and
+    hold the trainer while a running group must be in this batch to be trained in time
+    (``controller.staleness.must_wait_for_stragglers``)."""
     adaptive: bool = False
     """``controller.adaptive``: the controller's own policy (``controller.adaptive.AdaptiveAdmission``)
     sets η_t <= max_staleness and the mark after every simulated step from the simulated trainer wait
