@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from asyncrl.config import Config, ConfigError, load_config, parse_override
@@ -11,6 +13,13 @@ def test_defaults_validate() -> None:
     cfg = load_config()
     assert cfg == Config()
     assert cfg.controller.max_staleness == 4
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml")),
+                         ids=lambda p: p.name)  # fmt: skip
+def test_every_shipped_config_loads_and_validates(path: Path) -> None:
+    cfg = load_config(path)
+    assert cfg != Config()  # the file set something
 
 
 def test_yaml_file_and_overrides_apply_in_order(tmp_path) -> None:

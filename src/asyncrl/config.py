@@ -133,6 +133,20 @@ class SFTConfig:
     """``task.name=calculator``: the share of training problems whose demonstration calls the tool, in
     [0, 1]; the rest answer directly (``#answer`` as the first assistant turn, no call), chosen per problem
     by a hash of its question (``data.calculator.demonstrates_call``). 1.0: every demonstration calls it."""
+    second_stage_steps: int = 0
+    """``task.name=calculator``: steps of a second warm-start stage, continuing the first on the same training
+    problems with ``sft.second_stage_tool_call_fraction`` of them calling the tool and the rest answering
+    directly, at ``sft.second_stage_lr`` after ``sft.second_stage_warmup_steps`` of warm-up. With a first stage
+    that calls on every problem (it learns to copy the expression into the call) and a fraction below 1, the
+    policy can use the tool but seldom reaches for it: the start from which RL teaches it to (docs/agent.md
+    "Adoption"). 0: one stage."""
+    second_stage_tool_call_fraction: float = 0.3
+    """The second stage's share of demonstrations that call the tool, in [0, 1] (read when
+    ``sft.second_stage_steps`` > 0)."""
+    second_stage_lr: float = 1e-3
+    """The second stage's peak AdamW step size (linear warm-up, then linear decay to 5% of it)."""
+    second_stage_warmup_steps: int = 10
+    """The second stage's warm-up steps."""
     # The shape of the tiny model the warm start builds (``models.TinyModelSpec`` takes its defaults from
     # here: 800,384 parameters). Read only when the tiny model is built (``model.path`` null); the warm-start
     # cache key hashes the shape, and a config at these defaults keeps the key it had before they existed.

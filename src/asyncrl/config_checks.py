@@ -92,6 +92,9 @@ _BOUNDS: dict[str, tuple[str, float, str]] = {
     "sft.num_heads": (_GREATER, 0, ""),
     "sft.num_kv_heads": (_GREATER, 0, ""),
     "sft.intermediate_size": (_GREATER, 0, ""),
+    "sft.second_stage_steps": (_AT_LEAST, 0, " (0: one stage)"),
+    "sft.second_stage_lr": (_GREATER, 0, ""),
+    "sft.second_stage_warmup_steps": (_AT_LEAST, 0, ""),
 }
 """The numeric keys with a lower bound."""
 
@@ -99,6 +102,7 @@ _UNIT_INTERVAL: dict[str, str] = {
     "task.length_tail": "[0, 1]",
     "sft.teacher_slip_rate": "[0, 1]",
     "sft.tool_call_fraction": "[0, 1]",
+    "sft.second_stage_tool_call_fraction": "[0, 1]",
     "rollout.top_p": "(0, 1]",
     "trainer.min_lr_ratio": "[0, 1]",
 }
@@ -136,6 +140,11 @@ def validate_ranges(cfg: Config) -> None:
         raise ConfigError(
             f"sft.tool_call_fraction shapes the calculator's demonstrations only (task.name=calculator), got "
             f"{cfg.sft.tool_call_fraction} with task.name={cfg.task.name}"
+        )
+    if cfg.sft.second_stage_steps and cfg.task.name != "calculator":
+        raise ConfigError(
+            f"sft.second_stage_steps continues a calculator warm start on demonstrations that seldom call the tool "
+            f"(task.name=calculator), got {cfg.sft.second_stage_steps} with task.name={cfg.task.name}"
         )
     sft = cfg.sft
     if sft.hidden_size % sft.num_heads or (sft.hidden_size // sft.num_heads) % 2:

@@ -66,6 +66,18 @@ def test_tool_call_fraction_is_refused_outside_the_calculator_task() -> None:
     load_config(None, ["sft.tool_call_fraction=1.0"])  # the default is fine anywhere
 
 
+def test_a_second_stage_is_validated_and_refused_outside_the_calculator_task() -> None:
+    calculator = ["task.name=calculator", "rollout.workflow=agent", "sft.second_stage_steps=10"]
+    load_config(None, calculator)
+    for bad in ("sft.second_stage_steps=-1", "sft.second_stage_lr=0", "sft.second_stage_warmup_steps=-1",
+                "sft.second_stage_tool_call_fraction=1.5"):  # fmt: skip
+        with pytest.raises(ConfigError, match=bad.split("=")[0]):
+            load_config(None, [*calculator, bad])
+    with pytest.raises(ConfigError, match="sft.second_stage_steps"):
+        load_config(None, ["sft.second_stage_steps=10"])
+    load_config(None, ["sft.second_stage_steps=0"])  # the default is fine anywhere
+
+
 def _operands(question: str) -> list[str]:
     return question.lstrip("-").replace("+", "*").replace("-", "*").split("*")
 

@@ -134,3 +134,54 @@ def test_a_tiny_calculator_warm_start_is_built_then_reused(tmp_path) -> None:
     stamp = (built / "warm_start.json").stat().st_mtime_ns
     assert ensure_policy(cfg) == built and (built / "warm_start.json").stat().st_mtime_ns == stamp
     load_policy(built, device="cpu", dtype="float32")
+
+
+SECOND = ["sft.second_stage_steps=3", "sft.second_stage_tool_call_fraction=0.25", "sft.second_stage_lr=2e-3",
+          "sft.second_stage_warmup_steps=1"]  # fmt: skip
+
+
+def test_the_second_stage_enters_the_key_only_when_it_runs() -> None:
+    base = warm_start_key(load_config(None, CALC))
+    # without a second stage its other settings change nothing: the existing caches keep their keys
+    assert warm_start_key(load_config(None, [*CALC, *SECOND[1:]])) == base
+    with_second = warm_start_key(load_config(None, [*CALC, *SECOND]))
+    assert with_second != base
+    for change in ("sft.second_stage_steps=4", "sft.second_stage_tool_call_fraction=0.5", "sft.second_stage_lr=1e-3",
+                   "sft.second_stage_warmup_steps=2"):  # fmt: skip
+        assert warm_start_key(load_config(None, [*CALC, *SECOND, change])) != with_second, change
+
+
+def test_the_second_stage_continues_the_first_on_demonstrations_that_seldom_call(tmp_path, monkeypatch) -> None:
+    """``run_warm_start`` with ``sft.second_stage_steps``: the first stage's settings and demonstrations (every one
+    calls), then the second's on the same policy (its steps, lr and warm-up; a quarter call); both stages'
+    statistics in ``warm_start.json``."""
+    from asyncrl.launch import warm_start
+
+    calls: list[tuple[int, float, int, float]] = []
+
+    def fake_sft_train(model, examples, cfg, **_kwargs):  # the seam: what each stage trains on
+        calling = sum("<calc>" in tokenizer.decode([t for t, m in zip(*ex, strict=True) if m]) for ex in examples)
+        calls.append((cfg.steps, cfg.lr, cfg.warmup_steps, calling / len(examples)))
+        return {"sft_loss": float(len(calls)), "sft_tokens": 10.0, "sft_wall_s": 0.1}
+
+    cfg = load_config(None, [*CALC, *SHAPE, *SECOND, "task.train_size=400", "sft.steps=5", "sft.lr=3e-3",
+                             "sft.warmup_steps=2", "run.progress=false"])  # fmt: skip
+    monkeypatch.setattr(warm_start, "sft_train", fake_sft_train)
+    from asyncrl.models import build_tiny_policy
+
+    build_tiny_policy(tmp_path / "probe", tiny_spec(cfg.sft))
+    _, tokenizer = load_policy(tmp_path / "probe", device="cpu", dtype="float32")
+    stats = warm_start.run_warm_start(cfg, tmp_path / "ws")
+    assert [c[:3] for c in calls] == [(5, 3e-3, 2), (3, 2e-3, 1)]
+    assert calls[0][3] == 1.0 and 0.15 < calls[1][3] < 0.35
+    written = json.loads((tmp_path / "ws" / "warm_start.json").read_text())
+    assert written == stats and stats["sft_loss"] == 1.0 and stats["second_stage_sft_loss"] == 2.0
+
+
+def test_without_a_second_stage_one_stage_runs(tmp_path, monkeypatch) -> None:
+    from asyncrl.launch import warm_start
+
+    stages: list[int] = []
+    monkeypatch.setattr(warm_start, "sft_train", lambda model, examples, cfg, **_: stages.append(cfg.steps) or {})
+    warm_start.run_warm_start(load_config(None, [*CALC, *SHAPE, "sft.steps=5", "run.progress=false"]), tmp_path)
+    assert stages == [5]

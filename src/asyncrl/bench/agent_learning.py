@@ -4,8 +4,10 @@ Per seed, one after the other (issue 18's learning criterion):
 
 1. **Warm start, timed.** The tiny policy is built and fine-tuned on worked calculator conversations
    (``launch.warm_start.run_warm_start``: the task's training problems, loss on the assistant turns)
-   into the seed's directory, fresh (never a cached one: its time is part of the budget). The
-   config keeps it short, so the policy knows the format and RL has room to improve.
+   into the seed's directory, fresh (never a cached one: its time is part of the budget), with its
+   second stage when the config has one (``sft.second_stage_steps``: ``configs/calculator_adopt.yaml``
+   makes a policy that can copy into the call but seldom makes one). The config keeps it short, so
+   the policy knows the format and RL has room to improve.
 2. **RL.** ``asyncrl train`` from that policy (the config's ``rollout.workflow=agent``,
    ``task.name=calculator``): held-out accuracy before RL, the loop (held-out evaluation every
    ``controller.eval_every`` steps, in RL time), held-out accuracy after.

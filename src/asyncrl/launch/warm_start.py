@@ -16,7 +16,9 @@ conversations of its *training* problems (``data.calculator.demonstration``: the
 leaves out, the answer at once with no call), opened by the environment's own ``reset`` and
 built by ``rollout.chat.demonstration_ids`` exactly as an episode builds its sequence; the loss
 covers the assistant turns only. Keep ``sft.steps`` short there: a partial warm start teaches the
-format and leaves RL room to improve.
+format and leaves RL room to improve. ``sft.second_stage_steps`` > 0 continues the built policy on the
+same problems with ``sft.second_stage_tool_call_fraction`` of them calling (``second_stage_config``): a
+policy that can copy into the call but seldom makes one.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config import Config, SFTConfig
+from asyncrl.config import Config, SFTConfig, with_values
 from asyncrl.data.prompts import build_task, render_prompt
 from asyncrl.models import TINY_SHAPE_FIELDS, build_tiny_policy, load_policy, tiny_spec
 from asyncrl.trainer.sft import SFTExample, prompt_response_example, sft_train
@@ -47,6 +49,11 @@ that every existing config keeps its key (and its cached warm start)."""
 _SFT_FIELDS_ADDED = {"tool_call_fraction": SFTConfig.tool_call_fraction}
 """The same for SFTConfig fields (the tiny model's shape enters through the spec instead)."""
 
+_SECOND_STAGE_FIELDS = ("second_stage_steps", "second_stage_tool_call_fraction", "second_stage_lr",
+                        "second_stage_warmup_steps")  # fmt: skip
+"""The second stage's settings: hashed only when it runs (``sft.second_stage_steps`` > 0), so a config without
+one keeps its key whatever the other three say."""
+
 
 def warm_start_key(cfg: Config) -> str:
     """The cache key of ``cfg``'s warm start (see the module docstring). The tiny model's shape
@@ -55,6 +62,7 @@ def warm_start_key(cfg: Config) -> str:
     sft_left_out = (
         *TINY_SHAPE_FIELDS,
         *(k for k, default in _SFT_FIELDS_ADDED.items() if getattr(cfg.sft, k) == default),
+        *(_SECOND_STAGE_FIELDS if not cfg.sft.second_stage_steps else ()),
     )
     payload = {
         "spec": tiny_spec(cfg.sft).__dict__,
@@ -71,12 +79,28 @@ def warm_start_key(cfg: Config) -> str:
 
 def run_warm_start(cfg: Config, out_dir: str | Path) -> dict[str, float]:
     """Build the tiny policy (the shape of ``sft.*``) in ``out_dir`` and fine-tune it in place on the
-    task's demonstrations."""
+    task's demonstrations; then, with ``sft.second_stage_steps`` > 0, on the second stage's (its statistics
+    prefixed ``second_stage_``)."""
     out = Path(out_dir)
     build_tiny_policy(out, tiny_spec(cfg.sft))
     stats = fine_tune_in_place(cfg, out)
+    if cfg.sft.second_stage_steps:
+        second = fine_tune_in_place(second_stage_config(cfg), out)
+        stats = {**stats, **{f"second_stage_{k}": v for k, v in second.items()}}
     (out / "warm_start.json").write_text(json.dumps(stats, indent=2))
     return stats
+
+
+def second_stage_config(cfg: Config) -> Config:
+    """``cfg`` with the second stage's settings in the first stage's fields (steps, lr, warm-up, the share of
+    demonstrations that call the tool), for ``fine_tune_in_place``."""
+    sft = cfg.sft
+    return with_values(cfg, {
+        "sft.steps": sft.second_stage_steps,
+        "sft.lr": sft.second_stage_lr,
+        "sft.warmup_steps": sft.second_stage_warmup_steps,
+        "sft.tool_call_fraction": sft.second_stage_tool_call_fraction,
+    })  # fmt: skip
 
 
 def fine_tune_in_place(cfg: Config, policy_dir: str | Path) -> dict[str, float]:
