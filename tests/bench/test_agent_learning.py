@@ -103,3 +103,38 @@ def test_each_kind_is_carried_before_during_and_after() -> None:
     plain = seed_row(2, _summary(0.1, 0.3, 0.2, 0.4, 100.0), METRICS, 50.0, 600.0)  # a task without kinds
     assert plain["by_kind_before"] is None and plain["kinds_fell"] == [] and plain["curve_by_kind"] == []
     assert "by_kind" not in analyse([plain], 600.0)["summary"]
+
+
+def test_a_seed_warm_starts_on_every_core_then_trains_at_the_configs_threads(tmp_path, monkeypatch) -> None:
+    """``_run_seed`` at the seams (the warm start and ``train`` faked): the warm start sees every core's thread,
+    RL ``run.torch_threads``; the row carries both and the warm start's directory is what RL starts from."""
+    import os
+
+    import torch
+
+    from asyncrl.launch import local, warm_start
+
+    seen: dict[str, object] = {}
+
+    def fake_warm_start(cfg, out_dir) -> dict:
+        seen["warm_start_threads"] = torch.get_num_threads()
+        return {}
+
+    def fake_train(cfg):
+        seen["train_threads"], seen["model_path"] = torch.get_num_threads(), cfg.model.path
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        (run_dir / "metrics.jsonl").write_text("")
+        return run_dir, _summary(0.1, 0.3, 0.2, 0.4, 100.0)
+
+    monkeypatch.setattr(warm_start, "run_warm_start", fake_warm_start)
+    monkeypatch.setattr(local, "train", fake_train)
+    before = torch.get_num_threads()
+    try:
+        row = agent_learning._run_seed(None, ["task.name=calculator", "rollout.workflow=agent"], 0, tmp_path, 600.0)
+    finally:
+        torch.set_num_threads(before)
+    assert seen["warm_start_threads"] == row["warm_start_threads"] == (os.cpu_count() or 1)
+    assert seen["train_threads"] == 1  # run.torch_threads' default
+    assert seen["model_path"] == str(tmp_path / "seed0" / "warm_start")
+    assert row["gain_points"] == pytest.approx(20.0)

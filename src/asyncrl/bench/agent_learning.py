@@ -4,7 +4,8 @@ Per seed, one after the other (issue 18's learning criterion):
 
 1. **Warm start, timed.** The tiny policy is built and fine-tuned on worked calculator conversations
    (``launch.warm_start.run_warm_start``: the task's training problems, loss on the assistant turns)
-   into the seed's directory, fresh (never a cached one: its time is part of the budget), with its
+   into the seed's directory, fresh (never a cached one: its time is part of the budget), on every
+   core (torch's intra-op threads; RL then runs at ``run.torch_threads`` per stage), with its
    second stage when the config has one (``sft.second_stage_steps``: ``configs/calculator_adopt.yaml``
    makes a policy that can copy into the call but seldom makes one). The config keeps it short, so
    the policy knows the format and RL has room to improve.
@@ -32,6 +33,7 @@ overran says so (``within_budget``) instead of being truncated.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import time
 from pathlib import Path
@@ -190,14 +192,17 @@ def _run_seed(config: str | None, overrides: list[str], seed: int, out: Path, bu
                                f"run.run_dir={seed_dir / 'run'}"])  # fmt: skip
     if cfg.task.name != "calculator" or cfg.rollout.workflow != "agent":
         raise ValueError("bench agent-learning runs task.name=calculator with rollout.workflow=agent")
-    configure_threads(cfg)
+    warm_start_threads = os.cpu_count() or 1
+    configure_threads(cfg, warm_start_threads)  # the warm start runs alone: every core, as a user would give it
     t0, cpu0 = time.perf_counter(), cpu_seconds()
     run_warm_start(cfg, seed_dir / "warm_start")
     warm_start_s, cpu1 = time.perf_counter() - t0, cpu_seconds()
     print(f"seed {seed}: warm start {warm_start_s:.0f} s", flush=True)
+    configure_threads(cfg)  # RL: run.torch_threads per stage (the engine and the trainer each on a core)
     run_dir, summary = train(with_values(cfg, {"model.path": str(seed_dir / "warm_start")}))
     row = seed_row(seed, summary, read_jsonl(run_dir / "metrics.jsonl"), warm_start_s, budget_s)
-    return {**row, "warm_start_cpu_s": cpu1 - cpu0, "run_cpu_s": cpu_seconds() - cpu1}
+    return {**row, "warm_start_cpu_s": cpu1 - cpu0, "run_cpu_s": cpu_seconds() - cpu1,
+            "warm_start_threads": warm_start_threads}  # fmt: skip
 
 
 def cpu_seconds() -> float:
