@@ -1,18 +1,18 @@
-"""A second warm-start stage for the calculator task: continue an existing policy on the config's demonstrations.
+"""A second warm-start stage for the calculator task, on an existing policy: continue it on the config's demonstrations.
 
-``asyncrl sft`` always builds the tiny model from scratch. This script instead loads a policy that already
-learned the calculator (e.g. a warm start whose every demonstration calls the tool) and fine-tunes it further
-on the demonstrations the config gives (``launch.warm_start.warm_start_examples``: the training problems, in
-``agent.tool_format``, with ``sft.tool_call_fraction`` of them calling the tool and the rest answering
-directly), for ``sft.steps`` steps at ``sft.lr``. With a fraction below 1 this makes a policy that knows how
-to use the tool but seldom reaches for it (docs/agent.md, "Adoption"):
+``run_warm_start`` runs the second stage inside a fresh build (``sft.second_stage_steps``, docs/agent.md). This
+script runs the same stage (``launch.warm_start.second_stage_config``: ``sft.second_stage_steps`` steps at
+``sft.second_stage_lr`` on the training problems, ``sft.second_stage_tool_call_fraction`` of them calling the tool
+and the rest answering directly) on a policy that already exists, e.g. a warm start built earlier whose every
+demonstration calls the tool, so that one first stage can be continued at several fractions or lengths:
 
     python scripts/calculator_second_stage.py --config configs/calculator.yaml --from WS --output WS2 \
-        --set task.calculator_max_digits=3 --set sft.tool_call_fraction=0.3 --set sft.steps=150 \
-        --set sft.lr=1e-3 --set sft.warmup_steps=10
+        --set task.calculator_max_digits=3 --set sft.second_stage_steps=150
 
-``--from`` is read, never written; ``--output`` gets the model, its tokenizer and ``warm_start.json`` (the
-stage's loss, tokens and wall time, the policy it started from, and its CPU seconds).
+(the fraction 0.3, lr 1e-3 and 10 warm-up steps are the defaults). ``--from`` is read, never written; ``--output``
+gets the model, its tokenizer and ``warm_start.json`` (the stage's loss, tokens and wall time, the policy it started
+from, and its CPU seconds). The probes of docs/agent.md "Adoption" ran an earlier form of this script, which read
+the stage's settings from ``sft.steps``, ``sft.lr``, ``sft.warmup_steps`` and ``sft.tool_call_fraction``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "src"))
 def main() -> int:
     from asyncrl.config import load_config
     from asyncrl.launch.stages import configure_threads
-    from asyncrl.launch.warm_start import fine_tune_in_place
+    from asyncrl.launch.warm_start import fine_tune_in_place, second_stage_config
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
@@ -42,14 +42,15 @@ def main() -> int:
     args = parser.parse_args()
     cfg = load_config(args.config, args.set)
     configure_threads(cfg)  # run.torch_threads, as asyncrl sft: more threads oversubscribe a loaded machine
-    if cfg.task.name != "calculator":
-        raise SystemExit("this script continues a calculator warm start (task.name=calculator)")
+    if cfg.task.name != "calculator" or not cfg.sft.second_stage_steps:
+        raise SystemExit("this script continues a calculator warm start (task.name=calculator) for "
+                         "sft.second_stage_steps > 0 steps")  # fmt: skip
     out = Path(args.output)
     if out.exists():
         raise SystemExit(f"{out} exists: choose a new --output")
     t0 = time.perf_counter()
     shutil.copytree(args.source, out)
-    stats = fine_tune_in_place(cfg, out)
+    stats = fine_tune_in_place(second_stage_config(cfg), out)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     record = {
         "second_stage": stats,

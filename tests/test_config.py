@@ -15,11 +15,19 @@ def test_defaults_validate() -> None:
     assert cfg.controller.max_staleness == 4
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml")),
-                         ids=lambda p: p.name)  # fmt: skip
+SHIPPED_CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+
+
+def test_the_shipped_configs_are_found() -> None:
+    assert {"calculator.yaml", "calculator_adopt.yaml"} <= {p.name for p in SHIPPED_CONFIGS}
+
+
+@pytest.mark.parametrize("path", SHIPPED_CONFIGS, ids=lambda p: p.name)
 def test_every_shipped_config_loads_and_validates(path: Path) -> None:
     cfg = load_config(path)
     assert cfg != Config()  # the file set something
+    if path.name == "calculator_adopt.yaml":
+        assert cfg.sft.second_stage_steps == 150 and cfg.sft.hidden_size == 192
 
 
 def test_yaml_file_and_overrides_apply_in_order(tmp_path) -> None:

@@ -141,11 +141,7 @@ def validate_ranges(cfg: Config) -> None:
             f"sft.tool_call_fraction shapes the calculator's demonstrations only (task.name=calculator), got "
             f"{cfg.sft.tool_call_fraction} with task.name={cfg.task.name}"
         )
-    if cfg.sft.second_stage_steps and cfg.task.name != "calculator":
-        raise ConfigError(
-            f"sft.second_stage_steps continues a calculator warm start on demonstrations that seldom call the tool "
-            f"(task.name=calculator), got {cfg.sft.second_stage_steps} with task.name={cfg.task.name}"
-        )
+    _validate_second_stage(cfg)
     sft = cfg.sft
     if sft.hidden_size % sft.num_heads or (sft.hidden_size // sft.num_heads) % 2:
         raise ConfigError(
@@ -157,6 +153,22 @@ def validate_ranges(cfg: Config) -> None:
             f"sft.num_kv_heads must divide sft.num_heads={sft.num_heads} (grouped-query attention), "
             f"got {sft.num_kv_heads}"
         )
+
+
+def _validate_second_stage(cfg: Config) -> None:
+    """``sft.second_stage_*``: the calculator's only; its settings without its steps are a forgotten
+    ``sft.second_stage_steps`` (a one-stage warm start in silence), refused."""
+    sft, defaults = cfg.sft, type(cfg.sft)()
+    if sft.second_stage_steps and cfg.task.name != "calculator":
+        raise ConfigError(
+            f"sft.second_stage_steps continues a calculator warm start on demonstrations that seldom call the tool "
+            f"(task.name=calculator), got {sft.second_stage_steps} with task.name={cfg.task.name}"
+        )
+    if not sft.second_stage_steps:
+        settings = ("second_stage_tool_call_fraction", "second_stage_lr", "second_stage_warmup_steps")
+        set_without = [f"sft.{k}" for k in settings if getattr(sft, k) != getattr(defaults, k)]
+        if set_without:
+            raise ConfigError(f"{', '.join(set_without)} set without sft.second_stage_steps (0: no second stage)")
 
 
 def validate_algo(cfg: Config) -> None:

@@ -105,14 +105,13 @@ def test_each_kind_is_carried_before_during_and_after() -> None:
     assert "by_kind" not in analyse([plain], 600.0)["summary"]
 
 
-def test_a_seed_warm_starts_on_every_core_then_trains_at_the_configs_threads(tmp_path, monkeypatch) -> None:
-    """``_run_seed`` at the seams (the warm start and ``train`` faked): the warm start sees every core's thread,
-    RL ``run.torch_threads``; the row carries both and the warm start's directory is what RL starts from."""
-    import os
-
+def test_a_seed_warm_starts_on_every_usable_core_then_gives_the_threads_back(tmp_path, monkeypatch) -> None:
+    """``_run_seed`` at the seams (the warm start and ``train`` faked): the warm start sees one thread per usable
+    core, ``train`` (which sets ``run.torch_threads`` itself) finds the threads as they were; the row carries the
+    warm start's count and the warm start's directory is what RL starts from."""
     import torch
 
-    from asyncrl.launch import local, warm_start
+    from asyncrl.launch import local, stages, warm_start
 
     seen: dict[str, object] = {}
 
@@ -129,12 +128,14 @@ def test_a_seed_warm_starts_on_every_core_then_trains_at_the_configs_threads(tmp
 
     monkeypatch.setattr(warm_start, "run_warm_start", fake_warm_start)
     monkeypatch.setattr(local, "train", fake_train)
+    monkeypatch.setattr(stages, "usable_cores", lambda: 3)
     before = torch.get_num_threads()
     try:
+        torch.set_num_threads(1)
         row = agent_learning._run_seed(None, ["task.name=calculator", "rollout.workflow=agent"], 0, tmp_path, 600.0)
     finally:
         torch.set_num_threads(before)
-    assert seen["warm_start_threads"] == row["warm_start_threads"] == (os.cpu_count() or 1)
-    assert seen["train_threads"] == 1  # run.torch_threads' default
+    assert seen["warm_start_threads"] == row["warm_start_threads"] == 3
+    assert seen["train_threads"] == 1  # given back, also when run.torch_threads=0 would leave it alone
     assert seen["model_path"] == str(tmp_path / "seed0" / "warm_start")
     assert row["gain_points"] == pytest.approx(20.0)

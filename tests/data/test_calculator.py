@@ -75,6 +75,8 @@ def test_a_second_stage_is_validated_and_refused_outside_the_calculator_task() -
             load_config(None, [*calculator, bad])
     with pytest.raises(ConfigError, match="sft.second_stage_steps"):
         load_config(None, ["sft.second_stage_steps=10"])
+    with pytest.raises(ConfigError, match="sft.second_stage_lr set without sft.second_stage_steps"):
+        load_config(None, ["task.name=calculator", "rollout.workflow=agent", "sft.second_stage_lr=2e-3"])
     load_config(None, ["sft.second_stage_steps=0"])  # the default is fine anywhere
 
 

@@ -6,6 +6,7 @@ tiny build that runs and is reused."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -136,14 +137,22 @@ def test_a_tiny_calculator_warm_start_is_built_then_reused(tmp_path) -> None:
     load_policy(built, device="cpu", dtype="float32")
 
 
+ADOPT_KEY = "a3d1deb36d54"
+"""configs/calculator_adopt.yaml's warm-start key at the commit that added it."""
+
 SECOND = ["sft.second_stage_steps=3", "sft.second_stage_tool_call_fraction=0.25", "sft.second_stage_lr=2e-3",
           "sft.second_stage_warmup_steps=1"]  # fmt: skip
 
 
 def test_the_second_stage_enters_the_key_only_when_it_runs() -> None:
     base = warm_start_key(load_config(None, CALC))
-    # without a second stage its other settings change nothing: the existing caches keep their keys
-    assert warm_start_key(load_config(None, [*CALC, *SECOND[1:]])) == base
+    # without a second stage its settings at their defaults change nothing: the existing caches keep their keys
+    defaults = ["sft.second_stage_steps=0", "sft.second_stage_tool_call_fraction=0.3", "sft.second_stage_lr=1e-3",
+                "sft.second_stage_warmup_steps=10"]  # fmt: skip
+    assert warm_start_key(load_config(None, [*CALC, *defaults])) == base
+    # configs/calculator_adopt.yaml's key, pinned: a change to the hashing would orphan its cache
+    assert warm_start_key(load_config(Path(__file__).resolve().parents[2] / "configs" / "calculator_adopt.yaml")) == (
+        ADOPT_KEY)
     with_second = warm_start_key(load_config(None, [*CALC, *SECOND]))
     assert with_second != base
     for change in ("sft.second_stage_steps=4", "sft.second_stage_tool_call_fraction=0.5", "sft.second_stage_lr=1e-3",

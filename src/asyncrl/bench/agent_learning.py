@@ -33,7 +33,6 @@ overran says so (``within_budget``) instead of being truncated.
 from __future__ import annotations
 
 import json
-import os
 import resource
 import time
 from pathlib import Path
@@ -181,10 +180,12 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, budget_s: float) -> None
 
 
 def _run_seed(config: str | None, overrides: list[str], seed: int, out: Path, budget_s: float) -> dict[str, Any]:
+    import torch
+
     from asyncrl.config import load_config, with_values
     from asyncrl.controller.rundir import read_jsonl
     from asyncrl.launch.local import train
-    from asyncrl.launch.stages import configure_threads
+    from asyncrl.launch.stages import configure_threads, usable_cores
     from asyncrl.launch.warm_start import run_warm_start
 
     seed_dir = out / f"seed{seed}"
@@ -192,13 +193,15 @@ def _run_seed(config: str | None, overrides: list[str], seed: int, out: Path, bu
                                f"run.run_dir={seed_dir / 'run'}"])  # fmt: skip
     if cfg.task.name != "calculator" or cfg.rollout.workflow != "agent":
         raise ValueError("bench agent-learning runs task.name=calculator with rollout.workflow=agent")
-    warm_start_threads = os.cpu_count() or 1
+    warm_start_threads, threads_before = usable_cores(), torch.get_num_threads()
     configure_threads(cfg, warm_start_threads)  # the warm start runs alone: every core, as a user would give it
-    t0, cpu0 = time.perf_counter(), cpu_seconds()
-    run_warm_start(cfg, seed_dir / "warm_start")
-    warm_start_s, cpu1 = time.perf_counter() - t0, cpu_seconds()
+    try:
+        t0, cpu0 = time.perf_counter(), cpu_seconds()
+        run_warm_start(cfg, seed_dir / "warm_start")
+        warm_start_s, cpu1 = time.perf_counter() - t0, cpu_seconds()
+    finally:
+        configure_threads(cfg, threads_before)  # RL: ``train`` sets run.torch_threads (0: torch's default, as before)
     print(f"seed {seed}: warm start {warm_start_s:.0f} s", flush=True)
-    configure_threads(cfg)  # RL: run.torch_threads per stage (the engine and the trainer each on a core)
     run_dir, summary = train(with_values(cfg, {"model.path": str(seed_dir / "warm_start")}))
     row = seed_row(seed, summary, read_jsonl(run_dir / "metrics.jsonl"), warm_start_s, budget_s)
     return {**row, "warm_start_cpu_s": cpu1 - cpu0, "run_cpu_s": cpu_seconds() - cpu1,

@@ -75,15 +75,14 @@ def with_samples_per_prompt(overrides: Sequence[str], samples_per_prompt: int) -
 def evaluate_snapshots(overrides: list[str], snapshots: list[dict[str, Any]]) -> list[float]:
     """Held-out accuracy of each snapshot (the run's ``eval.*`` settings, every core); the engine and
     the evaluator are built as ``asyncrl eval`` builds them."""
-    import os
 
     from asyncrl.config import load_config
     from asyncrl.data.prompts import build_task, drop_long_prompts
-    from asyncrl.launch.stages import build_engine, configure_threads, evaluate_once, load_model
+    from asyncrl.launch.stages import build_engine, configure_threads, evaluate_once, load_model, usable_cores
     from asyncrl.models import stop_token_ids
 
     cfg = load_config(None, overrides)
-    configure_threads(cfg, os.cpu_count() or 1)
+    configure_threads(cfg, usable_cores())
     held_out: list[Any] | None = None
     out = []
     for snap in snapshots:

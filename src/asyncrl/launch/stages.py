@@ -32,6 +32,7 @@ The stage classes are imported where they are built: a process pays only for the
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -69,10 +70,19 @@ __all__ = [
     "load_model",
     "seed_everything",
     "stage_device",
+    "usable_cores",
 ]
 
 
 # ----------------------------------------------------------------------------------- the process
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a cgroup or ``taskset`` narrows; the
+    machine's count where affinity is unknown)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def configure_threads(cfg: Config, threads: int | None = None) -> None:
     """torch's intra-op threads: ``threads``, else ``run.torch_threads`` (0 leaves torch's default)."""
     n = cfg.run.torch_threads if threads is None else threads
