@@ -10,6 +10,7 @@ bound of a number, or the setting of another key it needs. No torch, no sibling 
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any, get_args
 
 from asyncrl.choices import WorkflowName
@@ -165,7 +166,7 @@ def _validate_second_stage(cfg: Config) -> None:
             f"(task.name=calculator), got {sft.second_stage_steps} with task.name={cfg.task.name}"
         )
     if not sft.second_stage_steps:
-        settings = ("second_stage_tool_call_fraction", "second_stage_lr", "second_stage_warmup_steps")
+        settings = (f.name for f in fields(sft) if f.name.startswith("second_stage_"))
         set_without = [f"sft.{k}" for k in settings if getattr(sft, k) != getattr(defaults, k)]
         if set_without:
             raise ConfigError(f"{', '.join(set_without)} set without sft.second_stage_steps (0: no second stage)")

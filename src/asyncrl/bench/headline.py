@@ -75,7 +75,6 @@ def with_samples_per_prompt(overrides: Sequence[str], samples_per_prompt: int) -
 def evaluate_snapshots(overrides: list[str], snapshots: list[dict[str, Any]]) -> list[float]:
     """Held-out accuracy of each snapshot (the run's ``eval.*`` settings, every core); the engine and
     the evaluator are built as ``asyncrl eval`` builds them."""
-
     from asyncrl.config import load_config
     from asyncrl.data.prompts import build_task, drop_long_prompts
     from asyncrl.launch.stages import build_engine, configure_threads, evaluate_once, load_model, usable_cores

@@ -29,6 +29,7 @@ import json
 import shutil
 import tempfile
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +50,9 @@ that every existing config keeps its key (and its cached warm start)."""
 _SFT_FIELDS_ADDED = {"tool_call_fraction": SFTConfig.tool_call_fraction}
 """The same for SFTConfig fields (the tiny model's shape enters through the spec instead)."""
 
-_SECOND_STAGE_FIELDS = ("second_stage_steps", "second_stage_tool_call_fraction", "second_stage_lr",
-                        "second_stage_warmup_steps")  # fmt: skip
-"""The second stage's settings: hashed only when it runs (``sft.second_stage_steps`` > 0), so a config without
-one keeps its key whatever the other three say."""
+_SECOND_STAGE_FIELDS = tuple(f.name for f in fields(SFTConfig) if f.name.startswith("second_stage_"))
+"""The second stage's settings (``sft.second_stage_*``): hashed only when it runs (``sft.second_stage_steps`` > 0),
+so a config without one keeps its key (``config_checks`` refuses the others set without it)."""
 
 
 def warm_start_key(cfg: Config) -> str:
@@ -105,8 +105,8 @@ def second_stage_config(cfg: Config) -> Config:
 
 def fine_tune_in_place(cfg: Config, policy_dir: str | Path) -> dict[str, float]:
     """Fine-tune the policy in ``policy_dir`` on the task's demonstrations (``sft.*``) and save it there
-    (weights and tokenizer); the training statistics. The warm start's second half, and what
-    ``scripts/calculator_second_stage.py`` runs on a copy of an existing policy."""
+    (weights and tokenizer); the training statistics. Each stage of the warm start (the second through
+    ``second_stage_config``), and what ``scripts/calculator_second_stage.py`` runs on a copy of an existing policy."""
     out = Path(policy_dir)
     model, tokenizer = load_policy(out, device=cfg.model.device)
     stats = sft_train(
