@@ -96,6 +96,9 @@ _BOUNDS: dict[str, tuple[str, float, str]] = {
     "sft.second_stage_steps": (_AT_LEAST, 0, " (0: one stage)"),
     "sft.second_stage_lr": (_GREATER, 0, ""),
     "sft.second_stage_warmup_steps": (_AT_LEAST, 0, ""),
+    "sft.restart_check_step": (_AT_LEAST, 0, " (0: never)"),
+    "sft.restart_loss_above": (_GREATER, 0, ""),
+    "sft.max_restarts": (_AT_LEAST, 0, ""),
 }
 """The numeric keys with a lower bound."""
 
@@ -121,6 +124,10 @@ def _in_interval(value: float, interval: str) -> bool:
     return low_ok and high_ok
 
 
+SFT_RESTART_FIELDS = ("restart_check_step", "restart_loss_above", "max_restarts")
+"""The warm start's restart settings (``sft.*``); the first switches the others on."""
+
+
 def validate_ranges(cfg: Config) -> None:
     """Every number of ``_BOUNDS`` and ``_UNIT_INTERVAL`` within its range."""
     for key, (op, bound, note) in _BOUNDS.items():
@@ -144,6 +151,11 @@ def validate_ranges(cfg: Config) -> None:
         )
     _validate_second_stage(cfg)
     sft = cfg.sft
+    if sft.restart_check_step > sft.steps:
+        raise ConfigError(
+            f"sft.restart_check_step must be at most sft.steps={sft.steps} (the stage it checks), got "
+            f"{sft.restart_check_step}"
+        )
     if sft.hidden_size % sft.num_heads or (sft.hidden_size // sft.num_heads) % 2:
         raise ConfigError(
             f"sft.hidden_size must be a multiple of sft.num_heads={sft.num_heads} with an even quotient (the head "
@@ -158,7 +170,8 @@ def validate_ranges(cfg: Config) -> None:
 
 def _validate_second_stage(cfg: Config) -> None:
     """``sft.second_stage_*``: the calculator's only; its settings without its steps are a forgotten
-    ``sft.second_stage_steps`` (a one-stage warm start in silence), refused."""
+    ``sft.second_stage_steps`` (a one-stage warm start in silence), refused; the same for the restart's
+    settings without ``sft.restart_check_step``."""
     sft, defaults = cfg.sft, type(cfg.sft)()
     if sft.second_stage_steps and cfg.task.name != "calculator":
         raise ConfigError(
@@ -170,6 +183,10 @@ def _validate_second_stage(cfg: Config) -> None:
         set_without = [f"sft.{k}" for k in settings if getattr(sft, k) != getattr(defaults, k)]
         if set_without:
             raise ConfigError(f"{', '.join(set_without)} set without sft.second_stage_steps (0: no second stage)")
+    if not sft.restart_check_step:
+        set_without = [f"sft.{k}" for k in SFT_RESTART_FIELDS[1:] if getattr(sft, k) != getattr(defaults, k)]
+        if set_without:
+            raise ConfigError(f"{', '.join(set_without)} set without sft.restart_check_step (0: never restart)")
 
 
 def validate_algo(cfg: Config) -> None:

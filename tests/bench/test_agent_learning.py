@@ -108,7 +108,7 @@ def test_each_kind_is_carried_before_during_and_after() -> None:
 def test_a_seed_warm_starts_on_every_usable_core_then_gives_the_threads_back(tmp_path, monkeypatch) -> None:
     """``_run_seed`` at the seams (the warm start and ``train`` faked): the warm start sees one thread per usable
     core, ``train`` (which sets ``run.torch_threads`` itself) finds the threads as they were; the row carries the
-    warm start's count and the warm start's directory is what RL starts from."""
+    warm start's count and statistics, and the warm start's directory is what RL starts from."""
     import torch
 
     from asyncrl.launch import local, stages, warm_start
@@ -117,7 +117,7 @@ def test_a_seed_warm_starts_on_every_usable_core_then_gives_the_threads_back(tmp
 
     def fake_warm_start(cfg, out_dir) -> dict:
         seen["warm_start_threads"] = torch.get_num_threads()
-        return {}
+        return {"sft_loss": 0.05, "sft_restarts": 1.0}
 
     def fake_train(cfg):
         seen["train_threads"], seen["model_path"] = torch.get_num_threads(), cfg.model.path
@@ -138,4 +138,5 @@ def test_a_seed_warm_starts_on_every_usable_core_then_gives_the_threads_back(tmp
     assert seen["warm_start_threads"] == row["warm_start_threads"] == 3
     assert seen["train_threads"] == 1  # given back, also when run.torch_threads=0 would leave it alone
     assert seen["model_path"] == str(tmp_path / "seed0" / "warm_start")
+    assert row["warm_start"] == {"sft_loss": 0.05, "sft_restarts": 1.0}  # its statistics, restarts included
     assert row["gain_points"] == pytest.approx(20.0)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.config import load_config
+from asyncrl.config import ConfigError, load_config
 from asyncrl.data.calculator import demonstrates_call, make_calculator_splits
 from asyncrl.launch.warm_start import ensure_policy, warm_start_examples, warm_start_key
 from asyncrl.models import TinyModelSpec, load_policy, tiny_spec
@@ -194,3 +194,53 @@ def test_without_a_second_stage_one_stage_runs(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(warm_start, "sft_train", lambda model, examples, cfg, **_: stages.append(cfg.steps) or {})
     warm_start.run_warm_start(load_config(None, [*CALC, *SHAPE, "sft.steps=5", "run.progress=false"]), tmp_path)
     assert stages == [5]
+
+
+RESTART = ["sft.restart_check_step=2", "sft.restart_loss_above=0.5", "sft.max_restarts=2"]
+
+
+def test_the_restart_settings_enter_the_key_only_when_on_and_are_refused_without_it() -> None:
+    base = warm_start_key(load_config(None, CALC))
+    defaults = ["sft.restart_check_step=0", "sft.restart_loss_above=0.5", "sft.max_restarts=2"]
+    assert warm_start_key(load_config(None, [*CALC, *defaults])) == base
+    with_restart = warm_start_key(load_config(None, [*CALC, *RESTART]))
+    assert with_restart != base
+    for change in ("sft.restart_check_step=3", "sft.restart_loss_above=0.4", "sft.max_restarts=1"):
+        assert warm_start_key(load_config(None, [*CALC, *RESTART, change])) != with_restart, change
+    with pytest.raises(ConfigError, match="sft.restart_loss_above set without sft.restart_check_step"):
+        load_config(None, [*CALC, "sft.restart_loss_above=0.3"])
+    with pytest.raises(ConfigError, match="sft.restart_check_step must be at most sft.steps"):
+        load_config(None, [*CALC, "sft.steps=5", "sft.restart_check_step=6"])
+    for bad in ("sft.restart_check_step=-1", "sft.restart_loss_above=0", "sft.max_restarts=-1"):
+        with pytest.raises(ConfigError, match=f"{bad.split('=')[0]} must be"):
+            load_config(None, [*CALC, "sft.restart_check_step=2", bad])
+
+
+@pytest.mark.parametrize("failures, kept", [(0, 0), (1, 1), (2, 2), (5, 2)])
+def test_a_stage_that_has_not_taken_is_built_again_with_the_next_seed(tmp_path, monkeypatch, failures, kept) -> None:
+    """``sft.restart_check_step``: each abandoned attempt builds the policy again and runs the stage with the seed
+    1000 further; the last allowed attempt runs without the check; the second stage continues the kept seed."""
+    from asyncrl.launch import warm_start
+
+    attempts: list[tuple[int, int, tuple[int, float] | None]] = []
+    builds: list[Path] = []
+
+    def fake_sft_train(model, examples, cfg, *, abandon_above=None, **_kwargs):
+        attempts.append((cfg.steps, cfg.seed, abandon_above))
+        if abandon_above and len(attempts) <= failures:
+            return {"sft_loss": 0.9, "sft_tokens": 1.0, "sft_wall_s": 0.1, "sft_abandoned_at": 2.0}
+        return {"sft_loss": 0.05, "sft_tokens": 1.0, "sft_wall_s": 0.1}
+
+    real_build = warm_start.build_tiny_policy
+    monkeypatch.setattr(warm_start, "build_tiny_policy", lambda out, spec: builds.append(out) or real_build(out, spec))
+    monkeypatch.setattr(warm_start, "sft_train", fake_sft_train)
+    cfg = load_config(None, [*CALC, *SHAPE, *RESTART, *SECOND, "task.train_size=100", "sft.steps=5",
+                             "sft.seed=7", "run.progress=false"])  # fmt: skip
+    stats = warm_start.run_warm_start(cfg, tmp_path / "ws")
+    first_stage = [a for a in attempts if a[0] == 5]
+    assert [a[1] for a in first_stage] == [7 + 1000 * k for k in range(kept + 1)]
+    assert [a[2] for a in first_stage] == [(2, 0.5)] * min(kept + 1, 2) + [None] * (kept + 1 - min(kept + 1, 2))
+    assert len(builds) == kept + 1
+    assert attempts[-1] == (3, 7 + 1000 * kept, None)  # the second stage, on the kept seed's policy
+    assert stats["sft_restarts"] == kept and stats["sft_seed"] == 7 + 1000 * kept
+    assert stats["sft_abandoned_steps"] == 2 * min(failures, 2) and stats["sft_loss"] == 0.05

@@ -34,3 +34,16 @@ def test_the_loss_is_the_masked_tokens_mean_nll(tiny_policy_dir) -> None:
     stats = sft_train(model, [(ids, mask)], SFTConfig(steps=1, batch_size=1, warmup_steps=1), progress=False)
     assert stats["sft_tokens"] == len(ids)
     assert stats["sft_loss"] == pytest.approx(masked, rel=1e-4) and abs(masked - whole) > 1e-3
+
+
+def test_abandon_above_stops_at_its_step_only_when_the_loss_is_above(tiny_policy_dir) -> None:
+    """``abandon_above=(step, loss)``: a loss above the bar at that step stops the stage there (its stats say
+    where); a bar above the loss lets it run to the end, with no ``sft_abandoned_at``."""
+    model, tokenizer = load_policy(tiny_policy_dir, device="cpu", dtype="float32")
+    ids = tuple(tokenizer.encode("Q:12*3\nA:#36", add_special_tokens=False))
+    example = (ids, (0,) * (len(ids) - 3) + (1, 1, 1))
+    cfg = SFTConfig(steps=4, batch_size=1, warmup_steps=1)
+    stopped = sft_train(model, [example], cfg, progress=False, abandon_above=(2, 1e-6))
+    assert stopped["sft_abandoned_at"] == 2 and stopped["sft_tokens"] == 2 * len(ids)
+    finished = sft_train(model, [example], cfg, progress=False, abandon_above=(2, 1e6))
+    assert "sft_abandoned_at" not in finished and finished["sft_tokens"] == 4 * len(ids)

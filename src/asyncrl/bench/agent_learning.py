@@ -7,8 +7,9 @@ Per seed, one after the other (issue 18's learning criterion):
    into the seed's directory, fresh (never a cached one: its time is part of the budget), on every
    core (torch's intra-op threads; RL then runs at ``run.torch_threads`` per stage), with its
    second stage when the config has one (``sft.second_stage_steps``: ``configs/calculator_adopt.yaml``
-   makes a policy that can copy into the call but seldom makes one). The config keeps it short, so
-   the policy knows the format and RL has room to improve.
+   makes a policy that can copy into the call but seldom makes one) and its restarts (``sft.restart_*``);
+   its statistics are the row's ``warm_start`` (final losses, restarts, the seed kept). The config keeps
+   it short, so the policy knows the format and RL has room to improve.
 2. **RL.** ``asyncrl train`` from that policy (the config's ``rollout.workflow=agent``,
    ``task.name=calculator``): held-out accuracy before RL, the loop (held-out evaluation every
    ``controller.eval_every`` steps, in RL time), held-out accuracy after.
@@ -197,7 +198,7 @@ def _run_seed(config: str | None, overrides: list[str], seed: int, out: Path, bu
     configure_threads(cfg, warm_start_threads)  # the warm start runs alone: every core, as a user would give it
     try:
         t0, cpu0 = time.perf_counter(), cpu_seconds()
-        run_warm_start(cfg, seed_dir / "warm_start")
+        warm = run_warm_start(cfg, seed_dir / "warm_start")
         warm_start_s, cpu1 = time.perf_counter() - t0, cpu_seconds()
     finally:
         configure_threads(cfg, threads_before)  # RL: ``train`` sets run.torch_threads (0: torch's default, as before)
@@ -205,7 +206,7 @@ def _run_seed(config: str | None, overrides: list[str], seed: int, out: Path, bu
     run_dir, summary = train(with_values(cfg, {"model.path": str(seed_dir / "warm_start")}))
     row = seed_row(seed, summary, read_jsonl(run_dir / "metrics.jsonl"), warm_start_s, budget_s)
     return {**row, "warm_start_cpu_s": cpu1 - cpu0, "run_cpu_s": cpu_seconds() - cpu1,
-            "warm_start_threads": warm_start_threads}  # fmt: skip
+            "warm_start_threads": warm_start_threads, "warm_start": warm}  # fmt: skip
 
 
 def cpu_seconds() -> float:

@@ -18,7 +18,9 @@ built by ``rollout.chat.demonstration_ids`` exactly as an episode builds its seq
 covers the assistant turns only. Keep ``sft.steps`` short there: a partial warm start teaches the
 format and leaves RL room to improve. ``sft.second_stage_steps`` > 0 continues the built policy on the
 same problems with ``sft.second_stage_tool_call_fraction`` of them calling (``second_stage_config``): a
-policy that can copy into the call but seldom makes one.
+policy that can copy into the call but seldom makes one. ``sft.restart_check_step`` > 0 builds the policy
+again and reruns the (first) stage with another seed when, at that step, its loss shows it has not taken
+(``run_warm_start``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config, SFTConfig, with_values
+from asyncrl.config_checks import SFT_RESTART_FIELDS
 from asyncrl.data.prompts import build_task, render_prompt
 from asyncrl.models import TINY_SHAPE_FIELDS, build_tiny_policy, load_policy, tiny_spec
 from asyncrl.trainer.sft import SFTExample, prompt_response_example, sft_train
@@ -52,7 +55,12 @@ _SFT_FIELDS_ADDED = {"tool_call_fraction": SFTConfig.tool_call_fraction}
 
 _SECOND_STAGE_FIELDS = tuple(f.name for f in fields(SFTConfig) if f.name.startswith("second_stage_"))
 """The second stage's settings (``sft.second_stage_*``): hashed only when it runs (``sft.second_stage_steps`` > 0),
-so a config without one keeps its key (``config_checks`` refuses the others set without it)."""
+so a config without one keeps its key (``config_checks`` refuses the others set without it); the restart's
+(``SFT_RESTART_FIELDS``) likewise, only when ``sft.restart_check_step`` > 0."""
+
+
+RESTART_SEED_STRIDE = 1000
+"""The k-th restart of the warm start runs with ``sft.seed`` + k x this: far from the seeds a sweep runs."""
 
 
 def warm_start_key(cfg: Config) -> str:
@@ -63,6 +71,7 @@ def warm_start_key(cfg: Config) -> str:
         *TINY_SHAPE_FIELDS,
         *(k for k, default in _SFT_FIELDS_ADDED.items() if getattr(cfg.sft, k) == default),
         *(_SECOND_STAGE_FIELDS if not cfg.sft.second_stage_steps else ()),
+        *(SFT_RESTART_FIELDS if not cfg.sft.restart_check_step else ()),
     )
     payload = {
         "spec": tiny_spec(cfg.sft).__dict__,
@@ -79,11 +88,27 @@ def warm_start_key(cfg: Config) -> str:
 
 def run_warm_start(cfg: Config, out_dir: str | Path) -> dict[str, float]:
     """Build the tiny policy (the shape of ``sft.*``) in ``out_dir`` and fine-tune it in place on the
-    task's demonstrations; then, with ``sft.second_stage_steps`` > 0, on the second stage's (its statistics
-    prefixed ``second_stage_``)."""
+    task's demonstrations, again from a fresh build with the next seed while ``sft.restart_check_step`` finds
+    the loss above ``sft.restart_loss_above`` (``sft_restarts``, ``sft_seed``: the seed kept); then, with
+    ``sft.second_stage_steps`` > 0, on the second stage's (its statistics prefixed ``second_stage_``)."""
     out = Path(out_dir)
-    build_tiny_policy(out, tiny_spec(cfg.sft))
-    stats = fine_tune_in_place(cfg, out)
+    sft = cfg.sft
+    restarts = sft.max_restarts if sft.restart_check_step else 0
+    abandoned_steps = 0
+    for attempt in range(restarts + 1):
+        seed = sft.seed + RESTART_SEED_STRIDE * attempt
+        cfg = with_values(cfg, {"sft.seed": seed})
+        build_tiny_policy(out, tiny_spec(sft))
+        check = (sft.restart_check_step, sft.restart_loss_above) if attempt < restarts else None
+        stats = fine_tune_in_place(cfg, out, abandon_above=check)
+        if "sft_abandoned_at" not in stats:
+            break
+        abandoned_steps += int(stats["sft_abandoned_at"])
+        print(f"warm start: loss {stats['sft_loss']:.3f} > {sft.restart_loss_above} at step {sft.restart_check_step} "
+              f"with sft.seed={seed}: built again, sft.seed={seed + RESTART_SEED_STRIDE}", flush=True)  # fmt: skip
+    if sft.restart_check_step:
+        stats = {**stats, "sft_restarts": float(attempt), "sft_seed": float(seed),
+                 "sft_abandoned_steps": float(abandoned_steps)}  # fmt: skip
     if cfg.sft.second_stage_steps:
         second = fine_tune_in_place(second_stage_config(cfg), out)
         stats = {**stats, **{f"second_stage_{k}": v for k, v in second.items()}}
@@ -103,10 +128,13 @@ def second_stage_config(cfg: Config) -> Config:
     })  # fmt: skip
 
 
-def fine_tune_in_place(cfg: Config, policy_dir: str | Path) -> dict[str, float]:
+def fine_tune_in_place(
+    cfg: Config, policy_dir: str | Path, *, abandon_above: tuple[int, float] | None = None
+) -> dict[str, float]:
     """Fine-tune the policy in ``policy_dir`` on the task's demonstrations (``sft.*``) and save it there
-    (weights and tokenizer); the training statistics. Each stage of the warm start (the second through
-    ``second_stage_config``), and what ``scripts/calculator_second_stage.py`` runs on a copy of an existing policy."""
+    (weights and tokenizer); the training statistics (``abandon_above``: ``sft_train``'s). Each stage of the warm
+    start (the second through ``second_stage_config``), and what ``scripts/calculator_second_stage.py`` runs on a
+    copy of an existing policy."""
     out = Path(policy_dir)
     model, tokenizer = load_policy(out, device=cfg.model.device)
     stats = sft_train(
@@ -116,6 +144,7 @@ def fine_tune_in_place(cfg: Config, policy_dir: str | Path) -> dict[str, float]:
         device=cfg.model.device,
         max_tokens_per_micro_batch=cfg.trainer.max_tokens_per_micro_batch,
         progress=cfg.run.progress,
+        abandon_above=abandon_above,
     )
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))

@@ -38,11 +38,14 @@ def sft_train(
     device: str = "cpu",
     max_tokens_per_micro_batch: int = 1024,
     progress: bool = True,
+    abandon_above: tuple[int, float] | None = None,
 ) -> dict[str, float]:
     """Train ``model`` in place for ``cfg.steps`` steps of ``cfg.batch_size`` examples.
 
     ``examples`` are ``(ids, loss_mask)`` (``prompt_response_example`` for single-turn ones).
-    Returns the final smoothed loss, the token count and the wall time."""
+    Returns the final smoothed loss, the token count and the wall time. ``abandon_above=(step, loss)``:
+    stop after ``step`` steps when the smoothed loss is then above ``loss`` (the stats carry
+    ``sft_abandoned_at``: the steps taken)."""
     if not examples:
         raise ValueError("sft_train needs at least one example")
     for ids, mask in examples:
@@ -70,7 +73,11 @@ def sft_train(
     tokens = 0
     t0 = time.perf_counter()
     bar = tqdm(range(cfg.steps), desc="sft", disable=not progress, dynamic_ncols=True)
-    for _ in bar:
+    abandoned_at = None
+    for step in bar:
+        if abandon_above and step == abandon_above[0] and smoothed is not None and smoothed > abandon_above[1]:
+            abandoned_at = step
+            break
         if cursor + cfg.batch_size > len(order):
             rng.shuffle(order)
             cursor = 0
@@ -95,4 +102,6 @@ def sft_train(
         bar.set_postfix(loss=f"{smoothed:.3f}")
     model.eval()
     model.set_attn_implementation(previous_attention)
-    return {"sft_loss": float(smoothed or 0.0), "sft_tokens": float(tokens), "sft_wall_s": time.perf_counter() - t0}
+    bar.close()
+    stats = {"sft_loss": float(smoothed or 0.0), "sft_tokens": float(tokens), "sft_wall_s": time.perf_counter() - t0}
+    return stats if abandoned_at is None else {**stats, "sft_abandoned_at": float(abandoned_at)}
