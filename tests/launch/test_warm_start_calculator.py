@@ -137,8 +137,8 @@ def test_a_tiny_calculator_warm_start_is_built_then_reused(tmp_path) -> None:
     load_policy(built, device="cpu", dtype="float32")
 
 
-ADOPT_KEY = "a3d1deb36d54"
-"""configs/calculator_adopt.yaml's warm-start key at the commit that added it."""
+ADOPT_KEY = "06b614d3a2ec"
+"""configs/calculator_adopt.yaml's warm-start key since it restarts a first stage that has not taken."""
 
 SECOND = ["sft.second_stage_steps=3", "sft.second_stage_tool_call_fraction=0.25", "sft.second_stage_lr=2e-3",
           "sft.second_stage_warmup_steps=1"]  # fmt: skip
