@@ -356,8 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--calibrate", type=float, default=30.0, help="async: seconds of the engine-alone calibration (0: none)"
     )
     p.add_argument(
-        "--out", help="async|interrupt|ablation|headline|agent-throughput: where run directories go (default "
-        "runs/bench-*)",
+        "--out", help="async|interrupt|ablation|headline|adaptive|plan-check|agent-learning|agent-throughput: where "
+        "run directories go (default runs/bench-*)",
     )  # fmt: skip
     p.add_argument(
         "--reuse", metavar="DIR", help="ablation: read the finished arms of an interrupted invocation's run directory"

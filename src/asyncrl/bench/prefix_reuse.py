@@ -26,7 +26,6 @@ pressure evicts it), so a run saves at most what this bench measures.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import tempfile
 import time
@@ -162,13 +161,13 @@ def _arm(cfg: Any, model_dir: Path, num_prompts: int, workload: str) -> tuple[di
     return row, [e["token_ids"] for e in records]
 
 
-@functools.cache
-def _random_tiny(spec: TinyModelSpec) -> Path:
-    """The random-init tiny policy of shape ``spec``, built once per process (both arms decode with the
-    same weights)."""
+def _random_tiny(spec: TinyModelSpec, scratch: Path) -> Path:
+    """The random-init tiny policy of shape ``spec`` under ``scratch``, built on first use (both arms decode with
+    the same weights; the bench removes ``scratch`` when it ends)."""
     from asyncrl.models import build_tiny_policy
 
-    return Path(build_tiny_policy(Path(tempfile.mkdtemp(prefix="asyncrl-prefix-reuse-")) / "tiny", spec))
+    out = scratch / f"tiny-{abs(hash(spec))}"
+    return out if out.is_dir() else Path(build_tiny_policy(out, spec))
 
 
 def _compare(off: dict[str, Any], on: dict[str, Any], same: int) -> dict[str, Any]:
@@ -198,23 +197,26 @@ def run_prefix_reuse_bench(
     if workload not in ("calculator", "scripted"):
         raise ValueError(f"prefix-reuse workload {workload!r}: calculator or scripted")
 
-    def policy(cfg: Any) -> Path:
-        if workload == "scripted" and not cfg.model.path:
-            return _random_tiny(tiny_spec(cfg.sft))
-        return ensure_policy(cfg)
-
     rows: list[dict[str, Any]] = []
     per_seed: list[dict[str, Any]] = []
-    warm = load_config(None, [*BASE_OVERRIDES, *overrides, f"run.seed={seeds[0]}"])
-    _arm(warm, policy(warm), 1, workload)  # untimed: the process's first forward pays one-off costs
-    for seed in seeds:
-        arms = {}
-        for reuse in (False, True):
-            cfg = load_config(None, [*BASE_OVERRIDES, *overrides, f"run.seed={seed}", f"rollout.prefix_reuse={reuse}"])
-            arms[reuse] = _arm(cfg, policy(cfg), num_prompts, workload)
-            rows.append(arms[reuse][0])
-        same = sum(a == b for a, b in zip(arms[False][1], arms[True][1], strict=True))
-        per_seed.append(_compare(arms[False][0], arms[True][0], same))
+    with tempfile.TemporaryDirectory(prefix="asyncrl-prefix-reuse-") as scratch:
+
+        def policy(cfg: Any) -> Path:
+            if workload == "scripted" and not cfg.model.path:
+                return _random_tiny(tiny_spec(cfg.sft), Path(scratch))
+            return ensure_policy(cfg)
+
+        warm = load_config(None, [*BASE_OVERRIDES, *overrides, f"run.seed={seeds[0]}"])
+        _arm(warm, policy(warm), 1, workload)  # untimed: the process's first forward pays one-off costs
+        for seed in seeds:
+            arms = {}
+            for reuse in (False, True):
+                cfg = load_config(None, [*BASE_OVERRIDES, *overrides, f"run.seed={seed}",
+                                         f"rollout.prefix_reuse={reuse}"])  # fmt: skip
+                arms[reuse] = _arm(cfg, policy(cfg), num_prompts, workload)
+                rows.append(arms[reuse][0])
+            same = sum(a == b for a, b in zip(arms[False][1], arms[True][1], strict=True))
+            per_seed.append(_compare(arms[False][0], arms[True][0], same))
     result = {
         "bench": "prefix-reuse",
         "workload": {
