@@ -4,10 +4,9 @@ not a package: each runs as ``python scripts/NAME.py``)."""
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 from types import ModuleType
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+from tests.repo_paths import SCRIPTS
 
 
 def load_script(name: str) -> ModuleType:

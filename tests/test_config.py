@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import Config, ConfigError, load_config, parse_override
+from tests.repo_paths import CONFIGS
 
 
 def test_defaults_validate() -> None:
@@ -15,7 +16,7 @@ def test_defaults_validate() -> None:
     assert cfg.controller.max_staleness == 4
 
 
-SHIPPED_CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
+SHIPPED_CONFIGS = sorted(CONFIGS.glob("*.yaml"))
 
 
 def test_the_shipped_configs_are_found() -> None:

@@ -18,7 +18,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.repo_paths import REPO
+
 PACKAGE = REPO / "src" / "asyncrl"
 
 # Modules allowed to locate files from their own path, and why that still works when installed.

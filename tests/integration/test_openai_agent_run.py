@@ -20,10 +20,10 @@ from asyncrl.config import load_config
 from asyncrl.controller.rundir import read_jsonl
 from asyncrl.launch.local import train
 from asyncrl.launch.warm_start import ensure_policy
+from tests.repo_paths import REPO
 
 pytest.importorskip("openai")
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 8
 
 

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "chaos_soak.py"
+from tests.repo_paths import SCRIPTS
+
+SCRIPT = SCRIPTS / "chaos_soak.py"
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from asyncrl.config import ConfigError, load_config
 from asyncrl.data.calculator import demonstrates_call, make_calculator_splits
 from asyncrl.launch.warm_start import ensure_policy, warm_start_examples, warm_start_key
 from asyncrl.models import TinyModelSpec, load_policy, tiny_spec
+from tests.repo_paths import CONFIGS
 
 CALC = ["task.name=calculator", "rollout.workflow=agent", "agent.tool_format=tag", "task.train_size=64",
         "task.eval_size=256"]  # fmt: skip
@@ -151,7 +152,7 @@ def test_the_second_stage_enters_the_key_only_when_it_runs() -> None:
                 "sft.second_stage_warmup_steps=10"]  # fmt: skip
     assert warm_start_key(load_config(None, [*CALC, *defaults])) == base
     # configs/calculator_adopt.yaml's key, pinned: a change to the hashing would orphan its cache
-    assert warm_start_key(load_config(Path(__file__).resolve().parents[2] / "configs" / "calculator_adopt.yaml")) == (
+    assert warm_start_key(load_config(CONFIGS / "calculator_adopt.yaml")) == (
         ADOPT_KEY)
     with_second = warm_start_key(load_config(None, [*CALC, *SECOND]))
     assert with_second != base

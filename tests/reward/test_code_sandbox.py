@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from asyncrl.reward.code import SandboxError, SandboxLimits, build_program, extract_code, run_code_tests
+from tests.repo_paths import REPO
 
 from .hostile import HOSTILE, TESTS, sandbox_processes
 
 TIMEOUT = 2.0
-REPO = Path(__file__).resolve().parents[2]
 SRC = str(REPO / "src")
 
 

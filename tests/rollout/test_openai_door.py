@@ -8,7 +8,6 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -16,10 +15,10 @@ from asyncrl.rollout.engine import LocalEngine
 from asyncrl.rollout.openai_door import ChatDoor, DoorServer
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.server import ServerThread
+from tests.repo_paths import REPO
 from tests.rollout.chat_templates import qwen_tokenizer
 from tests.rollout.scripted_engine import ScriptedEngine, Turn, exactness
 
-REPO = Path(__file__).resolve().parents[2]
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "48213*379"}}</tool_call>'
 
 

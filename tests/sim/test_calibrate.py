@@ -9,8 +9,7 @@ import pytest
 
 from asyncrl.sim.calibrate import fit_decode, fit_line, machine_profile
 from asyncrl.sim.profile import load_profile
-
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
+from tests.repo_paths import RESULTS
 
 
 def test_fit_decode_recovers_the_cost_model() -> None:
