@@ -197,7 +197,8 @@ def test_without_a_second_stage_one_stage_runs(tmp_path, monkeypatch) -> None:
     assert stages == [5]
 
 
-RESTART = ["sft.restart_check_step=2", "sft.restart_loss_above=0.5", "sft.max_restarts=2"]
+RESTART = ["sft.restart_check_step=4", "sft.restart_loss_above=0.5", "sft.max_restarts=2"]
+"""A check step past the second stage's 3 steps (``SECOND``): the second stage runs without the check."""
 
 
 def test_the_restart_settings_enter_the_key_only_when_on_and_are_refused_without_it() -> None:
@@ -229,7 +230,7 @@ def test_a_stage_that_has_not_taken_is_built_again_with_the_next_seed(tmp_path, 
     def fake_sft_train(model, examples, cfg, *, abandon_above=None, **_kwargs):
         attempts.append((cfg.steps, cfg.seed, abandon_above))
         if abandon_above and len(attempts) <= failures:
-            return {"sft_loss": 0.9, "sft_tokens": 1.0, "sft_wall_s": 0.1, "sft_abandoned_at": 2.0}
+            return {"sft_loss": 0.9, "sft_tokens": 1.0, "sft_wall_s": 0.1, "sft_abandoned_at": 4.0}
         return {"sft_loss": 0.05, "sft_tokens": 1.0, "sft_wall_s": 0.1}
 
     real_build = warm_start.build_tiny_policy
@@ -240,8 +241,8 @@ def test_a_stage_that_has_not_taken_is_built_again_with_the_next_seed(tmp_path, 
     stats = warm_start.run_warm_start(cfg, tmp_path / "ws")
     first_stage = [a for a in attempts if a[0] == 5]
     assert [a[1] for a in first_stage] == [7 + 1000 * k for k in range(kept + 1)]
-    assert [a[2] for a in first_stage] == [(2, 0.5)] * min(kept + 1, 2) + [None] * (kept + 1 - min(kept + 1, 2))
+    assert [a[2] for a in first_stage] == [(4, 0.5)] * min(kept + 1, 2) + [None] * (kept + 1 - min(kept + 1, 2))
     assert len(builds) == kept + 1
     assert attempts[-1] == (3, 7 + 1000 * kept, None)  # the second stage, on the kept seed's policy
     assert stats["sft_restarts"] == kept and stats["sft_seed"] == 7 + 1000 * kept
-    assert stats["sft_abandoned_steps"] == 2 * min(failures, 2) and stats["sft_loss"] == 0.05
+    assert stats["sft_abandoned_steps"] == 4 * min(failures, 2) and stats["sft_loss"] == 0.05

@@ -118,13 +118,15 @@ def run_warm_start(cfg: Config, out_dir: str | Path) -> dict[str, float]:
 
 def second_stage_config(cfg: Config) -> Config:
     """``cfg`` with the second stage's settings in the first stage's fields (steps, lr, warm-up, the share of
-    demonstrations that call the tool), for ``fine_tune_in_place``."""
-    sft = cfg.sft
+    demonstrations that call the tool), for ``fine_tune_in_place``; the restart's at their defaults (off: the
+    second stage continues the first, it is never started again)."""
+    sft, defaults = cfg.sft, SFTConfig()
     return with_values(cfg, {
         "sft.steps": sft.second_stage_steps,
         "sft.lr": sft.second_stage_lr,
         "sft.warmup_steps": sft.second_stage_warmup_steps,
         "sft.tool_call_fraction": sft.second_stage_tool_call_fraction,
+        **{f"sft.{k}": getattr(defaults, k) for k in SFT_RESTART_FIELDS},
     })  # fmt: skip
 
 
