@@ -148,15 +148,16 @@ class SFTConfig:
     second_stage_warmup_steps: int = 10
     """The second stage's warm-up steps."""
     restart_check_step: int = 0
-    """At this step of the warm start's (first) stage, a smoothed loss above ``sft.restart_loss_above`` means the
-    stage has not taken (the calculator's: the policy has not learned to copy; when it does depends on the
-    example order): it is abandoned, the tiny policy built again and the stage run again with the next seed
-    (``sft.seed`` + 1000 x the restart), at most ``sft.max_restarts`` times; the last attempt runs to the end
-    whatever its loss. 0: never (in [0, ``sft.steps``])."""
+    """After this many steps of the warm start's (first) stage, a smoothed loss above ``sft.restart_loss_above``
+    means the stage has not taken (the calculator's: the policy has not learned to copy; when it does depends on
+    the example order): it is abandoned, the tiny policy built again (the same initial weights: the build's seed
+    is fixed) and the stage run again with the next example order (``sft.seed`` + 1000 x the restart), at most
+    ``sft.max_restarts`` times; the last attempt runs to the end whatever its loss. 0: never (else below
+    ``sft.steps``)."""
     restart_loss_above: float = 0.5
     """The smoothed loss above which ``sft.restart_check_step`` abandons the stage (read when it is > 0)."""
     max_restarts: int = 2
-    """How many times ``sft.restart_check_step`` may start the stage again (read when it is > 0)."""
+    """How many times ``sft.restart_check_step`` may start the stage again (>= 1; read when the check is on)."""
     # The shape of the tiny model the warm start builds (``models.TinyModelSpec`` takes its defaults from
     # here: 800,384 parameters). Read only when the tiny model is built (``model.path`` null); the warm-start
     # cache key hashes the shape, and a config at these defaults keeps the key it had before they existed.

@@ -98,7 +98,7 @@ _BOUNDS: dict[str, tuple[str, float, str]] = {
     "sft.second_stage_warmup_steps": (_AT_LEAST, 0, ""),
     "sft.restart_check_step": (_AT_LEAST, 0, " (0: never)"),
     "sft.restart_loss_above": (_GREATER, 0, ""),
-    "sft.max_restarts": (_AT_LEAST, 0, ""),
+    "sft.max_restarts": (_AT_LEAST, 1, ""),
 }
 """The numeric keys with a lower bound."""
 
@@ -150,12 +150,8 @@ def validate_ranges(cfg: Config) -> None:
             f"{cfg.sft.tool_call_fraction} with task.name={cfg.task.name}"
         )
     _validate_second_stage(cfg)
+    _validate_restart(cfg)
     sft = cfg.sft
-    if sft.restart_check_step > sft.steps:
-        raise ConfigError(
-            f"sft.restart_check_step must be at most sft.steps={sft.steps} (the stage it checks), got "
-            f"{sft.restart_check_step}"
-        )
     if sft.hidden_size % sft.num_heads or (sft.hidden_size // sft.num_heads) % 2:
         raise ConfigError(
             f"sft.hidden_size must be a multiple of sft.num_heads={sft.num_heads} with an even quotient (the head "
@@ -170,8 +166,7 @@ def validate_ranges(cfg: Config) -> None:
 
 def _validate_second_stage(cfg: Config) -> None:
     """``sft.second_stage_*``: the calculator's only; its settings without its steps are a forgotten
-    ``sft.second_stage_steps`` (a one-stage warm start in silence), refused; the same for the restart's
-    settings without ``sft.restart_check_step``."""
+    ``sft.second_stage_steps`` (a one-stage warm start in silence), refused."""
     sft, defaults = cfg.sft, type(cfg.sft)()
     if sft.second_stage_steps and cfg.task.name != "calculator":
         raise ConfigError(
@@ -183,10 +178,22 @@ def _validate_second_stage(cfg: Config) -> None:
         set_without = [f"sft.{k}" for k in settings if getattr(sft, k) != getattr(defaults, k)]
         if set_without:
             raise ConfigError(f"{', '.join(set_without)} set without sft.second_stage_steps (0: no second stage)")
+
+
+def _validate_restart(cfg: Config) -> None:
+    """``sft.restart_*``: a check step inside the stage (the check runs before a step, so the stage's last step
+    is its last chance); the others without the check step refused (``sft.max_restarts`` >= 1 is a range)."""
+    sft, defaults = cfg.sft, type(cfg.sft)()
     if not sft.restart_check_step:
         set_without = [f"sft.{k}" for k in SFT_RESTART_FIELDS[1:] if getattr(sft, k) != getattr(defaults, k)]
         if set_without:
             raise ConfigError(f"{', '.join(set_without)} set without sft.restart_check_step (0: never restart)")
+        return
+    if sft.restart_check_step >= sft.steps:
+        raise ConfigError(
+            f"sft.restart_check_step must be below sft.steps={sft.steps} (the stage it checks), got "
+            f"{sft.restart_check_step}"
+        )
 
 
 def validate_algo(cfg: Config) -> None:

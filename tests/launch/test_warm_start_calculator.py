@@ -211,9 +211,11 @@ def test_the_restart_settings_enter_the_key_only_when_on_and_are_refused_without
         assert warm_start_key(load_config(None, [*CALC, *RESTART, change])) != with_restart, change
     with pytest.raises(ConfigError, match="sft.restart_loss_above set without sft.restart_check_step"):
         load_config(None, [*CALC, "sft.restart_loss_above=0.3"])
-    with pytest.raises(ConfigError, match="sft.restart_check_step must be at most sft.steps"):
-        load_config(None, [*CALC, "sft.steps=5", "sft.restart_check_step=6"])
-    for bad in ("sft.restart_check_step=-1", "sft.restart_loss_above=0", "sft.max_restarts=-1"):
+    for past_the_last_check in (5, 6):  # the check runs before a step: at step 5 of 5 it would never run
+        with pytest.raises(ConfigError, match="sft.restart_check_step must be below sft.steps"):
+            load_config(None, [*CALC, "sft.steps=5", f"sft.restart_check_step={past_the_last_check}"])
+    load_config(None, [*CALC, "sft.steps=5", "sft.restart_check_step=4"])
+    for bad in ("sft.restart_check_step=-1", "sft.restart_loss_above=0", "sft.max_restarts=0"):
         with pytest.raises(ConfigError, match=f"{bad.split('=')[0]} must be"):
             load_config(None, [*CALC, "sft.restart_check_step=2", bad])
 
@@ -246,3 +248,4 @@ def test_a_stage_that_has_not_taken_is_built_again_with_the_next_seed(tmp_path, 
     assert attempts[-1] == (3, 7 + 1000 * kept, None)  # the second stage, on the kept seed's policy
     assert stats["sft_restarts"] == kept and stats["sft_seed"] == 7 + 1000 * kept
     assert stats["sft_abandoned_steps"] == 4 * min(failures, 2) and stats["sft_loss"] == 0.05
+    assert stats["sft_abandoned_wall_s"] == pytest.approx(0.1 * min(failures, 2))

@@ -248,13 +248,15 @@ def run_agent_learning_bench(
 
 def _print_table(payload: dict[str, Any]) -> None:
     print(f"{'seed':>4} {'before':>7} {'after':>7} {'gain pts':>8} {'hit before':>10} {'hit after':>9} "
-          f"{'calling before':>14} {'after':>6} {'warm s':>7} {'RL s':>6} {'in budget':>9}")  # fmt: skip
+          f"{'calling before':>14} {'after':>6} {'warm s':>7} {'restarts':>8} {'RL s':>6} "
+          f"{'in budget':>9}")  # fmt: skip
     for r in payload["rows"]:
         gain = f"{r['gain_points']:.1f}" if r["gain_points"] is not None else "-"
         print(f"{r['seed']:>4} {r['accuracy_before']:>7.3f} {r['accuracy_after'] or 0:>7.3f} {gain:>8} "
               f"{r['tool_call_hit_rate_before'] or 0:>10.3f} {r['tool_call_hit_rate_after'] or 0:>9.3f} "
               f"{r['episode_tool_call_frac_before'] or 0:>14.3f} {r['episode_tool_call_frac_after'] or 0:>6.3f} "
-              f"{r['warm_start_s']:>7.0f} {r['rl_wall_s']:>6.0f} {str(r['within_budget']):>9}")  # fmt: skip
+              f"{r['warm_start_s']:>7.0f} {(r.get('warm_start') or {}).get('sft_restarts', 0):>8.0f} "
+              f"{r['rl_wall_s']:>6.0f} {str(r['within_budget']):>9}")  # fmt: skip
     gain = payload["summary"].get("gain_points")
     if gain:
         print(f"gain: mean {gain['mean']:.1f} points, 95% CI [{gain['low']}, {gain['high']}] over {gain['n']} seeds")

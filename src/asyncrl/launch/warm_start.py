@@ -88,13 +88,14 @@ def warm_start_key(cfg: Config) -> str:
 
 def run_warm_start(cfg: Config, out_dir: str | Path) -> dict[str, float]:
     """Build the tiny policy (the shape of ``sft.*``) in ``out_dir`` and fine-tune it in place on the
-    task's demonstrations, again from a fresh build with the next seed while ``sft.restart_check_step`` finds
-    the loss above ``sft.restart_loss_above`` (``sft_restarts``, ``sft_seed``: the seed kept); then, with
+    task's demonstrations, again from a fresh build (the same initial weights) with the next example order while
+    ``sft.restart_check_step`` finds the loss above ``sft.restart_loss_above`` (``sft_restarts``, ``sft_seed``: the
+    seed kept; ``sft_abandoned_steps`` / ``_wall_s``: what the abandoned attempts cost); then, with
     ``sft.second_stage_steps`` > 0, on the second stage's (its statistics prefixed ``second_stage_``)."""
     out = Path(out_dir)
     sft = cfg.sft
     restarts = sft.max_restarts if sft.restart_check_step else 0
-    abandoned_steps = 0
+    abandoned_steps, abandoned_s = 0, 0.0
     for attempt in range(restarts + 1):
         seed = sft.seed + RESTART_SEED_STRIDE * attempt
         cfg = with_values(cfg, {"sft.seed": seed})
@@ -104,11 +105,12 @@ def run_warm_start(cfg: Config, out_dir: str | Path) -> dict[str, float]:
         if "sft_abandoned_at" not in stats:
             break
         abandoned_steps += int(stats["sft_abandoned_at"])
+        abandoned_s += stats["sft_wall_s"]
         print(f"warm start: loss {stats['sft_loss']:.3f} > {sft.restart_loss_above} at step {sft.restart_check_step} "
               f"with sft.seed={seed}: built again, sft.seed={seed + RESTART_SEED_STRIDE}", flush=True)  # fmt: skip
     if sft.restart_check_step:
         stats = {**stats, "sft_restarts": float(attempt), "sft_seed": float(seed),
-                 "sft_abandoned_steps": float(abandoned_steps)}  # fmt: skip
+                 "sft_abandoned_steps": float(abandoned_steps), "sft_abandoned_wall_s": abandoned_s}  # fmt: skip
     if cfg.sft.second_stage_steps:
         second = fine_tune_in_place(second_stage_config(cfg), out)
         stats = {**stats, **{f"second_stage_{k}": v for k, v in second.items()}}

@@ -4,7 +4,8 @@ Packs examples padding-free like the RL trainer (varlen attention per sequence, 
 ``trainer.attention``) and minimises the token-mean negative log-likelihood of the tokens under each
 example's loss mask (a single-turn demonstration: its response, ``prompt_response_example``; a
 multi-turn one: the model's turns, environment tokens being context only). The model's attention
-implementation is restored after.
+implementation is restored after. ``abandon_above`` stops a stage early whose loss shows it has not taken
+(the warm start's restarts, ``launch.warm_start``).
 """
 
 from __future__ import annotations
