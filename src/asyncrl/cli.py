@@ -360,8 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
         "run directories go (default runs/bench-*)",
     )  # fmt: skip
     p.add_argument(
-        "--reuse", metavar="DIR", help="ablation: read the finished arms of an interrupted invocation's run directory"
-    )
+        "--reuse", metavar="DIR",
+        help="ablation|adaptive: read the finished arms of an interrupted invocation's run directory",
+    )  # fmt: skip
     p.add_argument("--config", help="agent-learning: YAML config of every run (default configs/calculator.yaml)")
     p.add_argument(
         "--budget-s", type=float, default=600.0, help="agent-learning: wall budget of warm start + RL per seed"

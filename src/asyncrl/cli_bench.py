@@ -172,7 +172,8 @@ def _bench_adaptive(args: argparse.Namespace) -> None:
         unknown = sorted(set(workloads) - set(async_bench.WORKLOADS))
         if unknown:
             raise ConfigError(f"bench adaptive: unknown workload(s) {unknown} (available: task, long, reason)")
-        adaptive.run_adaptive_bench(args.json, workloads=workloads, overrides=_bench_overrides(args), **common)
+        adaptive.run_adaptive_bench(args.json, workloads=workloads, overrides=_bench_overrides(args), reuse=args.reuse,
+                                    **common)  # fmt: skip
         return
     from asyncrl.sim.compare import SIM_WORKLOADS, simulated_runner
 

@@ -115,3 +115,33 @@ def test_the_cli_checks_its_options_before_running() -> None:
         cmd_bench(_args(etas="-1,2"))
     with pytest.raises(ConfigError, match="unknown workload"):  # the simulated workloads are task and long
         cmd_bench(_args(workload="reason", profile="cpu-2core-tiny"))
+
+
+def test_an_interrupted_invocations_finished_runs_are_measured_again_not_trained(tmp_path: Path, monkeypatch) -> None:
+    """``reuse``: an arm whose finished run (same name, same config: ``runs.reusable_run``) lies under the earlier
+    invocation's directory is measured from there (``measure_finished_run``) and its row says ``reused``; the
+    others are trained into the new directory (seams faked: which runs are finished, the two measures, the
+    admission means)."""
+    from asyncrl.bench import adaptive, runs
+
+    earlier = tmp_path / "earlier"
+    finished = {"task-s0-eta0", "task-s0-adaptive"}
+    trained: list[str] = []
+    monkeypatch.setattr(runs, "reusable_run", lambda overrides, run_dir: run_dir.parent == earlier
+                        and run_dir.name in finished and "run.seed=0" in overrides)  # fmt: skip
+    monkeypatch.setattr(runs, "measure_finished_run", lambda run_dir, warmup_s: {
+        "steady_state_tokens_per_s": 100.0, "accuracy_after": 0.5, "measured_from": str(run_dir)})  # fmt: skip
+
+    def fake_train(overrides, run_dir, warmup_s):
+        trained.append(run_dir.name)
+        return {"steady_state_tokens_per_s": 90.0, "accuracy_after": 0.5, "measured_from": str(run_dir)}
+
+    monkeypatch.setattr(runs, "run_and_measure", fake_train)
+    monkeypatch.setattr(adaptive, "admission_means", lambda run_dir, overrides: {"eta_mean": 1.0})
+    payload = run_adaptive_bench(None, workloads=("task",), etas=(0, 4), seeds=(0, 1), steps=2,
+                                 out_dir=str(tmp_path / "new"), reuse=str(earlier))  # fmt: skip
+    by_name = {f"s{r['seed']}-{r['arm']}": r for r in payload["rows"]}
+    assert trained == ["task-s0-eta4", "task-s1-eta0", "task-s1-eta4", "task-s1-adaptive"]
+    assert by_name["s0-eta=0"]["reused"] and by_name["s0-eta=0"]["measured_from"] == str(earlier / "task-s0-eta0")
+    assert by_name["s0-adaptive"]["reused"] and "reused" not in by_name["s1-adaptive"]
+    assert payload["reused_from"] == str(earlier)

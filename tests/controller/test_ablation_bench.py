@@ -118,7 +118,7 @@ def test_tiny_grid_runs_with_the_controlled_lag(tiny_policy_dir, tmp_path) -> No
     # a directory of the same name holding another arm's config is not reused
     from pathlib import Path
 
-    from asyncrl.bench.ablation import _reusable
+    from asyncrl.bench.runs import reusable_run as _reusable
 
     decoupled_dir = Path(out["rows"][0]["run_dir"])
     assert _reusable(arm_overrides("decoupled", 1, 1e-3, 0, 2, user), decoupled_dir)

@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from asyncrl.bench.runs import print_table, resolve_run_dir
+from asyncrl.bench.runs import print_table, resolve_run_dir, reusable_run
 from asyncrl.bench.stats import t95 as t_quantile_975  # the one t table (bench/stats.py)
 
 __all__ = [
@@ -152,29 +152,13 @@ def _row(run_dir: Path, collapse_fraction: float) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _reusable(overrides: list[str], run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a finished run of exactly this arm: a summary, and a saved config
-    equal to the arm's in every key but the run directory itself."""
-    from dataclasses import asdict
-
-    from asyncrl.config import load_config
-
-    if not (run_dir / "summary.json").is_file() or not (run_dir / "config.yaml").is_file():
-        return False
-    wanted = asdict(load_config(None, [*overrides, "run.progress=false"]))
-    saved = asdict(load_config(run_dir / "config.yaml"))
-    for config in (wanted, saved):
-        config["run"].pop("run_dir")  # a run directory moved since is still the same run
-    return saved == wanted
-
-
 def _run(overrides: list[str], run_dir: Path, collapse_fraction: float, reuse: Path | None) -> dict[str, Any]:
     """One training run's row (``_row``); with ``reuse``, a finished run of the same arm under that
-    directory (same name, same config: ``_reusable``) is read instead of trained again."""
+    directory (same name, same config: ``runs.reusable_run``) is read instead of trained again."""
     from asyncrl.config import load_config
     from asyncrl.launch.local import train
 
-    if reuse is not None and _reusable(overrides, reuse / run_dir.name):
+    if reuse is not None and reusable_run(overrides, reuse / run_dir.name):
         print(f"bench ablation: reusing the finished run {reuse / run_dir.name}", flush=True)
         return {**_row(reuse / run_dir.name, collapse_fraction), "reused": True}
     train(load_config(None, [*overrides, f"run.run_dir={run_dir}", "run.progress=false"]))  # refuses a used dir

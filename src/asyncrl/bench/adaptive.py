@@ -126,16 +126,19 @@ def run_adaptive_bench(
     run_one: RunOne | None = None,
     mode: str = "real",
     profiles: tuple[str, ...] = (),
+    reuse: str | None = None,
 ) -> dict[str, Any]:
     """Every arm on every workload and seed (module docstring). ``run_one``: the runs (None: real
     ``asyncrl train`` runs; the simulated runner, ``mode="simulated"``, whose ``workloads`` are then
-    ``profile/workload`` keys; or a stand-in in the tests)."""
+    ``profile/workload`` keys; or a stand-in in the tests). ``reuse``: an interrupted invocation's directory
+    (``<out>/<timestamp>``) whose finished runs of the same arm and config are measured again, not trained (their
+    rows say ``reused``)."""
     from asyncrl.bench.runs import print_table, write_json
 
     base = list(overrides or []) + ([f"controller.total_steps={steps}"] if steps is not None else [])
     runner, out = run_one, None
     if runner is None:
-        runner, out = _real_runner(base, warmup_s, out_dir)
+        runner, out = _real_runner(base, warmup_s, out_dir, Path(reuse) if reuse else None)
     rows: list[dict[str, Any]] = []
     for key in workloads:
         for seed in seeds:
@@ -156,21 +159,25 @@ def run_adaptive_bench(
         "bench": "adaptive", "mode": mode, "profiles": list(profiles),
         "workloads": list(workloads), "etas": list(etas), "bound": max(etas), "seeds": list(seeds),
         "steps": steps, "warmup_s": warmup_s, "overrides": base, "rows": rows, "analysis": analysis,
-        "out_dir": str(out) if out else None,
+        "out_dir": str(out) if out else None, "reused_from": reuse,
     }  # fmt: skip
     write_json(json_path, payload)
     return payload
 
 
-def _real_runner(base: list[str], warmup_s: float, out_dir: str) -> tuple[RunOne, Path]:
+def _real_runner(base: list[str], warmup_s: float, out_dir: str, reuse: Path | None) -> tuple[RunOne, Path]:
     from asyncrl.bench.async_bench import workload_overrides
-    from asyncrl.bench.runs import fresh_out, run_and_measure
+    from asyncrl.bench.runs import fresh_out, measure_finished_run, reusable_run, run_and_measure
 
     out = fresh_out(out_dir)
 
     def run(workload: str, arm: str, seed: int, arm_overrides: list[str]) -> dict[str, Any]:
         overrides = [*workload_overrides(base, workload), f"run.seed={seed}", *arm_overrides]
         run_dir = out / f"{workload}-s{seed}-{arm.replace('=', '')}"
+        if reuse is not None and reusable_run(overrides, reuse / run_dir.name):
+            print(f"bench adaptive: reusing the finished run {reuse / run_dir.name}", flush=True)
+            prior = reuse / run_dir.name
+            return {**measure_finished_run(prior, warmup_s), **admission_means(prior, overrides), "reused": True}
         return {**run_and_measure(overrides, run_dir, warmup_s), **admission_means(run_dir, overrides)}
 
     return run, out

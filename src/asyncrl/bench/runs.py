@@ -1,6 +1,7 @@
 """What the whole-run benches share (``bench async``, ``interrupt``, ``adaptive``, ``headline``,
 ``plan-check``, ``agent-learning``): a fresh output directory per invocation (``fresh_out``), one real
-training run measured into a row (``run_and_measure``), the printed table and the JSON file, and
+training run measured into a row (``run_and_measure``; an interrupted invocation's finished runs measured again
+from their directories, ``reusable_run`` / ``measure_finished_run``), the printed table and the JSON file, and
 finding a row's run directory again when a finished JSON is reanalysed (``resolve_run_dir``).
 """
 
@@ -16,7 +17,8 @@ from typing import Any
 from asyncrl.bench.throughput import FINISHED, generated_tokens, measure_throughput
 from asyncrl.bench.time_budget import time_budget
 
-__all__ = ["fresh_out", "mean_or_zero", "print_table", "resolve_run_dir", "run_and_measure", "write_json"]
+__all__ = ["fresh_out", "mean_or_zero", "measure_finished_run", "measure_run", "print_table", "resolve_run_dir",
+           "reusable_run", "run_and_measure", "write_json"]  # fmt: skip
 
 
 def fresh_out(out_dir: str) -> Path:
@@ -53,13 +55,47 @@ def run_and_measure(overrides: list[str], run_dir: Path, warmup_s: float = 0.0) 
     """One training run; the row of its summary, throughput (``measure_throughput`` with a warm-up
     of ``warmup_s`` seconds of RL time), per-step averages and policy snapshots (if any)."""
     from asyncrl.config import load_config
-    from asyncrl.controller.rundir import check_one_run, read_jsonl
     from asyncrl.launch.local import train
 
     cfg = load_config(None, [*overrides, f"run.run_dir={run_dir}", "run.progress=false"])
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
     _, summary = train(cfg)  # refuses a run_dir that already holds a run
     load1 = os.getloadavg()[0]
+    return measure_run(run_dir, cfg, summary, warmup_s, wall_s=time.perf_counter() - t0, load=[load0, load1])
+
+
+def reusable_run(overrides: list[str], run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a finished run of exactly this arm: a summary, and a saved config
+    equal to the arm's in every key but the run directory itself (what a bench reads instead of
+    training again when given an interrupted invocation's directory)."""
+    from dataclasses import asdict
+
+    from asyncrl.config import load_config
+
+    if not (run_dir / "summary.json").is_file() or not (run_dir / "config.yaml").is_file():
+        return False
+    wanted = asdict(load_config(None, [*overrides, "run.progress=false"]))
+    saved = asdict(load_config(run_dir / "config.yaml"))
+    for config in (wanted, saved):
+        config["run"].pop("run_dir")  # a run directory moved since is still the same run
+    return saved == wanted
+
+
+def measure_finished_run(run_dir: Path, warmup_s: float = 0.0) -> dict[str, Any]:
+    """``run_and_measure``'s row of a run that has already finished (``reusable_run``), read from its directory:
+    its wall time the summary's, its load unknown (None)."""
+    from asyncrl.config import load_config
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    cfg = load_config(run_dir / "config.yaml")
+    return measure_run(run_dir, cfg, summary, warmup_s, wall_s=summary.get("wall_s"), load=None)
+
+
+def measure_run(run_dir: Path, cfg: Any, summary: dict[str, Any], warmup_s: float, *, wall_s: float | None,
+                load: list[float] | None) -> dict[str, Any]:  # fmt: skip
+    """The row of the finished run in ``run_dir`` (config ``cfg``, its ``summary``): ``run_and_measure``'s."""
+    from asyncrl.controller.rundir import check_one_run, read_jsonl
+
     check_one_run(run_dir)  # every number below comes from this run's lines alone
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     ledger = read_jsonl(run_dir / "trajectories.jsonl")
@@ -82,7 +118,7 @@ def run_and_measure(overrides: list[str], run_dir: Path, warmup_s: float = 0.0) 
         "accuracy_before": summary["accuracy_before"],
         "accuracy_after": summary["accuracy_after"],
         "rl_wall_s": summary["rl_wall_s"],
-        "wall_s": time.perf_counter() - t0,
+        "wall_s": wall_s,
         "steps": summary["steps"],
         "trained_tokens": summary["trained_tokens"],
         "trainer_alone_tokens_per_s": trained / busy if busy else 0.0,
@@ -98,7 +134,7 @@ def run_and_measure(overrides: list[str], run_dir: Path, warmup_s: float = 0.0) 
         "buffered_max": max((m["buffer_groups"] for m in metrics), default=0),
         "engine_busy_frac": mean_or_zero([m["engine_busy_frac"] for m in metrics]),
         "trainer_busy_frac": mean_or_zero([m["trainer_busy_frac"] for m in metrics]),
-        "load_avg_1m_start_end": [load0, load1],
+        "load_avg_1m_start_end": load,
         "train_step_s": mean_or_zero([m["train_step_s"] for m in metrics]),
         "interruptions_per_sample": mean_or_zero([m["interruptions_per_sample"] for m in metrics]),
         "weight_sync_s": mean_or_zero([m["weight_sync_s"] for m in metrics]),
