@@ -174,9 +174,9 @@ def _real_runner(base: list[str], warmup_s: float, out_dir: str, reuse: Path | N
     def run(workload: str, arm: str, seed: int, arm_overrides: list[str]) -> dict[str, Any]:
         overrides = [*workload_overrides(base, workload), f"run.seed={seed}", *arm_overrides]
         run_dir = out / f"{workload}-s{seed}-{arm.replace('=', '')}"
-        if reuse is not None and reusable_run(overrides, reuse / run_dir.name):
-            print(f"bench adaptive: reusing the finished run {reuse / run_dir.name}", flush=True)
-            prior = reuse / run_dir.name
+        prior = reuse / run_dir.name if reuse is not None else None
+        if prior is not None and reusable_run(overrides, prior):
+            print(f"bench adaptive: reusing the finished run {prior}", flush=True)
             return {**measure_finished_run(prior, warmup_s), **admission_means(prior, overrides), "reused": True}
         return {**run_and_measure(overrides, run_dir, warmup_s), **admission_means(run_dir, overrides)}
 
