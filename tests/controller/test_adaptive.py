@@ -43,22 +43,38 @@ def _check_bounds(settings: list[AdmissionSetting], bound: int) -> None:
         assert 1 <= s.high_water_batches <= s.max_staleness + 1
 
 
-def test_a_starving_trainer_raises_the_mark_and_eta_slowly_up_to_the_bound() -> None:
+def test_the_start_is_the_bound_with_a_mark_of_two() -> None:
+    """All the slack the user allows from the first admission (a group keeps its admission's bound)."""
+    assert AdaptivePolicy(AdaptiveLimits(bound=8)).setting == AdmissionSetting(8, 2)
+    assert AdaptivePolicy(AdaptiveLimits(bound=1)).setting == AdmissionSetting(1, 2)
+    assert AdaptivePolicy(AdaptiveLimits(bound=0)).setting == AdmissionSetting(0, 1)
+
+
+def test_a_starving_trainer_raises_the_mark_slowly_up_to_the_bound() -> None:
     policy = AdaptivePolicy(AdaptiveLimits(bound=4))
-    assert policy.setting == AdmissionSetting(2, 2)
     settings = _drive(policy, lambda s: STARVING, 30)
     _check_bounds(settings, 4)
     assert settings[-1] == AdmissionSetting(4, 5)
-    etas = [s.max_staleness for s in settings]
-    assert etas == sorted(etas) and etas[0] == 2  # only up, one at a time
+    marks = [s.high_water_batches for s in settings]
+    assert marks == sorted(marks) and marks[0] == 2  # only up, one at a time
+    assert {s.max_staleness for s in settings} == {4}
     assert all(b - a >= DWELL_STEPS for a, b in zip(_changes(settings), _changes(settings)[1:], strict=False))
     assert policy.last_reason == "hold"
+
+
+def test_a_starving_trainer_raises_eta_with_the_mark_below_a_lowered_ceiling() -> None:
+    """After a probe down (η_t below its ceiling) a raise for starvation moves both, the slack kept."""
+    policy = AdaptivePolicy(AdaptiveLimits(bound=8))
+    policy.load_state_dict({**policy.state_dict(), "eta": 2, "mark": 2})
+    settings = _drive(policy, lambda s: STARVING, 12)
+    assert settings[-1] == AdmissionSetting(5, 5) and policy.last_reason in {"hold", "starving"}
+    assert all(s.max_staleness - s.high_water_batches == 0 for s in settings)
 
 
 def test_a_starving_trainer_with_a_full_engine_holds() -> None:
     policy = AdaptivePolicy(AdaptiveLimits(bound=8))
     full = StepObservation(wait_s=0.5, wall_s=1.0, engine_occupancy=0.97)
-    assert set(_drive(policy, lambda s: full, 20)) == {AdmissionSetting(2, 2)}
+    assert set(_drive(policy, lambda s: full, 20)) == {AdmissionSetting(8, 2)}
 
 
 def test_a_trainer_that_never_waits_lowers_eta_and_the_mark_to_synchronous() -> None:
@@ -77,7 +93,7 @@ def test_a_trainer_that_never_waits_lowers_eta_and_the_mark_to_synchronous() -> 
 def test_a_wait_inside_the_hysteresis_band_changes_nothing() -> None:
     policy = AdaptivePolicy(AdaptiveLimits(bound=8, wait_target=0.1))
     band = StepObservation(wait_s=0.05, wall_s=1.0, engine_occupancy=0.5)  # between target / 4 and target
-    assert set(_drive(policy, lambda s: band, 50)) == {AdmissionSetting(2, 2)}
+    assert set(_drive(policy, lambda s: band, 50)) == {AdmissionSetting(8, 2)}
 
 
 def test_degraded_off_policy_statistics_lower_eta_below_what_starvation_asks_and_cap_it() -> None:
@@ -88,10 +104,10 @@ def test_degraded_off_policy_statistics_lower_eta_below_what_starvation_asks_and
     def plant(s: AdmissionSetting) -> StepObservation:  # E[w²] grows with η: too off-policy above 2
         return StepObservation(0.5, 1.0, 0.3, weight_sq_mean=1.0 + 0.6 * s.max_staleness, capped_frac=0.0)
 
-    settings = _drive(policy, plant, 20)
+    settings = _drive(policy, plant, 26)
     # one cut every DWELL_STEPS until E[w²] (smoothed) is under the limit: at η 1 it is 1.6, at η 2 2.2
-    assert [s.max_staleness for s in settings[:8]] == [5, 4, 4, 3, 3, 2, 2, 1]
-    assert policy.ceiling == 1 and set(settings[7:]) == {AdmissionSetting(1, 2)}  # starving, held there
+    assert [s.max_staleness for s in settings[:14]] == [8, 7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1]
+    assert policy.ceiling == 1 and set(settings[13:]) == {AdmissionSetting(1, 2)}  # starving, held there
     assert policy.last_reason == "hold"
 
 
@@ -107,16 +123,28 @@ def test_the_capped_share_degrades_too_and_the_ceiling_relaxes_when_it_is_gone()
     assert policy.ceiling == low + 1
 
 
+def _below_the_ceiling(bound: int, eta: int, mark: int) -> AdaptivePolicy:
+    """A policy at (η_t, mark) under the ceiling ``bound``, as after probes down."""
+    policy = AdaptivePolicy(AdaptiveLimits(bound=bound))
+    policy.load_state_dict({**policy.state_dict(), "eta": eta, "mark": mark})
+    return policy
+
+
 def test_groups_dropped_as_stale_give_a_starving_trainer_slack_in_eta_not_in_the_mark() -> None:
-    policy = AdaptivePolicy(AdaptiveLimits(bound=8))
+    policy = _below_the_ceiling(8, 2, 2)
     stale = StepObservation(0.5, 1.0, 0.3, stale_groups=4, batch_groups=8)
     settings = _drive(policy, lambda s: stale, DWELL_STEPS)
     assert settings[-1] == AdmissionSetting(3, 2) and policy.last_reason == "stale"
-    full = AdaptivePolicy(AdaptiveLimits(bound=8))  # a full engine too: the drops are lost throughput
+    full = _below_the_ceiling(8, 2, 2)  # a full engine too: the drops are lost throughput
     stale_full = StepObservation(0.5, 1.0, 0.99, stale_groups=4, batch_groups=8)
     assert _drive(full, lambda s: stale_full, DWELL_STEPS)[-1] == AdmissionSetting(3, 2)
-    capped = AdaptivePolicy(AdaptiveLimits(bound=2))  # η_t at the bound: less run-ahead instead
-    assert _drive(capped, lambda s: stale, DWELL_STEPS)[-1] == AdmissionSetting(2, 1)
+
+
+def test_groups_dropped_at_the_ceiling_change_nothing() -> None:
+    """At the bound the drops are what the bound costs: neither η_t nor the mark moves for them."""
+    policy = AdaptivePolicy(AdaptiveLimits(bound=2))
+    stale_full = StepObservation(0.5, 1.0, 0.99, stale_groups=4, batch_groups=8)
+    assert set(_drive(policy, lambda s: stale_full, 10)) == {AdmissionSetting(2, 2)}
 
 
 def test_failed_probes_down_back_off() -> None:
@@ -150,13 +178,13 @@ def test_one_failed_probe_doubles_the_probe_wait_once() -> None:
         return NEVER_WAITS if s.high_water_batches >= 3 else STARVING
 
     _drive(policy, plant, 3)
-    assert policy.setting == AdmissionSetting(3, 3) and policy.probe_steps == PROBE_STEPS
+    assert policy.setting == AdmissionSetting(8, 3) and policy.probe_steps == PROBE_STEPS
     _drive(policy, plant, PROBE_STEPS)
-    assert policy.setting == AdmissionSetting(2, 2) and policy.last_reason == "surplus"
+    assert policy.setting == AdmissionSetting(7, 2) and policy.last_reason == "surplus"
     _drive(policy, plant, 2)  # starving, the pipeline not yet refilled under mark 2: no raise yet
-    assert policy.setting == AdmissionSetting(2, 2) and policy.probe_steps == PROBE_STEPS
+    assert policy.setting == AdmissionSetting(7, 2) and policy.probe_steps == PROBE_STEPS
     _drive(policy, plant, 1)
-    assert policy.setting == AdmissionSetting(3, 3) and policy.last_reason == "starving"
+    assert policy.setting == AdmissionSetting(8, 3) and policy.last_reason == "starving"
     assert policy.probe_steps == 2 * PROBE_STEPS
 
 

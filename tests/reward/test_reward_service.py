@@ -310,13 +310,11 @@ def test_constructor_validates() -> None:
 def test_identical_failing_requests_share_one_attempt(custom_module: str) -> None:
     async def main() -> None:
         async with RewardService(num_workers=2, timeout_s=1.0, preload=()) as svc:
-            start = time.monotonic()
             spec = f"custom:{custom_module}:hang"
             results = await asyncio.gather(*(svc.score(spec, "same", "r") for _ in range(4)))
             assert [r.failure for r in results] == ["timeout"] * 4
             assert not any(r.cached for r in results)
-            assert time.monotonic() - start < 3.0  # one timeout, not four in sequence
-            m = svc.metrics()
+            m = svc.metrics()  # one attempt timed out, not four in sequence (counted, not timed: load-proof)
             assert m["timeouts"] == 1 and m["failures"] == 4 and m["workers_killed"] == 1
 
     run(main())

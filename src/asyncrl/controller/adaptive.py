@@ -13,8 +13,12 @@ The setting has two levers, both within the user's bound η_max (``controller.ma
   budget of new admissions and the bound each admitted group is checked against when trained
   (``GroupBuffer.put(group, η_t)``). The slack η_t − (mark − 1) is for stragglers: with none, a
   group admitted last under a full mark is trained exactly η_t versions later if nothing finishes
-  out of order, and dropped otherwise. The start is η_t = 2, mark 2 (a slack of 1); the slack
-  grows where groups are dropped and moves with the mark otherwise.
+  out of order, and dropped otherwise. The start is η_t = η_max, mark 2 (at most η_max + 1): the
+  most slack the user allows. Slack costs no throughput (the mark binds admission) and a group keeps
+  the bound it was admitted under for its whole life, so a low start loses the long groups admitted
+  before the first drop is seen (on ``bench async``'s ``long``, a start at η_t = 2 lost 36-45 groups a
+  30-step run, docs/controller.md §5.5); the mark sets how far generation runs ahead, and so the
+  staleness, and the probes down lower both.
 
 What it measures (``StepObservation``, one per step): the share of the step the trainer waited for a
 batch, the engine's slot occupancy while it decoded, the importance-weight second moment E[w²] and
@@ -30,8 +34,10 @@ checked in this order at most once per step:
    ``RELAX_STEPS`` steps without degradation. Acts at most every ``DWELL_STEPS``.
 2. **Groups are dropped as stale** (share above ``STALE_SHARE`` since the last change): η_t + 1,
    more slack for stragglers with the mark unchanged (generation thrown away costs throughput as
-   soon as the trainer waits for its replacement); at the ceiling, if the trainer starves, the
-   mark − 1 instead (less run-ahead, fewer stragglers). Acts at most every ``DWELL_STEPS``.
+   soon as the trainer waits for its replacement). At the ceiling the drops are what the bound
+   costs and the setting holds (lowering the mark there would trade more throughput than the
+   drops lose: on ``long`` η = 8 at mark 2 drops 5-8% of its groups and is still the best fixed
+   setting). Acts at most every ``DWELL_STEPS``.
 3. **The trainer starves** (wait share above ``wait_target``): if the engine has free slots
    (occupancy below ``FULL_OCCUPANCY``, or unknown) and the pipeline has refilled since the last
    change (mark + 1 steps: before that the wait still shows the refill, and raising on it
@@ -140,7 +146,7 @@ class AdaptivePolicy:
         self.limits = limits
         self.ceiling = limits.bound
         """η_t's ceiling (η_max, lowered where off-policy statistics degraded)."""
-        self.eta = min(2, limits.bound)
+        self.eta = limits.bound
         self.mark = min(2, self.eta + 1)
         self.wait_share: float | None = None
         self.occupancy: float | None = None
@@ -205,13 +211,9 @@ class AdaptivePolicy:
         full = self.occupancy is not None and self.occupancy >= FULL_OCCUPANCY
         starving = wait > lim.wait_target
         if self.since_change >= DWELL_STEPS:
-            if self.stale_share > STALE_SHARE:  # generation thrown away: more slack, or less run-ahead
-                if self.eta < self.ceiling:
-                    self._set(self.eta + 1, self.mark)
-                    return "stale"
-                if starving and self.mark > 1:
-                    self._set(self.eta, self.mark - 1)
-                    return "stale"
+            if self.stale_share > STALE_SHARE and self.eta < self.ceiling:  # generation thrown away
+                self._set(self.eta + 1, self.mark)
+                return "stale"
             refilled = self.since_change >= self.mark + 1  # the pipeline refilled under the new mark
             if starving and not full and refilled and self.mark < self.ceiling + 1:
                 if self.probed:  # the probe down went too low: wait longer before the next one
