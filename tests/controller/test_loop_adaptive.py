@@ -94,6 +94,7 @@ def test_a_killed_adaptive_run_resumes_with_its_setting(tmp_path: Path) -> None:
     saved = latest_checkpoint(tmp_path)
     before = read_jsonl(tmp_path / "metrics.jsonl")[:6]  # the steps the checkpoint covers
     policy = json.loads((saved / "trainer_state.pt").read_text())["extra"]["adaptive"]["policy"]
+    assert (policy["eta"], policy["mark"]) != (4, 2)  # not a fresh policy's start: the resume must restore it
     assert (policy["eta"], policy["mark"]) == (before[5]["adaptive_max_staleness"],
                                                before[5]["adaptive_high_water_batches"])  # fmt: skip
     state = _resume(cfg, tmp_path)

@@ -106,7 +106,7 @@ def test_verdicts(program: str, tests: str, status: str) -> None:
     result = run_code_tests(program, tests, timeout_s=timeout_s)
     assert result.status == status, (result.detail, result.stderr[-500:])
     assert result.passed == (status == "passed")
-    assert time.monotonic() - start < timeout_s + 2  # killed at its wall clock, not left running
+    assert time.monotonic() - start < timeout_s + 2  # the endless loop: killed at its wall clock, not left running
 
 
 def test_program_and_tests_share_globals_and_report_output() -> None:

@@ -14,8 +14,9 @@ The setting has two levers, both within the user's bound η_max (``controller.ma
   (``GroupBuffer.put(group, η_t)``). The slack η_t − (mark − 1) is for stragglers: with none, a
   group admitted last under a full mark is trained exactly η_t versions later if nothing finishes
   out of order, and dropped otherwise. The start is η_t = η_max, mark 2 (at most η_max + 1): the
-  most slack the user allows. Slack costs no throughput (the mark binds admission) and a group keeps
-  the bound it was admitted under for its whole life, so a low start loses the long groups admitted
+  most slack the user allows at that mark (none for η_max ≤ 1). Slack costs no throughput (the
+  mark binds admission) and a group keeps the bound it was admitted under for its whole life, so
+  a low start loses the long groups admitted
   before the first drop is seen (on ``bench async``'s ``long``, a start at η_t = 2 lost 36-45 groups a
   30-step run, docs/controller.md §5.5); the mark sets how far generation runs ahead, and so the
   staleness, and the probes down lower both.
@@ -35,13 +36,15 @@ checked in this order at most once per step:
 2. **Groups are dropped as stale** (share above ``STALE_SHARE`` since the last change): η_t + 1,
    more slack for stragglers with the mark unchanged (generation thrown away costs throughput as
    soon as the trainer waits for its replacement). At the ceiling the drops are what the bound
-   costs and the setting holds (lowering the mark there would trade more throughput than the
-   drops lose: on ``long`` η = 8 at mark 2 drops 5-8% of its groups and is still the best fixed
-   setting). Acts at most every ``DWELL_STEPS``.
+   costs: they change nothing by themselves, and no cut of the mark (that would trade more
+   throughput than the drops lose: on ``long`` η = 8 at mark 2 drops 5-8% of its groups and is
+   still the best fixed setting); rule 3 may still raise the mark there, which shrinks the slack.
+   Acts at most every ``DWELL_STEPS``.
 3. **The trainer starves** (wait share above ``wait_target``): if the engine has free slots
    (occupancy below ``FULL_OCCUPANCY``, or unknown) and the pipeline has refilled since the last
    change (mark + 1 steps: before that the wait still shows the refill, and raising on it
-   overshoots), the mark + 1 and η_t + 1 (the slack kept). A
+   overshoots), the mark + 1 and η_t + 1 (the slack kept below the ceiling; at it η_t stays
+   and the slack shrinks by one, down to none at mark η_t + 1). A
    starving trainer with a full engine is generation-bound at capacity: running further ahead would
    raise staleness, not throughput, so the mark holds. Acts at most every ``DWELL_STEPS``.
 4. **The trainer never waits** (wait share below a quarter of the target, the hysteresis band):
