@@ -62,10 +62,16 @@ def test_a_starving_trainer_raises_the_mark_slowly_up_to_the_bound() -> None:
     assert policy.last_reason == "hold"
 
 
+def _below_the_ceiling(bound: int, eta: int, mark: int) -> AdaptivePolicy:
+    """A policy at (η_t, mark) under the ceiling ``bound``, as after probes down."""
+    policy = AdaptivePolicy(AdaptiveLimits(bound=bound))
+    policy.load_state_dict({**policy.state_dict(), "eta": eta, "mark": mark})
+    return policy
+
+
 def test_a_starving_trainer_raises_eta_with_the_mark_below_the_ceiling() -> None:
     """After probes down (η_t below its ceiling) a raise for starvation moves both, the slack kept."""
-    policy = AdaptivePolicy(AdaptiveLimits(bound=8))
-    policy.load_state_dict({**policy.state_dict(), "eta": 2, "mark": 2})
+    policy = _below_the_ceiling(8, 2, 2)
     settings = _drive(policy, lambda s: STARVING, 12)
     assert settings[-1] == AdmissionSetting(5, 5) and policy.last_reason in {"hold", "starving"}
     assert all(s.max_staleness - s.high_water_batches == 0 for s in settings)
@@ -123,13 +129,6 @@ def test_the_capped_share_degrades_too_and_the_ceiling_relaxes_when_it_is_gone()
     assert policy.ceiling == low + 1
 
 
-def _below_the_ceiling(bound: int, eta: int, mark: int) -> AdaptivePolicy:
-    """A policy at (η_t, mark) under the ceiling ``bound``, as after probes down."""
-    policy = AdaptivePolicy(AdaptiveLimits(bound=bound))
-    policy.load_state_dict({**policy.state_dict(), "eta": eta, "mark": mark})
-    return policy
-
-
 def test_groups_dropped_as_stale_give_a_starving_trainer_slack_in_eta_not_in_the_mark() -> None:
     policy = _below_the_ceiling(8, 2, 2)
     stale = StepObservation(0.5, 1.0, 0.3, stale_groups=4, batch_groups=8)
@@ -141,7 +140,8 @@ def test_groups_dropped_as_stale_give_a_starving_trainer_slack_in_eta_not_in_the
 
 
 def test_groups_dropped_at_the_ceiling_change_nothing() -> None:
-    """At the bound the drops are what the bound costs: neither η_t nor the mark moves for them."""
+    """At the bound the drops are what the bound costs: neither η_t nor the mark moves for them (the engine
+    full, so the starving rule does not raise the mark either)."""
     policy = AdaptivePolicy(AdaptiveLimits(bound=2))
     stale_full = StepObservation(0.5, 1.0, 0.99, stale_groups=4, batch_groups=8)
     assert set(_drive(policy, lambda s: stale_full, 10)) == {AdmissionSetting(2, 2)}
