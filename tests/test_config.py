@@ -127,3 +127,76 @@ def test_parse_override_types() -> None:
     assert parse_override("a.b=0.5") == ("a.b", 0.5)
     assert parse_override("a.b=true") == ("a.b", True)
     assert parse_override("a.b=x=y") == ("a.b", "x=y")
+
+
+# ------------------------------------------------------------------------------ ranges of numbers
+ISSUE_EXAMPLES = [  # issue 31: each passed check-config, then train died with a traceback
+    ("trainer.lr=nan", "trainer.lr must be a finite number > 0, got nan"),
+    ("trainer.lr=-1", "trainer.lr must be > 0, got -1.0"),
+    ("trainer.grad_clip=-1", "trainer.grad_clip must be > 0"),
+    ("trainer.weight_decay=-5", "trainer.weight_decay must be >= 0 (0: off), got -5.0"),
+    ("algo.reward_scale=nan", "algo.reward_scale must be a finite number > 0"),
+]
+
+ONE_PER_RULE = [  # a value just outside each rule added with them, and each kind of rule
+    ("trainer.lr=0", "trainer.lr must be > 0, got 0.0"),
+    ("trainer.lr=.inf", "trainer.lr must be a finite number > 0, got inf"),
+    ("trainer.lr=-inf", "trainer.lr must be a finite number > 0, got -inf"),
+    ("trainer.grad_clip=0", "trainer.grad_clip must be > 0"),
+    ("trainer.warmup_steps=-1", "trainer.warmup_steps must be >= 0"),
+    ("trainer.lora_alpha=0", "trainer.lora_alpha must be > 0"),
+    ("trainer.lora_dropout=1", "trainer.lora_dropout must be in [0, 1), got 1.0"),
+    ("trainer.betas=[0.9, 1.0]", "trainer.betas must be in [0, 1), got (0.9, 1.0)"),
+    ("trainer.betas=[-0.1, 0.9]", "trainer.betas must be in [0, 1)"),
+    ("trainer.betas=[nan, 0.9]", "trainer.betas must be a finite number in [0, 1), got (nan, 0.9)"),
+    ("algo.reward_scale=0", "algo.reward_scale must be > 0"),
+    ("algo.reward_scale=-1", "algo.reward_scale must be > 0"),
+    ("algo.reward_bias=nan", "algo.reward_bias must be a finite number, got nan"),
+    ("algo.behav_cap=.inf", "algo.behav_cap must be a finite number > 0 or null"),
+    ("algo.eps_clip=nan", "algo.eps_clip must be a finite number >= 0"),
+    ("sft.steps=0", "sft.steps must be > 0"),
+    ("sft.batch_size=0", "sft.batch_size must be > 0"),
+    ("sft.lr=-0.001", "sft.lr must be > 0"),
+    ("sft.warmup_steps=-1", "sft.warmup_steps must be >= 0"),
+    ("run.torch_threads=-2", "run.torch_threads must be >= 0"),
+    ("run.seed=-1", "run.seed must be in [0, 4294967295], got -1"),
+    ("task.seed=4294967296", "task.seed must be in [0, 4294967295]"),
+    ("trainer.seed=-3", "trainer.seed must be in [0, 4294967295]"),
+    ("sft.seed=-1", "sft.seed must be in [0, 4294967295]"),
+    ("reward.timeout_s=inf", "reward.timeout_s must be a finite number > 0, got inf"),
+    ("controller.max_rl_time_s=.inf", "controller.max_rl_time_s must be a finite number >= 0"),
+    ("rollout.temperature=nan", "rollout.temperature must be a finite number > 0"),
+    ("rollout.top_p=0", "rollout.top_p must be in (0, 1], got 0.0"),
+    ("rollout.top_p=1.5", "rollout.top_p must be in (0, 1]"),
+    ("task.length_tail=nan", "task.length_tail must be a finite number in [0, 1]"),
+    ("launch.cpus_per_engine=-1", "launch.cpus_per_engine must be >= 0"),
+    ("agent.tool_timeout_s=0", "agent.tool_timeout_s must be > 0"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), ISSUE_EXAMPLES + ONE_PER_RULE, ids=lambda x: x)
+def test_a_number_out_of_range_is_one_error_naming_key_value_and_range(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    text = str(err.value)
+    assert message in text and "\n" not in text
+    assert text.startswith(override.split("=")[0])  # the key first
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["trainer.weight_decay=0", "trainer.lora_dropout=0", "trainer.betas=[0, 0.999]", "algo.reward_bias=-1",
+     "run.seed=4294967295", "task.seed=0", "run.torch_threads=0", "trainer.warmup_steps=0", "trainer.lr=1e-6",
+     "rollout.top_p=1", "algo.reward_scale=0.01", "trainer.grad_clip=1e-3", "algo.behav_cap=null"],
+)  # fmt: skip
+def test_a_number_at_the_edge_of_its_range_is_accepted(override: str) -> None:
+    load_config(None, [override])
+
+
+def test_check_config_refuses_a_nan_in_one_line_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from asyncrl.cli import main
+
+    assert main(["check-config", "--set", "trainer.lr=nan"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == "asyncrl: config error: trainer.lr must be a finite number > 0, got nan\n"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import math
+import types
 import typing
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 
 import asyncrl.choices as choices
 from asyncrl import config as config_module
+from asyncrl import config_checks
 from asyncrl.algo.advantages import compute_advantages
 from asyncrl.algo.aggregation import aggregate_loss
 from asyncrl.algo.logprobs import kl_penalty
@@ -177,6 +180,81 @@ def test_each_error_names_the_one_key_at_fault(overrides: list[str], message: st
     with pytest.raises(ConfigError) as err:
         load_config(None, overrides)
     assert str(err.value).startswith(message), str(err.value)
+
+
+# ----------------------------------------------------------------------------------------- ranges
+def _numeric(annotation: object) -> bool:
+    """Whether a field of this annotation holds numbers (int, float, optional or a tuple of them)."""
+    if annotation in (int, float):
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType, tuple):
+        return any(_numeric(arg) for arg in typing.get_args(annotation))
+    return False
+
+
+def _holds_floats(annotation: object) -> bool:
+    if annotation is float:
+        return True
+    return typing.get_origin(annotation) in (typing.Union, types.UnionType, tuple) and any(
+        _holds_floats(arg) for arg in typing.get_args(annotation)
+    )
+
+
+NUMERIC_KEYS = sorted(k for k, a in _leaf_fields(Config()).items() if _numeric(a))
+FLOAT_KEYS = sorted(k for k, a in _leaf_fields(Config()).items() if _holds_floats(a))
+
+
+def test_every_numeric_field_has_a_range_rule() -> None:
+    """A new number of the tree gets a rule in ``config_checks`` (a bound, an interval, a seed, any finite
+    value with why, or a check of its own), and no rule names a key that is gone."""
+    assert len(NUMERIC_KEYS) > 80
+    assert set(NUMERIC_KEYS) - config_checks.ruled_keys() == set()
+    assert config_checks.ruled_keys() - set(NUMERIC_KEYS) == set()
+
+
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=str)
+def test_every_float_refuses_nan_and_inf_by_name(key: str, bad: float) -> None:
+    default = _value_of(Config(), key)
+    value = (bad, *default[1:]) if isinstance(default, tuple) else bad
+    with pytest.raises(ConfigError) as err:
+        with_values(Config(), {key: value})
+    assert str(err.value).startswith(f"{key} must be a finite number"), str(err.value)
+    assert str(bad) in str(err.value)
+
+
+def _value_of(cfg: object, key: str) -> object:
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _just_outside(key: str) -> object:
+    """A value just outside ``key``'s rule in the tables of ``config_checks``."""
+    default = _value_of(Config(), key)
+    integer = isinstance(default, int) or (default is None and _leaf_fields(Config())[key] == int | None)
+    if key in config_checks._BOUNDS:
+        op, bound, _ = config_checks._BOUNDS[key]
+        if op == ">":
+            return int(bound) if integer else float(bound)
+        return int(bound) - 1 if integer else bound - 0.5
+    if key in config_checks._SEEDS:
+        return -1
+    interval = config_checks._INTERVALS[key]
+    bad = 0.0 if interval[0] == "(" else 1.0 if interval[-1] == ")" else 1.5
+    return (default[0], bad) if isinstance(default, tuple) else bad
+
+
+RULED_BY_TABLE = sorted({*config_checks._BOUNDS, *config_checks._INTERVALS, *config_checks._SEEDS})
+
+
+@pytest.mark.parametrize("key", RULED_BY_TABLE)
+def test_every_table_rule_refuses_the_value_just_outside_it(key: str) -> None:
+    bad = _just_outside(key)
+    with pytest.raises(ConfigError) as err:
+        with_values(Config(), {key: list(bad) if isinstance(bad, tuple) else bad})
+    message = str(err.value)
+    assert message.startswith(f"{key} must be {config_checks.allowed_range(key)}, got "), message
+    assert "\n" not in message
 
 
 # ----------------------------------------------------------------------------------------- frozen

@@ -5,12 +5,21 @@
 may be: the valid values of a choice (from its ``Literal`` alias, ``config_parse.check_choices``), the
 bound of a number, or the setting of another key it needs. No torch, no sibling but ``config_parse``
 (and ``config`` for the type only).
+
+Numbers: every float of the tree (optional ones and tuples of floats included) must be finite
+(``validate_finite``: ``nan`` and ``inf`` are refused wherever they are typed); every numeric key has one
+range rule, in one of the tables below (``_BOUNDS``: a lower bound; ``_INTERVALS``: an interval; ``_SEEDS``:
+a seed; ``_ANY_FINITE``: any finite value, with why) or in a named check of its own (``_CHECKED_APART``);
+``ruled_keys()`` lists them all, and ``tests/test_config_fields.py`` holds that no numeric field is missing.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import fields
+import types
+import typing
+from dataclasses import fields, is_dataclass
 from typing import TYPE_CHECKING, Any, get_args
 
 from asyncrl.choices import WorkflowName
@@ -19,7 +28,10 @@ from asyncrl.config_parse import ConfigError, check_choices
 if TYPE_CHECKING:
     from asyncrl.config import Config
 
-__all__ = ["validate", "validate_algo", "validate_fixed_lag", "validate_launch", "validate_ranges", "validate_workflow"]
+__all__ = [
+    "allowed_range", "ruled_keys", "validate", "validate_algo", "validate_finite", "validate_fixed_lag",
+    "validate_launch", "validate_ranges", "validate_workflow",
+]  # fmt: skip
 
 _WORKFLOW_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 _GREATER = ">"
@@ -48,6 +60,7 @@ _BOUNDS: dict[str, tuple[str, float, str]] = {
     "agent.tool_timeout_s": (_GREATER, 0, ""),
     "agent.tool_latency_median_s": (_GREATER, 0, ""),
     "agent.tool_latency_sigma": (_AT_LEAST, 0, " (0: every wait is the median)"),
+    "algo.reward_scale": (_GREATER, 0, " (advantages are computed from rewards times it)"),
     "algo.eps_clip": (_AT_LEAST, 0, ""),
     "algo.eps_clip_high": (_AT_LEAST, 0, " or null"),
     "algo.dual_clip": (_GREATER, 1, " or null"),
@@ -56,12 +69,17 @@ _BOUNDS: dict[str, tuple[str, float, str]] = {
     "algo.m2_threshold": (_AT_LEAST, 0, " or null"),
     "algo.kl_coef": (_AT_LEAST, 0, " (0: off)"),
     "algo.overlong_penalty": (_AT_LEAST, 0, ""),
+    "trainer.lr": (_GREATER, 0, ""),
+    "trainer.weight_decay": (_AT_LEAST, 0, " (0: off)"),
+    "trainer.grad_clip": (_GREATER, 0, " (the largest gradient norm; 0 would zero every update)"),
+    "trainer.warmup_steps": (_AT_LEAST, 0, " (0: none)"),
     "trainer.ppo_minibatches": (_GREATER, 0, ""),
     "trainer.max_tokens_per_micro_batch": (_GREATER, 0, ""),
     "trainer.padded_micro_batch_size": (_GREATER, 0, ""),
     "trainer.decay_steps": (_AT_LEAST, 0, " (0: the run's total steps)"),
     "trainer.broadcast_bucket_mb": (_GREATER, 0, ""),
     "trainer.lora_rank": (_AT_LEAST, 0, " (0: no LoRA)"),
+    "trainer.lora_alpha": (_GREATER, 0, ""),
     "trainer.dist_timeout_s": (_GREATER, 0, ""),
     "controller.batch_size": (_GREATER, 0, ""),
     "controller.max_staleness": (_AT_LEAST, 0, ""),
@@ -86,8 +104,13 @@ _BOUNDS: dict[str, tuple[str, float, str]] = {
     "launch.cpus_per_reward_worker": (_AT_LEAST, 0, ""),
     "launch.max_engine_restarts": (_AT_LEAST, 0, ""),
     "launch.startup_timeout_s": (_GREATER, 0, ""),
+    "run.torch_threads": (_AT_LEAST, 0, " (0: torch's default)"),
     "eval.samples_per_prompt": (_GREATER, 0, ""),
     "eval.max_new_tokens": (_GREATER, 0, ""),
+    "sft.steps": (_GREATER, 0, ""),
+    "sft.batch_size": (_GREATER, 0, ""),
+    "sft.lr": (_GREATER, 0, ""),
+    "sft.warmup_steps": (_AT_LEAST, 0, ""),
     "sft.hidden_size": (_GREATER, 0, ""),
     "sft.num_layers": (_GREATER, 0, ""),
     "sft.num_heads": (_GREATER, 0, ""),
@@ -102,15 +125,32 @@ _BOUNDS: dict[str, tuple[str, float, str]] = {
 }
 """The numeric keys with a lower bound."""
 
-_UNIT_INTERVAL: dict[str, str] = {
+_INTERVALS: dict[str, str] = {
     "task.length_tail": "[0, 1]",
     "sft.teacher_slip_rate": "[0, 1]",
     "sft.tool_call_fraction": "[0, 1]",
     "sft.second_stage_tool_call_fraction": "[0, 1]",
     "rollout.top_p": "(0, 1]",
     "trainer.min_lr_ratio": "[0, 1]",
+    "trainer.betas": "[0, 1)",
+    "trainer.lora_dropout": "[0, 1)",
 }
-"""The keys that are fractions, with their interval."""
+"""The keys that are fractions, with their interval within [0, 1] (a tuple: each of its values)."""
+
+_SEED_MAX = 2**32 - 1
+_SEEDS = ("task.seed", "sft.seed", "trainer.seed", "run.seed")
+"""Seeds: in [0, 2**32 - 1] (what NumPy's global generator takes; ``launch.stages.seed_everything``)."""
+
+_ANY_FINITE: dict[str, str] = {
+    "algo.reward_bias": "a shift added to every reward",
+}
+"""The numeric keys any finite value of which is meaningful, with what they are."""
+
+_CHECKED_APART: dict[str, str] = {
+    "task.calculator_max_digits": "validate_ranges",
+    "algo.overlong_buffer": "validate_algo",
+}
+"""The numeric keys whose range depends on their value or another key, with the check that holds it."""
 
 
 def _value(cfg: Config, key: str) -> Any:
@@ -124,12 +164,58 @@ def _in_interval(value: float, interval: str) -> bool:
     return low_ok and high_ok
 
 
+def ruled_keys() -> frozenset[str]:
+    """Every numeric key that has a range rule (the tables of this module and the checks apart)."""
+    return frozenset({*_BOUNDS, *_INTERVALS, *_SEEDS, *_ANY_FINITE, *_CHECKED_APART})
+
+
+def allowed_range(key: str) -> str:
+    """What ``key`` may be, as the errors say it (``"> 0"``, ``"in [0, 1]"``); empty for a key of no table."""
+    if key in _BOUNDS:
+        op, bound, note = _BOUNDS[key]
+        return f"{op} {bound:g}{note}"
+    if key in _INTERVALS:
+        return f"in {_INTERVALS[key]}"
+    if key in _SEEDS:
+        return f"in [0, {_SEED_MAX}]"
+    return ""
+
+
+def _floats(annotation: Any) -> bool:
+    """Whether a field of this annotation holds floats (``float``, ``float | None``, a tuple of floats)."""
+    if annotation is float:
+        return True
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType, tuple):
+        return any(_floats(arg) for arg in typing.get_args(annotation))
+    return False
+
+
+def validate_finite(node: Any, prefix: str = "") -> None:
+    """Every float of the dataclass tree ``node`` finite: ``nan`` and ``inf`` (which YAML and ``--set`` read
+    as numbers) are refused by name wherever a float is typed, before any range is compared."""
+    hints = typing.get_type_hints(type(node))
+    for f in fields(node):
+        value = getattr(node, f.name)
+        key = f"{prefix}{f.name}"
+        if is_dataclass(value):
+            validate_finite(value, f"{key}.")
+            continue
+        if not _floats(hints[f.name]) or value is None:
+            continue
+        for x in value if isinstance(value, tuple) else (value,):
+            if isinstance(x, float) and not math.isfinite(x):
+                allowed = allowed_range(key)
+                raise ConfigError(f"{key} must be a finite number{' ' + allowed if allowed else ''}, got {value}")
+
+
 SFT_RESTART_FIELDS = ("restart_check_step", "restart_loss_above", "max_restarts")
 """The warm start's restart settings (``sft.*``); the first switches the others on."""
 
 
 def validate_ranges(cfg: Config) -> None:
-    """Every number of ``_BOUNDS`` and ``_UNIT_INTERVAL`` within its range."""
+    """Every float finite (``validate_finite``), every number of ``_BOUNDS``, ``_INTERVALS`` and ``_SEEDS``
+    within its range, and the ranges that depend on another key."""
+    validate_finite(cfg)
     for key, (op, bound, note) in _BOUNDS.items():
         value = _value(cfg, key)
         if value is None:
@@ -137,10 +223,14 @@ def validate_ranges(cfg: Config) -> None:
         ok = value > bound if op == _GREATER else value >= bound
         if not ok:
             raise ConfigError(f"{key} must be {op} {bound:g}{note}, got {value}")
-    for key, interval in _UNIT_INTERVAL.items():
+    for key, interval in _INTERVALS.items():
         value = _value(cfg, key)
-        if not _in_interval(value, interval):
+        if not all(_in_interval(x, interval) for x in (value if isinstance(value, tuple) else (value,))):
             raise ConfigError(f"{key} must be in {interval}, got {value}")
+    for key in _SEEDS:
+        value = _value(cfg, key)
+        if not 0 <= value <= _SEED_MAX:
+            raise ConfigError(f"{key} must be in [0, {_SEED_MAX}], got {value}")
     digits = cfg.task.calculator_max_digits
     if digits != 0 and not 2 <= digits <= 7:
         raise ConfigError(f"task.calculator_max_digits must be 0 (the built-in ranges) or in [2, 7], got {digits}")
