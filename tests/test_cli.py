@@ -17,7 +17,9 @@ def trained(monkeypatch: pytest.MonkeyPatch) -> list[Config]:
     """The configs ``asyncrl train`` hands to the launcher (which does nothing here)."""
     seen: list[Config] = []
 
-    def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> tuple[Path, dict[str, Any]]:
+    def train(
+        cfg: Config, resume: bool = False, overwrite: bool = False, allow_change: tuple[str, ...] = ()
+    ) -> tuple[Path, dict[str, Any]]:
         assert resume
         seen.append(cfg)
         summary = dict.fromkeys(("accuracy_before", "accuracy_after", "wall_s", "trained_tokens_per_s"), 0.0)

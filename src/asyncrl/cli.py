@@ -44,6 +44,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.launcher:  # before validation: launch.kind decides which settings are valid
         args.overrides = [*args.overrides, f"launch.kind={args.launcher}"]
     if args.resume:
+        if args.run_dir:
+            raise RunDirError(
+                f"--resume {args.resume} continues the run in that directory; --run-dir cannot be combined with it "
+                "(to train on elsewhere, start a new run there: --model RUN_DIR/checkpoints/step-N --run-dir NEW_DIR)"
+            )
         # the run's own resolved config, then --config and --set on top (e.g. more total_steps)
         saved = Path(args.resume) / "config.yaml"
         if not saved.is_file():
@@ -51,6 +56,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = _load(args, base=saved)
         cfg = with_values(cfg, {"run.run_dir": args.resume})
     else:
+        if args.allow_change:
+            raise RunDirError("--allow-change only applies to --resume (a new run takes any settings)")
         cfg = _load(args)
         if args.run_dir:
             cfg = with_values(cfg, {"run.run_dir": args.run_dir})
@@ -58,6 +65,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         cfg = with_values(cfg, {"model.path": args.model})
     from asyncrl.launch.local import train
 
+    allow = tuple(k.strip() for item in args.allow_change for k in item.split(",") if k.strip())
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # under torchrun: rank 0 runs the controller and leads the FSDP2 trainer, other ranks follow
         from asyncrl.trainer.distributed import run_distributed
@@ -65,7 +73,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         cfg = with_values(cfg, {"controller.trainer_process": False})  # the trainer lives in the ranks' group
         result = run_distributed(
-            lambda: train(cfg, resume=bool(args.resume), overwrite=args.overwrite),
+            lambda: train(cfg, resume=bool(args.resume), overwrite=args.overwrite, allow_change=allow),
             follower=Trainer.follower,  # how the other ranks build their trainers
             timeout_s=cfg.trainer.dist_timeout_s,
         )
@@ -73,7 +81,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             return 0
         run_dir, summary = result
     else:
-        run_dir, summary = train(cfg, resume=bool(args.resume), overwrite=args.overwrite)
+        run_dir, summary = train(cfg, resume=bool(args.resume), overwrite=args.overwrite, allow_change=allow)
     print(json.dumps({k: summary[k] for k in (
         "accuracy_before", "accuracy_after", "steps", "wall_s", "trained_tokens_per_s", "max_staleness_seen"
     )}, indent=2))  # fmt: skip
@@ -204,7 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="local Hugging Face model directory (default: the tiny warm-started model)")
     p.add_argument(
         "--resume", metavar="RUN_DIR",
-        help="continue RUN_DIR from its newest checkpoint (its config.yaml, then --config and --set on top)",
+        help="continue RUN_DIR from its newest checkpoint (its config.yaml, then --config and --set on top); "
+        "only the run's length, logging and checkpoint cadence may change unless --allow-change names a key",
+    )  # fmt: skip
+    p.add_argument(
+        "--allow-change", action="append", default=[], metavar="KEY",
+        help="with --resume: let this config key (or section, e.g. trainer) change from the run's saved config "
+        "(repeatable or comma-separated); the keys that define the run (model, task, sft, seeds, group and "
+        "batch size, staleness bound) never change",
     )  # fmt: skip
     p.add_argument(
         "--launcher", choices=get_args(LaunchKind),

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config, dump_yaml
+from asyncrl.controller.run_lock import LOCK_NAME
 from asyncrl.storage import disk_full, is_disk_full
 from asyncrl.types import Group, Trajectory
 
@@ -129,11 +130,15 @@ def holds_run(path: str | Path) -> list[str]:
     return [name for name in RUN_MARKERS if (p / name).exists()]
 
 
-def move_aside(path: str | Path) -> Path:
-    """Rename ``path`` to a new sibling ``<name>.old-<timestamp>`` and return it (never deletes)."""
+def move_aside(path: str | Path, keep: tuple[str, ...] = ()) -> Path:
+    """Move what ``path`` holds into a new sibling ``<name>.old-<timestamp>`` and return it (never
+    deletes). The names in ``keep`` (the lock of the process moving it) stay where they are."""
     p = Path(path)
     target = _unique(p.with_name(f"{p.name}.old-{time.strftime('%Y%m%d-%H%M%S')}"))
-    p.rename(target)
+    target.mkdir()
+    for entry in p.iterdir():
+        if entry.name not in keep:
+            entry.rename(target / entry.name)
     return target
 
 
@@ -156,7 +161,7 @@ def claim_run_dir(path: str | Path, *, resume: bool = False, overwrite: bool = F
     if not found:
         return None
     if overwrite:
-        return move_aside(p)
+        return move_aside(p, keep=(LOCK_NAME,))
     raise RunDirInUse(
         f"{p} already holds a run ({', '.join(found)}); nothing was written. Either\n"
         f"  - continue that run:          asyncrl train --resume {p}\n"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config, with_values
-from asyncrl.launch.runner import Stages, prepare_run_dir, run_stages
+from asyncrl.launch.runner import ClaimedRunDir, Stages, prepare_run_dir, run_stages
 from asyncrl.launch.stages import (
     build_engine,
     build_remote_pool,
@@ -38,7 +38,7 @@ from asyncrl.trainer.api import PolicyTrainer
 __all__ = ["train"]
 
 
-async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict[str, Any]:
+async def _train_async(cfg: Config, claimed: ClaimedRunDir, resume: bool = False) -> dict[str, Any]:
     t_start = time.perf_counter()
     model_dir = ensure_policy(cfg)
     t_warm = time.perf_counter() - t_start
@@ -73,20 +73,27 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool = False) -> dict
         model_dir=Path(model_dir),
         close=close,
     )
-    return await run_stages(cfg, run_dir, stages, resume=resume, t_start=t_start, t_warm=t_warm)
+    return await run_stages(cfg, claimed, stages, resume=resume, t_start=t_start, t_warm=t_warm)
 
 
-def train(cfg: Config, resume: bool = False, overwrite: bool = False) -> tuple[Path, dict[str, Any]]:
+def train(
+    cfg: Config, resume: bool = False, overwrite: bool = False, allow_change: tuple[str, ...] = ()
+) -> tuple[Path, dict[str, Any]]:
     """Run one training job (``resume``: continue ``cfg.run.run_dir`` from its newest
-    checkpoint); returns (run directory, summary). A directory that already holds a run is
-    refused before anything is written, unless ``resume``, or ``overwrite`` (the old run is moved
-    aside to ``<dir>.old-<time>``; see ``controller.rundir.claim_run_dir``). ``launch.kind=ray``
-    runs ``launch.ray.train_ray``."""
+    checkpoint); returns (run directory, summary). The directory is locked for this process for the
+    whole run (a second one is refused). A directory that already holds a run is refused before
+    anything is written, unless ``resume``, or ``overwrite`` (the old run is moved aside to
+    ``<dir>.old-<time>``; see ``controller.rundir.claim_run_dir``). A resume refuses config changes
+    other than ``controller.resume_guard.FREE_KEYS`` and the keys in ``allow_change``.
+    ``launch.kind=ray`` runs ``launch.ray.train_ray``."""
     if cfg.launch.kind == "ray":
         from asyncrl.launch.ray import train_ray
 
-        return train_ray(cfg, resume=resume, overwrite=overwrite)
-    run_dir = prepare_run_dir(cfg, resume=resume, overwrite=overwrite)
-    configure_threads(cfg)
-    summary = asyncio.run(_train_async(cfg, run_dir, resume))
-    return run_dir, summary
+        return train_ray(cfg, resume=resume, overwrite=overwrite, allow_change=allow_change)
+    claimed = prepare_run_dir(cfg, resume=resume, overwrite=overwrite, allow_change=allow_change)
+    try:
+        configure_threads(cfg)
+        summary = asyncio.run(_train_async(cfg, claimed, resume))
+    finally:
+        claimed.lock.release()
+    return claimed.path, summary

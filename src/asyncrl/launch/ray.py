@@ -46,7 +46,7 @@ from asyncrl.auth import new_api_key
 from asyncrl.config import Config, with_values
 from asyncrl.controller.resume import latest_checkpoint
 from asyncrl.launch import RunStopped
-from asyncrl.launch.runner import Stages, prepare_run_dir, run_stages
+from asyncrl.launch.runner import ClaimedRunDir, Stages, prepare_run_dir, run_stages
 from asyncrl.launch.stages import build_remote_pool, build_score, configure_threads, load_model, seed_everything
 from asyncrl.launch.warm_start import ensure_policy
 from asyncrl.models import stop_token_ids
@@ -193,7 +193,7 @@ def _build_rewards(cfg: Config, placement: RayPlacement) -> RayRewardPool:
     return RayRewardPool(make, placement.n_reward)
 
 
-async def _train_async(cfg: Config, run_dir: Path, resume: bool) -> dict[str, Any]:
+async def _train_async(cfg: Config, claimed: ClaimedRunDir, resume: bool) -> dict[str, Any]:
     t_start = time.perf_counter()
     model_dir = ensure_policy(cfg)
     t_warm = time.perf_counter() - t_start
@@ -265,7 +265,7 @@ async def _train_async(cfg: Config, run_dir: Path, resume: bool) -> dict[str, An
         close=close,
         summary_extra=summary_extra,
     )
-    return await run_stages(cfg, run_dir, stages, resume=resume, t_start=t_start, t_warm=t_warm)
+    return await run_stages(cfg, claimed, stages, resume=resume, t_start=t_start, t_warm=t_warm)
 
 
 def _remove_temporary(auth: ServeAuth | None) -> None:
@@ -285,22 +285,25 @@ def local_cpus(cfg: Config) -> int:
     return max(os.cpu_count() or 1, math.ceil(need))
 
 
-def train_ray(cfg: Config, resume: bool = False, overwrite: bool = False) -> tuple[Path, dict[str, Any]]:
+def train_ray(
+    cfg: Config, resume: bool = False, overwrite: bool = False, allow_change: tuple[str, ...] = ()
+) -> tuple[Path, dict[str, Any]]:
     """``launch.local.train`` on Ray actors (see the module docstring)."""
     from asyncrl.launch.ray_clients import TrainerRankDied
 
     ray = _ray()
-    run_dir = prepare_run_dir(cfg, resume=resume, overwrite=overwrite)
-    configure_threads(cfg)
+    claimed = prepare_run_dir(cfg, resume=resume, overwrite=overwrite, allow_change=allow_change)
+    run_dir = claimed.path
     started = False
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
-        if cfg.launch.ray_address is None:
-            kwargs["num_cpus"] = cfg.launch.ray_num_cpus or local_cpus(cfg)
-        ray.init(address=cfg.launch.ray_address, **kwargs)
-        started = True
     try:
-        summary = asyncio.run(_train_async(cfg, run_dir, resume))
+        configure_threads(cfg)
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
+            if cfg.launch.ray_address is None:
+                kwargs["num_cpus"] = cfg.launch.ray_num_cpus or local_cpus(cfg)
+            ray.init(address=cfg.launch.ray_address, **kwargs)
+            started = True
+        summary = asyncio.run(_train_async(cfg, claimed, resume))
     except TrainerRankDied as exc:
         ckpt = latest_checkpoint(run_dir)
         where = f"its newest checkpoint is {ckpt}" if ckpt is not None else "it has no checkpoint yet (starts over)"
@@ -308,4 +311,5 @@ def train_ray(cfg: Config, resume: bool = False, overwrite: bool = False) -> tup
     finally:
         if started:
             ray.shutdown()
+        claimed.lock.release()
     return run_dir, summary

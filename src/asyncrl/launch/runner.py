@@ -11,23 +11,29 @@ after the training step in progress with a checkpoint (the run can be resumed).
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config import Config
+from asyncrl.config import Config, load_config
 from asyncrl.controller.evaluate import EvalResult
+from asyncrl.controller.ledger_checks import LedgerViolation, check_ledger
 from asyncrl.controller.loop import Controller
 from asyncrl.controller.resume import check_snapshot, resume_checkpoint
-from asyncrl.controller.rundir import RunDir, claim_run_dir, default_run_dir, read_jsonl
+from asyncrl.controller.resume_guard import ResumeRefused, check_config_changes, check_offsets, check_restartable
+from asyncrl.controller.run_lock import RunDirLocked, RunLock
+from asyncrl.controller.rundir import RunDir, RunDirError, claim_run_dir, fresh_subdir, read_jsonl
 from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
+from asyncrl.launch import RunStopped
 from asyncrl.launch.stages import build_evaluator, build_workflow
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.workflow import ScoreFn
 from asyncrl.trainer.api import PolicyTrainer
+from asyncrl.trainer.checkpoint import read_trainer_state
 
 
 @dataclass
@@ -48,15 +54,76 @@ class Stages:
     """The launcher's own summary entries (awaited before ``close``)."""
 
 
-def prepare_run_dir(cfg: Config, *, resume: bool, overwrite: bool) -> Path:
-    """The run directory of this run (``run.run_dir`` or a new ``runs/<timestamp>``), checked before
-    anything is written to it: a new run refuses a directory holding a run unless ``overwrite``
-    (moves the old run aside); a resume needs one run there (``controller.rundir.claim_run_dir``)."""
-    run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else default_run_dir()
-    moved = claim_run_dir(run_dir, resume=resume, overwrite=overwrite)
-    if moved is not None:
-        print(f"--overwrite: the run that was in {run_dir} is now in {moved} (nothing deleted)")
-    return run_dir
+@dataclass
+class ClaimedRunDir:
+    """A run directory this process holds (``prepare_run_dir``), with what a resume restores."""
+
+    path: Path
+    lock: RunLock
+    """Held for the whole run; ``release()`` when it ends."""
+    checkpoint: Path | None = None
+    """A resume's checkpoint: the newest that verifies (None: a new run, or a resume that starts over)."""
+    changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    """A resume's config changes: key -> (saved value, new value)."""
+
+
+def _lock(run_dir: Path) -> RunLock:
+    """The run directory's lock, an unusable path said in one sentence (``RunDirError``)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"cannot use {run_dir} as a run directory: it is a file; choose another --run-dir")
+    try:
+        return RunLock(run_dir)
+    except RunDirLocked as exc:
+        raise RunDirError(str(exc)) from None
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise RunDirError(
+            f"cannot use {run_dir} as a run directory: {why} ({exc.filename or run_dir}); nothing was run. "
+            "Choose a directory this user can write (--run-dir DIR)"
+        ) from None
+
+
+def prepare_run_dir(
+    cfg: Config, *, resume: bool, overwrite: bool, allow_change: tuple[str, ...] = ()
+) -> ClaimedRunDir:
+    """The run directory of this run (``run.run_dir`` or a new ``runs/<timestamp>``), locked for this
+    process (``controller.run_lock``) and checked before anything is written to it or the warm start
+    runs: a new run refuses a directory holding a run unless ``overwrite`` (moves the old run aside;
+    ``controller.rundir.claim_run_dir``); a resume needs one run there, refuses config changes it was not
+    asked for, a torn jsonl file and starting over a run that trained (``controller.resume_guard``), and
+    picks the checkpoint it restores (``controller.resume.resume_checkpoint``)."""
+    run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else fresh_subdir("runs")
+    lock = _lock(run_dir)
+    try:
+        note = lock.stale_note()
+        if note:
+            print(note)
+        moved = claim_run_dir(run_dir, resume=resume, overwrite=overwrite)
+        if moved is not None:
+            print(f"--overwrite: the run that was in {run_dir} is now in {moved} (nothing deleted)")
+        claimed = ClaimedRunDir(run_dir, lock)
+        if resume:
+            saved = run_dir / "config.yaml"
+            if not saved.is_file():
+                raise ResumeRefused(f"cannot resume {run_dir}: it has no config.yaml (is it a run directory?)")
+            claimed.changes = check_config_changes(run_dir, load_config(base=saved), cfg, allow_change)
+            claimed.checkpoint = resume_checkpoint(run_dir)
+            if claimed.checkpoint is None:
+                check_restartable(run_dir)
+                print(f"no checkpoint in {run_dir}, and no step was trained: starting it over")
+            else:
+                snapshot = check_snapshot(read_trainer_state(claimed.checkpoint, mmap=True).get("extra"))
+                check_offsets(run_dir, snapshot["offsets"], claimed.checkpoint)
+            if claimed.changes:
+                kept = run_dir / "resume" / f"config.yaml.before-{time.strftime('%Y%m%d-%H%M%S')}"
+                kept.parent.mkdir(exist_ok=True)
+                shutil.copyfile(saved, kept)
+                listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in claimed.changes.items())
+                print(f"resuming with changed settings: {listed} (the previous config.yaml is kept as {kept})")
+        return claimed
+    except BaseException:
+        lock.release()
+        raise
 
 
 def _install_stop_handlers(controller: Controller) -> list[int]:
@@ -78,26 +145,38 @@ def _install_stop_handlers(controller: Controller) -> list[int]:
     return installed
 
 
+def _require_ledger(run_dir: Path, *, ended: bool, when: str) -> None:
+    """Invariant 7 on the run's ledger (``controller.ledger_checks``); a violation stops the run (``RunStopped``)."""
+    try:
+        check_ledger(run_dir, ended=ended).require()
+    except LedgerViolation as exc:
+        raise RunStopped(
+            f"the ledger of {run_dir} {when} breaks invariant 7 (nothing lost, nothing trained twice, staleness "
+            f"bounded): {exc}. The files are left as they are for inspection; this is a bug, please report it."
+        ) from None
+
+
 async def run_stages(
-    cfg: Config, run_dir: Path, stages: Stages, *, resume: bool, t_start: float, t_warm: float
+    cfg: Config, claimed: ClaimedRunDir, stages: Stages, *, resume: bool, t_start: float, t_warm: float
 ) -> dict[str, Any]:
-    """The run (see the module docstring); returns the summary (also written to ``summary.json``).
-    ``t_start``: when the launcher started (for ``wall_s``); ``t_warm``: seconds of warm start."""
+    """The run (see the module docstring) in the directory ``prepare_run_dir`` claimed; returns the summary
+    (also written to ``summary.json``). ``resume``: continue from ``claimed.checkpoint`` (None: start the run
+    over). ``t_start``: when the launcher started (for ``wall_s``); ``t_warm``: seconds of warm start."""
     engine, trainer, score, tokenizer = stages.engine, stages.trainer, stages.score, stages.tokenizer
+    run_dir, ckpt = claimed.path, claimed.checkpoint
     try:
         snapshot: dict[str, Any] | None = None
-        ckpt = resume_checkpoint(run_dir) if resume else None  # the newest that verifies
         if ckpt is not None:
             snapshot = check_snapshot(trainer.load_checkpoint(ckpt))
             await engine.update_weights(trainer.export_weights())
             print(f"resuming {run_dir} from {ckpt.name} (step {snapshot['step']})")
-        elif resume:
-            print(f"no checkpoint in {run_dir}: starting it over")
         train_prompts, held_out, _ = build_task(cfg.task, tokenizer)
         train_prompts = drop_long_prompts(train_prompts, cfg.rollout.max_prompt_len, "training prompts")
         held_out = drop_long_prompts(held_out, cfg.rollout.max_prompt_len, "held-out prompts")
         truncate = snapshot["offsets"] if snapshot is not None else ({} if resume else None)
         rundir = RunDir(run_dir, cfg, truncate=truncate, purge_step=snapshot["step"] if snapshot else None)
+        if snapshot is not None:  # the ledger as the checkpoint left it: a killed run's, whole
+            _require_ledger(run_dir, ended=False, when="at its checkpoint")
         workflow = build_workflow(cfg, tokenizer, stages.stop_token_ids)  # rollout.workflow
         evaluator = build_evaluator(cfg, engine, held_out, score, stages.stop_token_ids, workflow=workflow)
 
@@ -198,4 +277,5 @@ async def run_stages(
     }
     rundir.write_summary(summary)
     rundir.close()
+    _require_ledger(run_dir, ended=True, when="at the end of the run")
     return summary
