@@ -67,7 +67,8 @@ def test_a_failed_episode_ends_a_drain(tmp_path: Path) -> None:
     and with no retry the first failure stops the run, while the drain after step 0 waits on them."""
     stream = _stream(4)
     scripts = {stream[2]: Script(hang=1), stream[3]: Script(hang=1)}
-    cfg = _cfg(controller__weight_sync="drain", controller__episode_retries=0, controller__episode_timeout_s=0.3,
+    # a 1 s timeout: the two that hang time out, the two that do not finish inside it even on a loaded machine
+    cfg = _cfg(controller__weight_sync="drain", controller__episode_retries=0, controller__episode_timeout_s=1.0,
                controller__max_engine_failures=1)  # fmt: skip
     trainer = ScriptedTrainer()
     with pytest.raises(RuntimeError, match="an episode failed"):

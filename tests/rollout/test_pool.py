@@ -112,7 +112,7 @@ def test_past_max_restarts_the_engine_is_retired_and_the_others_carry_on() -> No
     pool = EnginePool([dying, other], restart=None)
 
     async def run() -> list[Any]:
-        return await asyncio.wait_for(asyncio.gather(*(pool.generate([3], SP, 1) for _ in range(3))), 5)
+        return await asyncio.wait_for(asyncio.gather(*(pool.generate([3], SP, 1) for _ in range(3))), 30)
 
     results = asyncio.run(run())
     assert len(results) == 3 and len(other.requests) == 3
@@ -147,7 +147,7 @@ def test_requests_wait_for_a_restart_when_no_engine_is_live() -> None:
 
     async def run() -> list[Any]:
         await pool.update_weights(WeightUpdate(version=5, path="/nowhere"))  # dies here: restart starts
-        return await asyncio.wait_for(asyncio.gather(*(pool.generate([9], SP, 1) for _ in range(3))), 5)
+        return await asyncio.wait_for(asyncio.gather(*(pool.generate([9], SP, 1) for _ in range(3))), 30)
 
     assert len(asyncio.run(run())) == 3
     assert spawned[0].updates == [5] and len(spawned[0].requests) == 3
