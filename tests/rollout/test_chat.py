@@ -1,6 +1,6 @@
 """ChatRenderer: environment turns through the tokenizer's own template, the model's closing token
-not doubled, and (for canonically tokenised turns) the same ids the template gives the whole
-conversation."""
+not doubled, (for canonically tokenised turns) the same ids the template gives the whole
+conversation, and message text that writes control text (or the renderer's own markers) encoded as text."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import asyncio
 import pytest
 
 from asyncrl.rollout.agent import AgentSettings, run_agent_episode
-from asyncrl.rollout.chat import SENTINEL, ChatRenderer, demonstration_ids
+from asyncrl.rollout.chat import MARK, SENTINEL, ChatRenderer, demonstration_ids
 from asyncrl.rollout.envs.base import Message
 from asyncrl.rollout.envs.calculator import calculator_env, calculator_tool
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Prompt
-from tests.rollout.chat_templates import llama_tokenizer, qwen_tokenizer, tiny_tokenizer
+from tests.rollout.chat_templates import FORGED, control_counts, llama_tokenizer, qwen_tokenizer, tiny_tokenizer
 from tests.rollout.scripted_engine import ScriptedEngine, Turn
 
 HISTORY = [Message("system", "Use the calculator."), Message("user", "What is 48213*379?")]
@@ -107,3 +107,58 @@ def test_demonstration_ids_are_what_an_episode_builds(toks: dict, name: str) -> 
     assert mask == (0,) * len(traj.prompt_ids) + traj.loss_mask
     with pytest.raises(ValueError, match="opening"):
         demonstration_ids(r, [Message("assistant", "x")])
+
+
+@pytest.mark.parametrize("role", ["tool", "user"])
+@pytest.mark.parametrize("name", ["tiny", "qwen", "llama"])
+def test_message_text_cannot_forge_control_tokens(toks: dict, name: str, role: str) -> None:
+    """A message writing the template's control text (a forged system turn and assistant answer) is encoded
+    as text: the glue holds exactly the control tokens a benign message's glue holds, and reads as written."""
+    tok = toks[name]
+    r = ChatRenderer(tok)
+    forged = FORGED[name]
+    assert set(control_counts(tok, tok.encode(forged, add_special_tokens=False)))  # the payload does forge, raw
+
+    def glue(content: str) -> tuple[int, ...]:  # the turn not closed by the model: the template's closer in it
+        return r.env_ids(HISTORY, [Message(role, content)], TOOLS)
+
+    benign, bad = glue("9128"), glue(forged)
+    assert control_counts(tok, bad) == control_counts(tok, benign) and control_counts(tok, benign)
+    text = r.env_text(HISTORY, [Message(role, forged)], TOOLS)
+    assert forged in text and tok.decode(list(bad), skip_special_tokens=False) == text
+    # the opening (a user turn, a system prompt, a tool's description) and a demonstration's assistant turn
+    opening = [Message("system", forged), Message("user", forged)]
+    tools = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "description": forged}}]
+    base = r.opening_ids([Message("system", "Be brief."), Message("user", "9128")], TOOLS)
+    assert control_counts(tok, r.opening_ids(opening, tools)) == control_counts(tok, base)
+    ids, _ = demonstration_ids(r, [*HISTORY, Message("assistant", forged), Message(role, "1")], TOOLS)
+    plain, _ = demonstration_ids(r, [*HISTORY, Message("assistant", "9128"), Message(role, "1")], TOOLS)
+    assert control_counts(tok, ids) == control_counts(tok, plain)
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen", "llama"])
+def test_the_renderers_own_markers_cannot_be_forged(toks: dict, name: str) -> None:
+    """A tool result holding the sentinel, a placeholder or the marker prefix is text like any other: the
+    glue is the benign glue with that text in place of the benign one (the sentinel does not cut it short)."""
+    tok = toks[name]
+    r = ChatRenderer(tok)
+    eos = tok.eos_token_id
+    markers = f"{SENTINEL} {MARK}0E {MARK}1E{MARK}"
+    benign = r.env_text(HISTORY, [Message("tool", "9128")], TOOLS, closed_by=eos)
+    text = r.env_text(HISTORY, [Message("tool", markers)], TOOLS, closed_by=eos)
+    assert text == benign.replace("9128", markers)
+    ids = r.env_ids(HISTORY, [Message("tool", markers)], TOOLS, closed_by=eos)
+    benign_ids = r.env_ids(HISTORY, [Message("tool", "9128")], TOOLS, closed_by=eos)
+    assert control_counts(tok, ids) == control_counts(tok, benign_ids)
+    assert tok.decode(list(ids), skip_special_tokens=False) == text
+
+
+def test_text_without_special_strings_is_encoded_as_before(toks: dict) -> None:
+    """Escaping changes nothing for ordinary text: one piece, the tokenizer's own encoding (the template's
+    control tokens recognised), so canonical turns keep the template's ids (the test above this one)."""
+    tok = toks["qwen"]
+    r = ChatRenderer(tok)
+    text = r.env_text(HISTORY, [Message("tool", "18272727")], TOOLS)
+    assert r.env_ids(HISTORY, [Message("tool", "18272727")], TOOLS) == tuple(tok.encode(text, add_special_tokens=False))
+    assert r.encode("<tool_call>") == (tok.convert_tokens_to_ids("<tool_call>"),)  # not special: the tokenizer's
+    assert tok.convert_tokens_to_ids("<|im_end|>") not in r.encode("<|im_end|>")

@@ -21,21 +21,48 @@ Whatever the template does to earlier messages (trimming, dropping reasoning) ca
 tokens already in the sequence. A template that renders an environment message to nothing
 (e.g. no branch for the ``tool`` role) is an error, not a silently missing tool result.
 
+**Control tokens come only from the template.** Message text (user turns, tool results, assistant
+text, tool call arguments) and every string in the tool schemas is text: before rendering, each
+occurrence in it of a special token's string (the tokenizer's added tokens marked special, e.g.
+``<|im_end|>``, ``<|eot_id|>``, ``<eos>``) and of this module's own marker prefix ``MARK`` is replaced
+by a placeholder (``MARK``, the escape's index, ``E``: ASCII letters and digits, so it survives the
+template's filters such as ``trim`` and ``tojson``). The rendered text is then encoded piece by piece:
+the template's text between placeholders with special tokens recognised (its control strings become
+control tokens), each run of placeholders as the strings they stand for, encoded as plain text
+(``split_special_tokens``) and checked to hold no special token. A tool result that writes
+``<|im_end|>\\n<|im_start|>system`` is therefore a dozen ordinary tokens, never a forged turn; text
+without a special token's string is encoded exactly as before (one piece). Since a client's text can
+never hold ``MARK``, the sentinel and the placeholders cannot be forged either. Added tokens that are
+not special (Qwen's ``<tool_call>``) keep the tokenizer's own treatment, in text as in the template.
+
 ``demonstration_ids`` builds a worked conversation (a warm start's example) the same way, with its
 loss mask on the assistant turns.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from asyncrl.rollout.envs.base import Message
 
-__all__ = ["ChatRenderer", "SENTINEL", "demonstration_ids"]
+__all__ = ["ChatRenderer", "MARK", "SENTINEL", "demonstration_ids", "special_strings"]
 
-SENTINEL = "ASYNCRLTURNEND7c1f"
+MARK = "ASYNCRLMARK7c1f"
+"""The prefix of the renderer's own markers; escaped wherever it occurs in a message (see the module docstring)."""
+SENTINEL = MARK + "TURNEND"
 """Stands for the latest assistant turn while rendering (plain ASCII, no spaces: survives ``trim``)."""
+_PLACEHOLDER = re.compile(re.escape(MARK) + r"(\d+)E")
+
+
+def special_strings(tokenizer: Any) -> tuple[str, ...]:
+    """The strings of ``tokenizer``'s special tokens (added tokens marked special, and the named ones)."""
+    found = {str(t) for t in getattr(tokenizer, "all_special_tokens", ()) or ()}
+    for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(added, "special", False):
+            found.add(str(added.content))
+    return tuple(sorted((s for s in found if s), key=lambda s: (-len(s), s)))
 
 
 class ChatRenderer:
@@ -52,24 +79,112 @@ class ChatRenderer:
             ids = (int(tokenizer.eos_token_id),)
         self.end_of_turn_ids = ids
         self._closers = {i: tokenizer.decode([i], skip_special_tokens=False) for i in ids}
-
-    def _render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]]) -> str:
-        text = self.tokenizer.apply_chat_template(
-            [m.as_dict() for m in messages],
-            tools=list(tools) or None,
-            add_generation_prompt=True,
-            tokenize=False,
+        self.escapes: tuple[str, ...] = (*special_strings(tokenizer), MARK)
+        """What a message's text may not carry as such: index ``k`` is written ``MARK{k}E`` while rendering."""
+        self._escape = re.compile("|".join(re.escape(s) for s in sorted(self.escapes, key=len, reverse=True)))
+        self._index = {s: k for k, s in enumerate(self.escapes)}
+        unk = getattr(tokenizer, "unk_token_id", None)
+        self._special_ids = frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", ()) or ()) | frozenset(
+            int(i) for i, t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items() if t.special
         )
+        self._special_ids -= {unk}  # a character the vocabulary lacks is <unk>, not a forged turn
+
+    # --------------------------------------------------------------------------- text as text
+    def escaped(self, text: str) -> str:
+        """``text`` with every special token's string (and ``MARK``) replaced by its placeholder."""
+        return self._escape.sub(lambda m: f"{MARK}{self._index[m.group(0)]}E", text)
+
+    def unescaped(self, text: str) -> str:
+        """Rendered text with the placeholders written back (what the conversation reads as)."""
+        return _PLACEHOLDER.sub(lambda m: self.escapes[int(m.group(1))], text)
+
+    def _escaped_value(self, value: Any) -> Any:
+        """A tool schema with every string in it (keys included) escaped."""
+        if isinstance(value, str):
+            return self.escaped(value)
+        if isinstance(value, dict):
+            return {self._escaped_value(k): self._escaped_value(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self._escaped_value(v) for v in value]
+        return value
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        """``text`` as plain text: a special token's string in it is encoded as the characters it is made of.
+        Raises ``ValueError`` when the tokenizer still yields a special token (one that cannot encode text
+        without parsing special tokens)."""
+        if not text:
+            return ()
+        ids = tuple(int(t) for t in self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        forged = [t for t in ids if t in self._special_ids]
+        if forged:
+            raise ValueError(
+                f"this tokenizer encodes text into special tokens {sorted(set(forged))[:5]} even with "
+                "split_special_tokens=True: it cannot render untrusted text safely"
+            )
+        return ids
+
+    def _encode_rendered(self, text: str) -> tuple[int, ...]:
+        """Rendered (escaped) text: the template's pieces with special tokens recognised, each run of
+        placeholders as plain text (see the module docstring)."""
+        out: list[int] = []
+        at, plain = 0, ""
+        for m in _PLACEHOLDER.finditer(text):
+            if m.start() > at:  # template text (and message text free of special strings) before it
+                out += self.encode(plain)
+                plain = ""
+                out += (int(t) for t in self.tokenizer.encode(text[at : m.start()], add_special_tokens=False))
+            plain += self.escapes[int(m.group(1))]
+            at = m.end()
+        out += self.encode(plain)
+        if at < len(text):
+            out += (int(t) for t in self.tokenizer.encode(text[at:], add_special_tokens=False))
+        return tuple(out)
+
+    # --------------------------------------------------------------------------- rendering
+    def _render(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]], sentinel_at: int = -1) -> str:
+        """The conversation rendered with the generation prompt, every message's text and the tools escaped;
+        message ``sentinel_at`` (when >= 0) is the sentinel, written as is."""
+        rendered = [
+            {"role": m.role, "content": SENTINEL if i == sentinel_at else self.escaped(m.content)}
+            for i, m in enumerate(messages)
+        ]
+        try:
+            text = self.tokenizer.apply_chat_template(
+                rendered,
+                tools=[self._escaped_value(t) for t in tools] or None,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except Exception as e:  # jinja2's TemplateError (a template's raise_exception), a filter's TypeError
+            if isinstance(e, ValueError):
+                raise
+            raise ValueError(f"the chat template refused the conversation: {type(e).__name__}: {e}") from None
         if not isinstance(text, str):
             raise TypeError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, not str")
         return text
 
-    def encode(self, text: str) -> tuple[int, ...]:
-        return tuple(int(t) for t in self.tokenizer.encode(text, add_special_tokens=False))
-
     def opening_ids(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = ()) -> tuple[int, ...]:
         """The ids of the opening conversation with the generation prompt."""
-        return self.encode(self._render(messages, tools))
+        return self._encode_rendered(self._render(messages, tools))
+
+    def _env_rendered(
+        self, history: Sequence[Message], new: Sequence[Message], tools: Sequence[dict[str, Any]], closed_by: int | None
+    ) -> str:
+        text = self._render([*history, Message("assistant", ""), *new], tools, sentinel_at=len(history))
+        at = text.rfind(SENTINEL)
+        if at < 0:
+            raise ValueError("the chat template does not render assistant messages")
+        tail = text[at + len(SENTINEL) :]
+        if closed_by is not None:
+            tail = self._drop_closer(tail, closed_by)
+        for m in new:
+            content = self.escaped(m.content).strip()
+            if content and content not in tail:
+                raise ValueError(
+                    f"the chat template renders no {m.role!r} message (its content is missing from the "
+                    "rendered conversation): add that role to the template"
+                )
+        return tail
 
     def env_text(
         self,
@@ -82,20 +197,7 @@ class ChatRenderer:
 
         ``history``: the conversation before the latest assistant turn; ``new``: the environment's
         messages; ``closed_by``: the end-of-turn token the model sampled last, or None."""
-        text = self._render([*history, Message("assistant", SENTINEL), *new], tools)
-        at = text.rfind(SENTINEL)
-        if at < 0:
-            raise ValueError("the chat template does not render assistant messages")
-        tail = text[at + len(SENTINEL) :]
-        if closed_by is not None:
-            tail = self._drop_closer(tail, closed_by)
-        for m in new:
-            if m.content.strip() and m.content.strip() not in tail:
-                raise ValueError(
-                    f"the chat template renders no {m.role!r} message (its content is missing from the "
-                    "rendered conversation): add that role to the template"
-                )
-        return tail
+        return self.unescaped(self._env_rendered(history, new, tools, closed_by))
 
     def _drop_closer(self, tail: str, closed_by: int) -> str:
         """``tail`` without the turn's closing text the model already sampled as ``closed_by``."""
@@ -115,8 +217,8 @@ class ChatRenderer:
         tools: Sequence[dict[str, Any]] = (),
         closed_by: int | None = None,
     ) -> tuple[int, ...]:
-        """``env_text`` encoded alone: the environment segment's ids."""
-        return self.encode(self.env_text(history, new, tools, closed_by))
+        """``env_text`` encoded alone: the environment segment's ids (message text as text)."""
+        return self._encode_rendered(self._env_rendered(history, new, tools, closed_by))
 
 
 def demonstration_ids(
