@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from asyncrl.config import Config, load_config
+from asyncrl.config import Config, load_config, with_values
+from asyncrl.controller.ledger_checks import check_ledger
 from asyncrl.controller.loop import Controller
 from asyncrl.controller.resume import check_snapshot, latest_checkpoint
 from asyncrl.controller.rundir import RunDir, read_jsonl
@@ -310,6 +311,34 @@ def test_a_stop_request_checkpoints_and_the_run_resumes(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path).name == "step-00000003"  # the stop saved one
     state = _resume(cfg, tmp_path)
     assert state.step == invariant.STEPS and state.resumes == 1
+    invariant.check_ledger(tmp_path)
+
+
+def test_a_resume_that_ends_before_admitting_again_gives_those_prompts_a_fate(tmp_path: Path) -> None:
+    """Resumed at a step count the run already reached: it ends at once, before the prompts the
+    checkpoint held open are admitted again; each gets a prompt-level ``in_flight`` line
+    (``not_readmitted_at_end``) instead of none, and a later resume with more steps admits them again."""
+    cfg = _resume_cfg()
+    engine, trainer = ScriptedEngine(), ScriptedTrainer(step_s=0.002)
+
+    def watch(controller: Controller) -> None:
+        update = engine.update_weights
+
+        async def update_then_stop(u: Any) -> None:
+            await update(u)
+            if u.version == 3:
+                controller.request_stop("SIGTERM")
+
+        engine.update_weights = update_then_stop  # type: ignore[method-assign]
+
+    _run(cfg, engine, trainer, tmp_path, watch=watch)
+    state = _resume(with_values(cfg, {"controller.total_steps": 3}), tmp_path)
+    assert state.step == 3
+    pending = [r for r in _ledger(tmp_path, "in_flight") if r.get("dropped") == "not_readmitted_at_end"]
+    assert pending, "the checkpoint held open prompts; each must get a fate"
+    check_ledger(tmp_path, ended=True).require()  # no prompt lost
+    state = _resume(cfg, tmp_path)
+    assert state.step == invariant.STEPS
     invariant.check_ledger(tmp_path)
 
 

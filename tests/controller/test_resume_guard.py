@@ -109,3 +109,17 @@ def test_a_run_that_trained_is_never_started_over(tmp_path: Path, held: str) -> 
         (tmp_path / held).write_text("{}\n")
     with pytest.raises(ResumeRefused, match="no checkpoint to resume from"):
         check_restartable(tmp_path)
+
+
+def test_a_run_that_reached_its_steps_is_not_resumed_at_that_count(tmp_path: Path) -> None:
+    import json
+
+    from asyncrl.controller.resume_guard import check_not_finished
+
+    check_not_finished(tmp_path, 10)  # no summary: a killed run, resumable
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 10, "stop_reason": None}))
+    with pytest.raises(ResumeRefused, match="already finished: it trained 10 steps"):
+        check_not_finished(tmp_path, 10)
+    check_not_finished(tmp_path, 12)  # more steps asked: it trains on
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 6, "stop_reason": "SIGTERM"}))
+    check_not_finished(tmp_path, 10)  # a stopped run is resumed

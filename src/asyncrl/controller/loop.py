@@ -476,6 +476,8 @@ class Controller:
             for task, (prompt, version) in snapshot.items():
                 if task.cancelled():
                     self.recorder.in_flight_at_end(prompt, version)
+            for index in self._readmit:  # a resume's prompts the run ended before admitting again
+                self.recorder.in_flight_at_end(prompt_at(self.source, index), self.state.step, "not_readmitted_at_end")
             self.recorder.unused_at_end(self.buffer.drain())
             executor.shutdown(wait=True)
             self.recorder.close()

@@ -142,8 +142,10 @@ class RunRecorder:
             self._open.pop(group.prompt.prompt_id, None)
             self._log_group(group, trained_step=None, dropped="stale", status="stale", step=step)
 
-    def in_flight_at_end(self, prompt: Prompt, version: int) -> None:
-        self.rundir.log_in_flight(prompt.prompt_id, version)
+    def in_flight_at_end(self, prompt: Prompt, version: int, reason: str = "in_flight_at_end") -> None:
+        """A prompt admitted and without a fate when the run ended: in flight, or (``not_readmitted_at_end``)
+        waiting to be admitted again after a resume; the next resume cuts this line and admits it again."""
+        self.rundir.log_in_flight(prompt.prompt_id, version, reason)
 
     def unused_at_end(self, groups: list[Group]) -> None:
         for group in groups:

@@ -18,6 +18,8 @@ Owns the checks ``asyncrl train --resume RUN_DIR`` makes before it changes anyth
   What changed is returned (and recorded in the ledger's ``resumed`` line by the caller).
 - ``check_offsets``: each jsonl file must reach the byte offset the checkpoint recorded and hold a
   whole line there; a file cut shorter (or mid-line) would lose the lines the checkpoint counts on.
+- ``check_not_finished``: a run that ended by reaching its step count is not resumed at that count
+  (nothing to train; its summary and final model stay as they are).
 - ``check_restartable``: a run with no checkpoint to resume from is started over in place only when
   it never finished a training step; otherwise its trained steps (or its final model) would be lost.
 
@@ -26,10 +28,12 @@ Each refusal is a :class:`ResumeRefused` whose message says what was found and w
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config, to_dict
+from asyncrl.controller.resume import latest_checkpoint
 from asyncrl.controller.rundir import RunDirError
 
 FREE_KEYS = frozenset({
@@ -97,12 +101,12 @@ def check_config_changes(
     fixed = {k: v for k, v in changes.items() if is_fixed(k)}
     unasked = {k: v for k, v in changes.items() if not is_fixed(k) and k not in FREE_KEYS and not _allowed(k, allow)}
     if fixed:
+        newest = latest_checkpoint(run_dir) or Path(run_dir) / "checkpoints" / "step-N"
         listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in fixed.items())
         raise ResumeRefused(
             f"cannot resume {run_dir} with a different run: {listed}. These keys define the run (its prompts, "
             "groups and staleness budget); nothing was changed. To train on with them, start a new run from "
-            f"the newest checkpoint's weights: asyncrl train --model {Path(run_dir) / 'checkpoints' / 'step-N'} "
-            "--run-dir NEW_DIR ..."
+            f"the newest checkpoint's weights: asyncrl train --model {newest} --run-dir NEW_DIR ..."
         )
     if unasked:
         listed = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in unasked.items())
@@ -158,4 +162,21 @@ def check_restartable(run_dir: str | Path) -> None:
             f"but it holds {', '.join(held)}, which starting over would lose; nothing was changed. Restore "
             f"checkpoints/ from a backup, or start a new run elsewhere (--run-dir NEW_DIR; a finished run's "
             f"model is {run / 'checkpoint'})."
+        )
+
+
+def check_not_finished(run_dir: str | Path, total_steps: int) -> None:
+    """Refuse (:class:`ResumeRefused`) to resume a run that ended by reaching ``total_steps`` steps
+    (its ``summary.json`` says so): there is nothing to train, and its summary and final model stay."""
+    path = Path(run_dir) / "summary.json"
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    steps = summary.get("steps") if isinstance(summary, dict) else None
+    if isinstance(steps, int) and summary.get("stop_reason") is None and steps >= total_steps:
+        raise ResumeRefused(
+            f"{run_dir} already finished: it trained {steps} steps and controller.total_steps is {total_steps}; "
+            f"nothing was changed. To train on, raise it: asyncrl train --resume {run_dir} --set "
+            f"controller.total_steps={steps + max(1, steps // 2)} (for example)"
         )

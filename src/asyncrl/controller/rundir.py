@@ -448,11 +448,11 @@ class RunDir:
             }
         )
 
-    def log_in_flight(self, prompt_id: str, start_version: int) -> None:
+    def log_in_flight(self, prompt_id: str, start_version: int, reason: str = "in_flight_at_end") -> None:
         """A prompt admitted but not finished when the run ended (not written once a write has failed,
         like ``unused`` lines)."""
         if self._failed is None:
-            self.log_prompt_dropped(prompt_id, start_version, "in_flight", "in_flight_at_end")
+            self.log_prompt_dropped(prompt_id, start_version, "in_flight", reason)
 
     def log_timeline(self, sample: dict[str, Any]) -> None:
         """One activity sample (engine running requests, trainer busy, reward in flight, queues)."""

@@ -24,7 +24,13 @@ from asyncrl.controller.evaluate import EvalResult
 from asyncrl.controller.ledger_checks import LedgerViolation, check_ledger
 from asyncrl.controller.loop import Controller
 from asyncrl.controller.resume import check_snapshot, resume_checkpoint
-from asyncrl.controller.resume_guard import ResumeRefused, check_config_changes, check_offsets, check_restartable
+from asyncrl.controller.resume_guard import (
+    ResumeRefused,
+    check_config_changes,
+    check_not_finished,
+    check_offsets,
+    check_restartable,
+)
 from asyncrl.controller.run_lock import RunDirLocked, RunLock
 from asyncrl.controller.rundir import RunDir, RunDirError, claim_run_dir, fresh_subdir, read_jsonl
 from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
@@ -107,6 +113,7 @@ def prepare_run_dir(
             if not saved.is_file():
                 raise ResumeRefused(f"cannot resume {run_dir}: it has no config.yaml (is it a run directory?)")
             claimed.changes = check_config_changes(run_dir, load_config(base=saved), cfg, allow_change)
+            check_not_finished(run_dir, cfg.controller.total_steps)
             claimed.checkpoint = resume_checkpoint(run_dir)
             if claimed.checkpoint is None:
                 check_restartable(run_dir)
