@@ -70,3 +70,51 @@ def test_a_run_directory_holds_one_run(tiny_policy_dir: Path, tmp_path: Path) ->
     assert {r["run_id"] for r in read_jsonl(run_dir / "trajectories.jsonl")} == {second_id}
     assert any(r["status"] == "resumed" for r in read_jsonl(run_dir / "trajectories.jsonl"))
     assert make_report(run_dir)
+
+
+def test_a_resume_refuses_what_it_cannot_honour_and_changes_nothing(tiny_policy_dir: Path, tmp_path: Path) -> None:
+    """Real runs: each refusal comes before anything is written (the directory stays byte-identical)
+    and says what to do; a run held by another writer is refused naming it."""
+    import os
+    import shutil
+
+    from asyncrl.config import with_values
+    from asyncrl.controller.ledger_checks import check_ledger
+    from asyncrl.controller.run_lock import RunLock
+    from asyncrl.controller.rundir import RunDirError
+
+    run_dir = tmp_path / "run"
+    cfg = _cfg(tiny_policy_dir, run_dir, steps=2)
+    train(cfg)
+    before = _hashes(run_dir)
+    more = with_values(cfg, {"controller.total_steps": 3})
+
+    def refused(c: Config, match: str, **kw: object) -> None:
+        with pytest.raises(RunDirError, match=match):
+            train(c, resume=True, **kw)
+        assert {k: v for k, v in _hashes(run_dir).items() if k != ".lock"} == before  # (the lock: its holder's)
+
+    refused(cfg, "already finished: it trained 2 steps")
+    refused(with_values(more, {"task.seed": 7}), "task.seed: 1234 -> 7.*define the run")
+    refused(with_values(more, {"trainer.lr": 0.5}), "--allow-change trainer.lr")
+    with RunLock(run_dir):  # another process's run (a lock is per open file, so this process counts as another)
+        refused(more, f"in use by another asyncrl process \\(pid {os.getpid()}")
+        with pytest.raises(RunDirError, match="in use"):
+            train(with_values(cfg, {"run.run_dir": str(run_dir)}), overwrite=True)
+    ledger = run_dir / "trajectories.jsonl"
+    saved = ledger.read_bytes()
+    ledger.write_bytes(saved[: len(saved) // 2])
+    with pytest.raises(RunDirError, match="trajectories.jsonl holds .* bytes, fewer than"):
+        train(more, resume=True)
+    ledger.write_bytes(saved)
+    shutil.move(run_dir / "checkpoints", tmp_path / "checkpoints.away")
+    with pytest.raises(RunDirError, match="no checkpoint to resume from"):
+        train(more, resume=True)
+    shutil.move(tmp_path / "checkpoints.away", run_dir / "checkpoints")
+    assert _hashes(run_dir) == before
+
+    _, summary = train(with_values(more, {"trainer.lr": 2e-4}), resume=True, allow_change=("trainer.lr",))
+    assert summary["steps"] == 3 and not (run_dir / ".lock").exists()
+    assert check_ledger(run_dir, total_steps=3).ok
+    kept = list((run_dir / "resume").glob("config.yaml.before-*"))
+    assert len(kept) == 1 and "0.0001" in kept[0].read_text()
