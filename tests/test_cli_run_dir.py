@@ -57,7 +57,8 @@ def test_an_unusable_path_is_one_line_before_anything_runs(
     assert main(["train", "--run-dir", str(run_dir)]) == 2
     line = _one_line(capsys)
     assert f"cannot use {run_dir} as a run directory" in line
-    assert {"a-file": "it is a file", "under-a-file": "Not a directory", "unwritable": "Permission denied"}[where] in line
+    why = {"a-file": "it is a file", "under-a-file": "Not a directory", "unwritable": "Permission denied"}[where]
+    assert why in line
     assert afile.read_text() == "not a directory\n"
 
 
