@@ -89,8 +89,11 @@ def test_degraded_off_policy_statistics_keep_eta_down_while_the_trainer_starves(
 def test_a_killed_adaptive_run_resumes_with_its_setting(tmp_path: Path) -> None:
     scripts = {ids: Script(delay_s=0.003) for ids in _stream(300)}
     cfg = _adaptive(controller__total_steps=10, controller__checkpoint_every=3)
+    # off-policy statistics past the limit move η_t down whatever the machine's load (a setting moved by the
+    # trainer's waits alone stayed at the start on a loaded 2-core machine, and the resume had nothing to restore)
+    degraded = {"behav_weight_sq_mean": 5.0, "behav_capped_frac": 0.0}
     with pytest.raises(Crash):
-        _run(cfg, ScriptedEngine(scripts), ScriptedTrainer(crash_at=7), tmp_path, scripts)
+        _run(cfg, ScriptedEngine(scripts), ScriptedTrainer(crash_at=7, step_metrics=degraded), tmp_path, scripts)
     saved = latest_checkpoint(tmp_path)
     before = read_jsonl(tmp_path / "metrics.jsonl")[:6]  # the steps the checkpoint covers
     policy = json.loads((saved / "trainer_state.pt").read_text())["extra"]["adaptive"]["policy"]
