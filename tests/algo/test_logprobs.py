@@ -75,14 +75,15 @@ def test_entropy_chunks_shapes_and_no_grad():
     logits = (3 * torch.randn(2, 5, 11, generator=g)).requires_grad_()
     full = entropy_from_logits(logits)
     assert full.shape == (2, 5) and full.dtype == torch.float32 and not full.requires_grad
-    torch.testing.assert_close(entropy_from_logits(logits, chunk_rows=3), full, rtol=0, atol=0)
+    # row-wise, so equal up to a kernel that may vary with the chunk's shape
+    torch.testing.assert_close(entropy_from_logits(logits, chunk_rows=3), full, rtol=1e-6, atol=1e-7)
     probs = torch.softmax(logits.detach().double(), -1)
     direct = -(probs * probs.log()).sum(-1)
     torch.testing.assert_close(full.double(), direct, rtol=1e-5, atol=1e-6)
     # a non-contiguous view (the usual logits[:, :-1]) gives the same values
     shifted = logits.detach()[:, :-1]
     assert not shifted.is_contiguous()
-    torch.testing.assert_close(entropy_from_logits(shifted, chunk_rows=2), full[:, :-1], rtol=0, atol=0)
+    torch.testing.assert_close(entropy_from_logits(shifted, chunk_rows=2), full[:, :-1], rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(
         entropy_from_logits(logits.detach()[0, :, ::2]),
         entropy_from_logits(logits.detach()[0, :, ::2].contiguous()),
