@@ -18,7 +18,8 @@ Owns what those have in common, so that each of them holds only its routes and i
   ``idle_timeout_s`` (before its first request or between two) is closed without an answer. A client
   that half-closes gets the answer to a whole request, then the close; one that half-closes before its
   request is whole is closed at once, unanswered, and no handler sees the request.
-- :class:`HTTPError`, :func:`parse_json`, :func:`is_int`, :func:`is_num`: the checks every route shares.
+- :class:`HTTPError`, :func:`parse_json`, :func:`is_int`, :func:`is_num`, :func:`is_finite`: the checks
+  every route shares (JSON as Python reads it carries ``NaN`` and ``Infinity``: ``is_finite`` refuses them).
 - The client side, :class:`asyncrl.web_client.JsonClient` (its own module for size; one unit with
   this one): one connection-pooled, keep-alive ``aiohttp.ClientSession`` per client object and event
   loop, closed with its loop at the latest; a request the server dropped before answering (it closed
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -42,7 +44,7 @@ from aiohttp import web
 
 from asyncrl.auth import ApiKeyAuth, check_bind, peer_name
 
-__all__ = ["HTTPError", "JsonServer", "Request", "is_int", "is_num", "parse_json"]
+__all__ = ["HTTPError", "JsonServer", "Request", "is_finite", "is_int", "is_num", "parse_json"]
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +60,15 @@ UNAUTHORIZED = "missing or invalid API key (send 'Authorization: Bearer <key>')"
 
 class HTTPError(Exception):
     """A request the server rejects with ``status`` (4xx) and a message for the client; ``close``:
-    close the connection after answering."""
+    close the connection after answering; ``code``: a machine-readable error code for the error body
+    (e.g. OpenAI's ``model_not_found``), handed to ``error_body`` as its third argument when set."""
 
-    def __init__(self, status: int, message: str, close: bool = False) -> None:
+    def __init__(self, status: int, message: str, close: bool = False, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.close = close
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -85,17 +89,22 @@ class Request:
 
 
 Dispatch = Callable[[Request], Awaitable[Any]]
-ErrorBody = Callable[[int, str], Any]
+ErrorBody = Callable[..., Any]
+"""``(status, message)`` -> the error's JSON body; also called ``(status, message, code)`` for an
+``HTTPError`` with a ``code``."""
 
 
 def parse_json(body: bytes) -> Any:
-    """A request body as JSON (None when empty); 400 when malformed."""
+    """A request body as JSON (None when empty); 400 when malformed, nested too deeply for the parser, or
+    holding an integer of more digits than Python reads (``sys.get_int_max_str_digits``)."""
     if not body:
         return None
     try:
         return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of too many digits
         raise HTTPError(400, f"malformed JSON body: {e}") from None
+    except RecursionError:
+        raise HTTPError(400, "malformed JSON body: nested too deeply") from None
 
 
 def is_int(v: Any) -> bool:
@@ -106,6 +115,11 @@ def is_int(v: Any) -> bool:
 def is_num(v: Any) -> bool:
     """An int or float that is not a bool."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def is_finite(v: Any) -> bool:
+    """A number (``is_num``), neither NaN nor infinite (``json.loads`` reads ``NaN``, ``Infinity``, ``1e999``)."""
+    return is_num(v) and (isinstance(v, int) or math.isfinite(v))
 
 
 def _dumps(payload: Any) -> bytes:
@@ -206,19 +220,22 @@ class JsonServer:
             req = await self._read(request, connection)
         except HTTPError as e:
             extra = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
-            return self.answer(e.status, self.error_body(e.status, e.message), close=True, headers=extra)
+            return self.answer(e.status, self._error_of(e), close=True, headers=extra)
         finally:
             if isinstance(connection, _Connection):
                 connection.request_read()
         try:
             return self.answer(200, await self.dispatch(req))
         except HTTPError as e:
-            return self.answer(e.status, self.error_body(e.status, e.message), close=e.close)
+            return self.answer(e.status, self._error_of(e), close=e.close)
         except ValueError as e:  # the engine's own validation (e.g. a prompt longer than its context)
             return self.answer(400, self.error_body(400, str(e)))
         except Exception as e:  # never let one request take the server down
             log.exception("%s: %s %s failed", self.name, req.method, req.path)
             return self.answer(500, self.error_body(500, f"{type(e).__name__}: {e}"))
+
+    def _error_of(self, e: HTTPError) -> Any:
+        return self.error_body(e.status, e.message) if e.code is None else self.error_body(e.status, e.message, e.code)
 
     async def _read(self, request: web.BaseRequest, connection: object) -> Request:
         """The checks in their order (a GET's body, the key, the declared size), then the body, within

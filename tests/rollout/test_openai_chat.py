@@ -1,4 +1,4 @@
-"""``rollout.openai_chat``: request validation (every refusal a 400 with its reason), the message
+"""``rollout.openai_chat``: request validation (every refusal a 400 with its reason, the size cap), the message
 normalisation a session compares with, tool calls written back into text, and the reply's shape."""
 
 from __future__ import annotations
@@ -76,6 +76,14 @@ def test_a_full_request_is_read(tok) -> None:
             {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}]},
             "JSON string",
         ),
+        # each of these was a 500 (an AttributeError, a TypeError from the tokenizer) before
+        ({"tools": [1]}, r"tools\[0\] must be"),
+        ({"tools": [{"function": {"name": "f", "parameters": {"required": 5}}}]}, r"required must be a list"),
+        ({"tools": [{"function": {"name": "f", "parameters": {"properties": []}}}]}, r"properties must be an object"),
+        ({"messages": [{"role": "user", "content": "a\ud800"}]}, r"messages\[0\]\.content is not valid Unicode"),
+        ({"stop": "\udfff"}, "lone surrogate"),
+        ({"stop": "x" * 300}, "at most 256 characters"),
+        ({"model": 5}, "'model' must be a string"),
     ],
 )
 def test_bad_requests_are_400_with_the_reason(tok, body, reason) -> None:
@@ -84,6 +92,17 @@ def test_bad_requests_are_400_with_the_reason(tok, body, reason) -> None:
     assert e.value.status == 400
     with pytest.raises(HTTPError):
         parse_chat_request([], tokenizer=tok, max_slots=8)
+
+
+def test_the_request_size_is_capped_before_tokenising(tok) -> None:
+    """Message text, call arguments and the tools' JSON count towards ``max_chars``; past it, 400 naming it."""
+    body = {"messages": [{"role": "user", "content": "x" * 60}], "tools": [TOOL]}
+    chars = 60 + len(json.dumps([TOOL]))
+    assert parse_chat_request(body, tokenizer=tok, max_slots=8, max_chars=chars).messages
+    with pytest.raises(HTTPError, match=f"hold {chars + 1} characters; this server reads at most {chars}") as e:
+        body["messages"][0]["content"] += "y"
+        parse_chat_request(body, tokenizer=tok, max_slots=8, max_chars=chars)
+    assert e.value.status == 400
 
 
 def test_a_message_sent_back_is_recognised_whatever_the_client_adds() -> None:

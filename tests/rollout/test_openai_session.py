@@ -63,7 +63,7 @@ class _Clock:
 
 
 def _play(door: ChatDoor, body_messages: list, *, tools=(TOOL,), **extra):
-    body = {"model": "m", "messages": body_messages, "tools": list(tools), **extra}
+    body = {"model": "asyncrl", "messages": body_messages, "tools": list(tools), **extra}
     return asyncio.run(door.chat(body, "s1"))
 
 
@@ -157,3 +157,70 @@ def test_the_session_sampling_governs_and_stop_strings_end_turns(tok) -> None:
     assert sampling.seed == 7 and sampling.temperature == 1.0 and sampling.top_p == 1.0  # the session's
     assert set(close) <= set(sampling.stop_token_ids) and tok.eos_token_id in sampling.stop_token_ids
     assert r["choices"][0]["message"]["content"] == "<tool_call>x"  # the stop string is not content
+
+
+def test_the_sessions_max_new_tokens_is_a_cap_on_max_tokens(tok) -> None:
+    """A session opened with sampling (a workflow's: ``agent.max_turn_tokens``) caps each call: a larger
+    ``max_tokens`` is lowered to it, a smaller one kept (was: the request's won, 64-token turns under a cap of 8)."""
+    long_turn = _ids(tok, "one two three four five six seven eight nine ten eleven twelve", close=False)
+    engine = ScriptedEngine({7: [Turn(long_turn), Turn(long_turn)]})
+    door = ChatDoor(engine, tok, end_of_turn_ids=(tok.eos_token_id,), open_sessions_on_call=False)
+    door.open_session("s1", SamplingParams(max_new_tokens=8, seed=7), None)
+    first = [{"role": "user", "content": "count"}]
+    r = _play(door, first, max_tokens=64)
+    assert engine.calls[0].sampling.max_new_tokens == 8 and r["usage"]["completion_tokens"] == 8
+    assert r["choices"][0]["finish_reason"] == "length"
+    _play(door, [*first, r["choices"][0]["message"], {"role": "user", "content": "more"}], max_tokens=3)
+    assert engine.calls[1].sampling.max_new_tokens == 3
+
+
+class _Now:
+    """A clock the test moves."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _server_door(tok, clock: _Now, **bounds) -> ChatDoor:
+    engine = ScriptedEngine({})
+    return ChatDoor(engine, tok, end_of_turn_ids=(tok.eos_token_id,), clock=clock, **bounds)
+
+
+def test_open_sessions_expire_and_are_evicted_and_then_answer_404(tok) -> None:
+    """A server's sessions: idle past the TTL they expire, past the count cap the least recently used idle
+    one is evicted; either way its id then answers 404 saying why (chat, end, record), never a new session."""
+    now = _Now()
+    door = _server_door(tok, now, max_open_sessions=2, session_ttl_s=60.0)
+    door.open_session("a")
+    now.t = 10.0
+    door.open_session("b")
+    now.t = 20.0
+    door.store.touch(door.store.open["a"])  # a call of "a": "b" is now the least recently used
+    door.open_session("c")
+    assert list(door.store.open) == ["a", "c"] and door.store.evicted == 1
+    body = {"model": "asyncrl", "messages": [{"role": "user", "content": "hi"}]}
+    for attempt in (door.chat(body, "b"), door.end_session("b", None), door.session_record("b")):
+        with pytest.raises(HTTPError, match="b was evicted: this server holds at most 2 open sessions") as e:
+            asyncio.run(attempt)
+        assert e.value.status == 404
+    now.t = 79.0  # "a" was last used at 20, "c" opened at 20: neither idle past 60 s yet
+    assert door.store.expire() == 0
+    door.store.open["c"].busy = True  # a call of "c" is running: never dropped
+    now.t = 81.0
+    with pytest.raises(HTTPError, match="a expired: it had no call for more than 60 s") as e:
+        asyncio.run(door.chat(body, "a"))
+    assert e.value.status == 404 and list(door.store.open) == ["c"] and door.store.expired == 1
+    door.open_session("d")
+    with pytest.raises(HTTPError, match="at most 2 open sessions and each has a call running") as e:
+        door.store.open["d"].busy = True
+        door.open_session("e")
+    assert e.value.status == 429
+
+    unbounded = _server_door(tok, now)  # a workflow's door: it ends its sessions itself
+    for i in range(50):
+        unbounded.open_session(f"s{i}")
+    now.t = 1e9
+    assert unbounded.store.expire() == 0 and len(unbounded.store.open) == 50

@@ -1,7 +1,8 @@
 """``rollout.openai_workflow``: G sessions of an ``openai``-client agent per prompt on a scripted engine:
 each session's trajectory exact, the reward from the agent's return, its ``/end`` or the verifier; an
 agent that raises after a call is scored on what it did, one that made no call fails the group; the
-workflow is built from the config (``rollout.workflow=openai_agent``, ``agent.entrypoint``)."""
+workflow is built from the config (``rollout.workflow=openai_agent``, ``agent.entrypoint``); the per-call
+cap ``max_turn_tokens`` lowers an agent's larger ``max_tokens``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.launch.stages import build_workflow
-from asyncrl.rollout.openai_workflow import OpenAIAgentWorkflow
+from asyncrl.rollout.openai_workflow import DoorSettings, OpenAIAgentWorkflow
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Prompt
 from tests.rollout.chat_templates import qwen_tokenizer
@@ -120,3 +121,32 @@ def test_an_async_agent_runs_on_the_event_loop(tok) -> None:
     group, engine, _ = _run(tok, _async_agent, "return")
     assert group.rewards == (1.0, 1.0) and all(len(t.turns) == 1 for t in group.trajectories)
     assert len(engine.calls) == 2
+
+
+def _greedy_agent(base_url: str, api_key: str, task: dict) -> None:
+    """Asks for far more tokens than the workflow's per-call cap, then for fewer."""
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages: list = [{"role": "user", "content": task["question"]}]
+    first = client.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=64).choices[0]
+    assert first.finish_reason == "length"
+    messages += [first.message, {"role": "user", "content": "go on"}]
+    client.chat.completions.create(model="any-name", messages=messages, max_tokens=3)
+
+
+def test_max_turn_tokens_caps_an_agents_max_tokens(tok) -> None:
+    """``agent.max_turn_tokens`` is the per-call cap: an agent's ``max_tokens=64`` is lowered to 8, its
+    ``max_tokens=3`` kept; the workflow's door answers to whatever model name the agent uses."""
+    long_turn = tuple(tok.encode("one two three four five six seven eight nine ten eleven", add_special_tokens=False))
+    engine = ScriptedEngine({100: [Turn(long_turn), Turn(long_turn)]})
+    workflow = OpenAIAgentWorkflow(
+        tok, _greedy_agent, DoorSettings(max_turn_tokens=8), end_of_turn_ids=(tok.eos_token_id,)
+    )
+
+    async def score(prompt, completion):
+        return 0.0, None
+
+    sampling = SamplingParams(max_new_tokens=16, seed=100)
+    group = asyncio.run(asyncio.wait_for(workflow(engine, PROMPT, sampling, 1, score, 0), 60))
+    assert [c.sampling.max_new_tokens for c in engine.calls] == [8, 3]
+    (traj,) = group.trajectories
+    assert [t.model_tokens for t in traj.turns] == [8, 3]

@@ -127,6 +127,13 @@ MALFORMED = [
     (post("/generate", b"{}", extra="Transfer-Encoding: chunked\r\n"), 400),
     (b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n", 413),
     (b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", 400),
+    # the 160 KB body that queued 80,000 samples: batch x n is capped (max_samples_per_request)
+    (post("/generate", json.dumps({"input_ids": [[5]] * 10000, "sampling_params": {"n": 8}}).encode()), 400),
+    (post("/generate", json.dumps({"text": ["1+2"] * 1025}).encode()), 400),
+    (post("/generate", b'{"input_ids": [1, 2], "sampling_params": {"temperature": NaN}}'), 400),
+    (post("/generate", b'{"input_ids": [1, 2], "sampling_params": {"temperature": Infinity}}'), 400),
+    (post("/generate", b"[" * 100_000), 400),  # nested past the parser's depth (was: 500, RecursionError)
+    (post("/update_weights_from_disk", json.dumps({"model_path": "x", "weight_version": -5}).encode()), 409),
 ]
 
 
@@ -201,6 +208,67 @@ def test_pause_abort_and_update_from_disk(served, arun, tmp_path):
     remote.close()
     assert aborted == 2 and all(c.finish_reason == "abort" and 0 < len(c.output_ids) < 100 for c in partial)
     assert eng.version == 7 and remote.version == 7 and after[0].versions == (7,) * 5
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"input_ids": [[5]] * 10000, "sampling_params": {"n": 8}},
+         "asks for 80000 samples (10000 prompts x n=8); this server takes at most 1024 per request"),
+        ({"text": ["1+2"] * 300, "sampling_params": {"n": 4}}, "asks for 1200 samples (300 prompts x n=4)"),
+        ({"text": "1" * 1_000_001}, "'text' holds 1000001 characters; this server reads at most 1000000"),
+        ({"input_ids": [1, 2], "sampling_params": {"temperature": float("nan")}}, "must be a finite number"),
+    ],
+    ids=["80000-samples", "text-batch", "text-chars", "nan"],
+)  # fmt: skip
+def test_generate_caps_and_checks_name_themselves(served, arun, body, message):
+    """The caps on one ``/generate`` (samples, characters of text) answer 400 before anything is queued or
+    tokenised, naming the cap; a non-finite number is refused (was: queued, tokenised, accepted)."""
+    eng, srv = served
+    status, answer = arun(raw_http(srv.server.port, post("/generate", json.dumps(body).encode())))
+    assert status == 400 and message in answer["message"], answer
+    assert eng.stats()["generated_tokens"] == 0
+
+
+def test_weight_versions_only_move_forward_and_garbage_weights_are_400(served, arun, tmp_path):
+    """A weight update below the engine's version is 409 (an equal one, a retry, is applied); a file that is
+    not safetensors, or a sharded index naming a file outside its directory, is 400 and the engine keeps
+    its weights and version and goes on serving (was: the version went to -5; 500 for the garbage file)."""
+    from safetensors.torch import save_file
+
+    eng, srv = served
+    state = {k: v.clone() for k, v in eng.model.state_dict().items()}
+    (tmp_path / "good").mkdir()
+    save_file(state, str(tmp_path / "good" / "model.safetensors"))
+    (tmp_path / "garbage").mkdir()
+    (tmp_path / "garbage" / "model.safetensors").write_bytes(bytes(range(256)) * 64)
+    (tmp_path / "escape").mkdir()
+    index = {"weight_map": {"lm_head.weight": "../good/model.safetensors"}}
+    (tmp_path / "escape" / "model.safetensors.index.json").write_text(json.dumps(index))
+    first = next(iter(state))
+
+    def update(path: str, version: object) -> tuple[int, dict]:
+        body = json.dumps({"model_path": path, "weight_version": version}).encode()
+        return arun(raw_http(srv.server.port, post("/update_weights_from_disk", body)))
+
+    status, answer = update("good", 1.5)
+    assert status == 400 and "'weight_version' must be an integer (or its string), got 1.5" in answer["message"]
+    assert update("good", 3)[0] == 200 and eng.version == 3
+    for version in (-5, 2):
+        status, answer = update("good", version)
+        assert status == 409 and f"weight_version {version} is below this engine's version 3" in answer["message"]
+    assert update("good", "3")[0] == 200 and eng.version == 3
+    with torch.no_grad():
+        eng.model.state_dict()[first].add_(1.0)  # tell the weights apart from the file's
+    before = eng.model.state_dict()[first].clone()
+    for path, reason in (("garbage", "is not a readable safetensors file"), ("escape", "not a file of its own")):
+        status, answer = update(path, 4)
+        assert status == 400 and reason in answer["message"] and "the engine keeps its weights" in answer["message"]
+        assert eng.version == 3 and torch.equal(eng.model.state_dict()[first], before)
+    remote = RemoteEngine(srv.url)
+    (c,) = arun(remote.generate([5, 6], SamplingParams(max_new_tokens=3)))
+    remote.close()
+    assert c.versions == (3, 3, 3) and srv.server.errors_5xx == 0
 
 
 @pytest.mark.slow

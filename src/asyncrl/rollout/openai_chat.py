@@ -5,9 +5,11 @@ sessions or engines:
 
 - ``parse_chat_request(body, ...)``: a ``POST /v1/chat/completions`` body (``messages``, ``tools``,
   ``tool_choice`` auto|none, ``temperature``, ``top_p``, ``max_tokens``/``max_completion_tokens``,
-  ``stop`` (strings that are one token each), ``n``, ``seed``, ``logprobs``) validated into a
+  ``stop`` (strings that are one token each), ``n``, ``seed``, ``logprobs``, ``model``) validated into a
   ``ChatRequest``; anything malformed, unknown or unsupported (``stream``, images, ``top_logprobs``,
-  penalties) raises ``HTTPError(400)`` with the reason;
+  penalties, a lone surrogate in any string, a tool schema whose ``required``/``properties`` are not a
+  list/an object) raises ``HTTPError(400)`` with the reason, and so does a request whose messages and
+  tools hold more than ``max_chars`` characters (checked before anything is tokenised);
 - ``template_messages``: the request's messages as the chat template takes them (an assistant
   message's ``tool_calls`` written back into its text in the call format, ``developer`` as ``system``);
 - ``normalized``: a message reduced to what identifies it (role, text, calls), so that a client
@@ -42,15 +44,19 @@ __all__ = [
     "models_response",
     "normalized",
     "parse_chat_request",
+    "request_chars",
     "template_messages",
     "tool_tags",
 ]
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-_IGNORED = {"model", "user", "metadata", "store", "parallel_tool_calls", "service_tier"}
+_IGNORED = {"user", "metadata", "store", "parallel_tool_calls", "service_tier"}
 _NEUTRAL: dict[str, Any] = {"frequency_penalty": 0, "presence_penalty": 0, "top_logprobs": 0}
 _SAMPLING = {"temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "n", "seed", "logprobs"}
-_SUPPORTED = {"messages", "tools", "tool_choice", "stream", "response_format"} | _SAMPLING | _IGNORED | set(_NEUTRAL)
+_SUPPORTED = {"messages", "tools", "tool_choice", "stream", "response_format", "model"}
+_SUPPORTED |= _SAMPLING | _IGNORED | set(_NEUTRAL)
+MAX_STOP_CHARS = 256
+"""The longest ``stop`` string read (a stop string must be one token)."""
 
 
 def _bad(msg: str) -> HTTPError:
@@ -66,6 +72,7 @@ class ChatRequest:
     tools: tuple[dict[str, Any], ...]
     """The ``tools`` array as given (``{"type": "function", "function": {...}}``), for the template."""
     model: str
+    """The ``model`` asked for; empty when the request names none."""
     max_tokens: int | None
     """Tokens of the reply (the stop token counts); None: the server's or the session's cap."""
     temperature: float
@@ -189,14 +196,49 @@ def _tools(raw: Any) -> tuple[dict[str, Any], ...]:
     for i, tool in enumerate(raw):
         fn = tool.get("function") if isinstance(tool, dict) else None
         if (
-            tool.get("type", "function") != "function"
+            not isinstance(tool, dict)
+            or tool.get("type", "function") != "function"
             or not isinstance(fn, dict)
             or not isinstance(fn.get("name"), str)
         ):
             raise _bad(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}")
-        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+        params = fn.get("parameters")
+        if params is None:
+            continue
+        if not isinstance(params, dict):
             raise _bad(f"tools[{i}].function.parameters must be a JSON schema object")
+        required = params.get("required")
+        if required is not None and (not isinstance(required, list) or not all(isinstance(r, str) for r in required)):
+            raise _bad(f"tools[{i}].function.parameters.required must be a list of parameter names")
+        if params.get("properties") is not None and not isinstance(params["properties"], dict):
+            raise _bad(f"tools[{i}].function.parameters.properties must be an object")
     return tuple(raw)
+
+
+def _check_unicode(body: dict[str, Any]) -> None:
+    """400 for a lone surrogate (which JSON escapes can carry and no tokenizer encodes) in any string of ``body``."""
+    stack: list[tuple[Any, str]] = [(body, "body")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise _bad(f"{where} is not valid Unicode: a lone surrogate at character {e.start}") from None
+        elif isinstance(value, dict):
+            stack += [(k, f"{where}: a key") for k in value]
+            stack += [(v, f"{where}.{k}" if str(k).isidentifier() else where) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(v, f"{where}[{i}]") for i, v in enumerate(value)]
+
+
+def request_chars(messages: tuple[dict[str, Any], ...], tools: tuple[dict[str, Any], ...]) -> int:
+    """The characters a request gives the chat template: message text, tool-call arguments, the tools' JSON."""
+    total = len(json.dumps(tools)) if tools else 0
+    for m in messages:
+        calls = m.get("tool_calls", ())
+        total += len(m["content"]) + sum(len(c["name"]) + len(json.dumps(c["arguments"])) for c in calls)
+    return total
 
 
 def _stop_ids(raw: Any, tokenizer: Any) -> tuple[int, ...]:
@@ -205,6 +247,9 @@ def _stop_ids(raw: Any, tokenizer: Any) -> tuple[int, ...]:
         raise _bad("'stop' must be a non-empty string or a list of at most 4 of them")
     ids = []
     for s in stops:
+        if len(s) > MAX_STOP_CHARS:
+            raise _bad(f"a stop string of {len(s)} characters; only single-token stops (at most {MAX_STOP_CHARS} "
+                       "characters) are supported")  # fmt: skip
         enc = tokenizer.encode(s, add_special_tokens=False)
         if len(enc) != 1:
             raise _bad(f"stop {s!r} is {len(enc)} tokens in this tokenizer; only single-token stops are supported")
@@ -228,15 +273,24 @@ def _check_options(body: dict[str, Any]) -> None:
         raise _bad("tool_choice: only 'auto' and 'none' are supported")
 
 
-def parse_chat_request(body: Any, *, tokenizer: Any, max_slots: int) -> ChatRequest:
-    """Validate a chat-completions body (see the module docstring). Raises ``HTTPError`` (400)."""
+def parse_chat_request(body: Any, *, tokenizer: Any, max_slots: int, max_chars: int | None = None) -> ChatRequest:
+    """Validate a chat-completions body (see the module docstring). Raises ``HTTPError`` (400).
+
+    ``max_chars``: the most characters of message text and tools (``request_chars``); None: unbounded."""
     if not isinstance(body, dict):
         raise _bad("request body must be a JSON object")
     _check_options(body)
+    _check_unicode(body)
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise _bad("'messages' must be a non-empty list")
     messages = tuple(normalized(m, f"messages[{i}]") for i, m in enumerate(raw))
+    tools = _tools(body.get("tools"))
+    if max_chars is not None:
+        chars = request_chars(messages, tools)
+        if chars > max_chars:
+            raise _bad(f"the messages and tools hold {chars} characters; this server reads at most {max_chars} "
+                       "per request (max_request_chars)")  # fmt: skip
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is not None and (not is_int(max_tokens) or max_tokens < 1):
         raise _bad("max_tokens must be an int >= 1")
@@ -255,10 +309,11 @@ def parse_chat_request(body: Any, *, tokenizer: Any, max_slots: int) -> ChatRequ
     if seed is not None and not is_int(seed):
         raise _bad("seed must be an int")
     logprobs = bool(body.get("logprobs") or False)
-    tools = _tools(body.get("tools"))
     if body.get("tool_choice") == "none":
         tools = ()
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _bad("'model' must be a string")
     return ChatRequest(
         messages=messages, tools=tools, model=model if isinstance(model, str) else "", max_tokens=max_tokens,
         temperature=float(temperature), top_p=float(top_p), stop_ids=_stop_ids(body.get("stop"), tokenizer),

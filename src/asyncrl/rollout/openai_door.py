@@ -17,18 +17,35 @@ Owns the routes and what each one does; the shapes are ``rollout.openai_chat``'s
 =========================================  ==============================================================
 
 A turn ends at the chat template's end-of-turn tokens, at a request's single-token ``stop`` strings, or
-at its budget: ``max_tokens`` (a session's own cap: its sampling's ``max_new_tokens``), the session's
-tokens left, the engine's context. In a session opened with sampling (a training workflow's), that
-sampling governs (temperature, top-p, top-k, seed) whatever the request says: the behaviour log-probs
-are then those the trainer expects.
+at its budget: ``max_tokens`` (in a session opened with sampling, never more than that sampling's
+``max_new_tokens``: a larger request is lowered to it), the session's tokens left, the engine's context.
+In a session opened with sampling (a training workflow's), that sampling governs (temperature, top-p,
+top-k, seed) whatever the request says: the behaviour log-probs are then those the trainer expects.
+
+What a client cannot do here (docs/security.md):
+
+- forge a turn: message text, tool results and tool schemas are encoded as text, so control tokens
+  come only from the chat template (``rollout.chat``);
+- stall the server: a request's messages and tools may hold at most ``max_request_chars`` characters
+  (400 naming the limit, checked before tokenising), and validation, rendering and tokenising run on
+  one worker thread of the door (``off_loop``), never on the event loop;
+- keep sessions forever: a server's sessions expire after ``session_ttl_s`` without a call, and past
+  ``max_open_sessions`` the least recently used idle one is evicted; their ids then answer 404 saying
+  why (``openai_session.SessionStore``);
+- name another model: ``model`` must be the served name (``model_name``), else 404 ``model_not_found``
+  as OpenAI answers; the workflow's door (``serves_any_model``) lets an agent name any model;
+- learn a path: ``/v1/models`` lists ``model_name`` only (a server gives the model directory's name).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from asyncrl.auth import ApiKeyAuth
 from asyncrl.rollout.api import RolloutEngine
@@ -48,9 +65,13 @@ from asyncrl.rollout.openai_session import ChatSession, SessionStore
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.tools import ToolFormat, parse_tool_calls
 from asyncrl.types import Completion, ModelSegment
-from asyncrl.web import HTTPError, JsonServer, Request, parse_json
+from asyncrl.web import HTTPError, JsonServer, Request, is_finite, parse_json
 
-__all__ = ["ChatDoor", "DoorServer", "SESSION_ID"]
+__all__ = ["ChatDoor", "DoorServer", "MAX_REQUEST_CHARS", "SESSION_ID"]
+
+T = TypeVar("T")
+MAX_REQUEST_CHARS = 1_000_000
+"""The default cap on a chat request's characters of message text and tools (``openai_chat.request_chars``)."""
 
 SESSION_ID = re.compile(r"[A-Za-z0-9_.@:-]{1,160}")
 _SESSION_PATH = re.compile(r"/sessions/([^/]+)(/v1/chat/completions|/v1/models|/end|)")
@@ -78,10 +99,21 @@ class ChatDoor:
         max_seq_len: int | None = None,
         default_max_tokens: int = 512,
         open_sessions_on_call: bool = True,
+        serves_any_model: bool = False,
+        max_request_chars: int | None = MAX_REQUEST_CHARS,
+        max_open_sessions: int | None = None,
+        session_ttl_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``end_of_turn_ids``: the tokens that end a model turn (default: the EOS); ``max_seq_len``:
         the engine's context (None: not checked here); ``open_sessions_on_call``: a call to an unknown
-        session opens it (a server) or is refused with 404 (a workflow opens its sessions itself)."""
+        session opens it (a server) or is refused with 404 (a workflow opens its sessions itself);
+        ``serves_any_model``: a request may name any ``model`` (else only ``model_name``);
+        ``max_request_chars``, ``max_open_sessions``, ``session_ttl_s``: the bounds of the module
+        docstring (None: unbounded; a workflow's door, whose sessions the workflow ends itself);
+        ``clock``: the sessions' (monotonic seconds)."""
+        if max_request_chars is not None and max_request_chars < 1:
+            raise ValueError(f"max_request_chars must be >= 1 (or None), got {max_request_chars}")
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -90,9 +122,25 @@ class ChatDoor:
         self.max_seq_len = max_seq_len
         self.default_max_tokens = default_max_tokens
         self.open_sessions_on_call = open_sessions_on_call
-        self.store = SessionStore()
+        self.serves_any_model = serves_any_model
+        self.max_request_chars = max_request_chars
+        self.store = SessionStore(max_open=max_open_sessions, ttl_s=session_ttl_s, clock=clock)
         self._renderer: ChatRenderer | None = None
         self._end_of_turn_ids = end_of_turn_ids
+        self._worker: ThreadPoolExecutor | None = None
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the door's one worker thread (validation, rendering, tokenising): the event loop
+        keeps serving meanwhile, and the tokenizer is used by one thread of the door at a time."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="asyncrl-door-tokenize")
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+
+    def close(self) -> None:
+        """Let the worker thread go (it finishes what it runs; a later call starts another)."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.shutdown(wait=False, cancel_futures=True)
 
     @property
     def renderer(self) -> ChatRenderer:
@@ -132,6 +180,14 @@ class ChatDoor:
     async def models(self) -> dict[str, Any]:
         return models_response(self.model_name)
 
+    def check_model(self, name: str) -> None:
+        """404 ``model_not_found`` (OpenAI's answer) for a model this door does not serve; no name is this one."""
+        if name and name != self.model_name and not self.serves_any_model:
+            raise HTTPError(
+                404, f"The model {name!r} does not exist here: this server serves {self.model_name!r} (GET /v1/models)",
+                code="model_not_found",
+            )  # fmt: skip
+
     def open_session(
         self, session_id: str, sampling: SamplingParams | None = None, max_tokens: int | None = None
     ) -> ChatSession:
@@ -147,8 +203,8 @@ class ChatDoor:
             if not isinstance(body, dict) or set(body) - {"reward"}:
                 raise HTTPError(400, "the body of /end is {} or {'reward': number}")
             reward = body.get("reward")
-            if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float))):
-                raise HTTPError(400, "'reward' must be a number")
+            if reward is not None and not is_finite(reward):
+                raise HTTPError(400, f"'reward' must be a finite number, got {reward!r}")
         session = self.store.end(session_id, None if reward is None else float(reward))
         return session.summary()
 
@@ -159,26 +215,32 @@ class ChatDoor:
         return session.summary()
 
     # ------------------------------------------------------------------------------- completions
+    def _parse(self, body: Any) -> ChatRequest:
+        return parse_chat_request(
+            body, tokenizer=self.tokenizer, max_slots=self.max_slots, max_chars=self.max_request_chars
+        )
+
     async def chat(self, body: Any, session_id: str | None) -> dict[str, Any]:
-        req = parse_chat_request(body, tokenizer=self.tokenizer, max_slots=self.max_slots)
+        req = await self.off_loop(self._parse, body)
+        self.check_model(req.model)
         if session_id is None:
             return await self._unrecorded(req)
-        session = self.store.open.get(session_id)
+        session = self.store.find_open(session_id)
         if session is None:
-            if self.store.get(session_id) is not None:
-                raise HTTPError(400, f"session {session_id} has ended")
             if not self.open_sessions_on_call:
                 raise HTTPError(404, f"no session {session_id} (this door's sessions are opened by its workflow)")
             session = self.open_session(session_id)
         if session.busy:
             raise HTTPError(400, f"session {session_id}: another call of it is running (a session is one conversation)")
-        plan = session.plan(req)
         session.busy = True
+        self.store.touch(session)
         try:
+            plan = await self.off_loop(session.plan, req)
             sampling = self._sampling(req, session.sampling, len(plan.input_ids), plan.budget)
             (c,) = await generate_group(self.engine, plan.input_ids, sampling, 1)
         finally:
             session.busy = False
+            self.store.touch(session)
         seg = ModelSegment(c.output_ids, c.behav_logprobs, c.versions, c.finish_reason, c.num_interruptions)
         tags = tool_tags(req.tools)
         text, closed_by = self._turn_text(c, sampling)
@@ -194,7 +256,8 @@ class ChatDoor:
 
     async def _unrecorded(self, req: ChatRequest) -> dict[str, Any]:
         tags = tool_tags(req.tools)
-        ids = self.renderer.opening_ids(template_messages(req.messages, self.tool_format, tags), req.tools)
+        messages = template_messages(req.messages, self.tool_format, tags)
+        ids = await self.off_loop(self.renderer.opening_ids, messages, req.tools)
         sampling = self._sampling(req, None, len(ids), 1 << 30)
         completions = await generate_group(self.engine, ids, sampling, req.n)
         choices = []
@@ -207,8 +270,11 @@ class ChatDoor:
         return completion_response(req.model or self.model_name, choices, len(ids), produced)
 
     def _sampling(self, req: ChatRequest, own: SamplingParams | None, prompt_len: int, budget: int) -> SamplingParams:
-        """The call's sampling: the session's (a workflow's) or the request's, within every budget."""
+        """The call's sampling: the session's (a workflow's) or the request's, within every budget. A
+        session's own ``max_new_tokens`` is a cap: a request's larger ``max_tokens`` is lowered to it."""
         cap = req.max_tokens or (own.max_new_tokens if own is not None else self.default_max_tokens)
+        if own is not None:
+            cap = min(cap, own.max_new_tokens)
         if self.max_seq_len is not None:
             room = self.max_seq_len - prompt_len
             if room < 1:
@@ -244,10 +310,10 @@ class ChatDoor:
         return choice
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """OpenAI's error object."""
+def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object (``code``: OpenAI's code, e.g. ``model_not_found``; else the status)."""
     kind = "authentication_error" if status == 401 else "invalid_request_error" if status < 500 else "server_error"
-    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return {"error": {"message": message, "type": kind, "param": None, "code": code or status}}
 
 
 class DoorServer:
@@ -288,8 +354,9 @@ class DoorServer:
 
     async def stop(self) -> None:
         """Stop listening and end every connection, idle keep-alive ones included (a request still in
-        progress is cancelled)."""
+        progress is cancelled); the door's worker thread goes."""
         await self.http.stop()
+        self.door.close()
 
     async def _dispatch(self, req: Request) -> Any:
         handler = self.door.route(req.method, req.path)

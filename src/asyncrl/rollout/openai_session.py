@@ -18,13 +18,18 @@ and the policy, named by an id in the base URL (``/sessions/<id>/v1``):
 - ``end(reward)`` closes it: ``trajectory()`` is the ``types.Trajectory`` a workflow hands the
   controller, trained like any group member.
 
-``SessionStore`` holds the open sessions and the recently ended ones of one door.
+``SessionStore`` holds the open sessions and the recently ended ones of one door, within bounds a
+server sets: an open session with no call for ``ttl_s`` expires, and past ``max_open`` open sessions
+the least recently used idle one is evicted (a session with a call running is never dropped; when all
+are, a new one is refused with 429). A dropped session's id is remembered (the last ``keep_gone``),
+so its next call, end or record answers 404 saying why, instead of opening a new session under that id.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -82,6 +87,8 @@ class ChatSession:
     last_reply_wall: float = 0.0
     """``time.time()`` of the last reply: where the agent's tool time (until its next call) began."""
     busy: bool = False
+    last_used: float = 0.0
+    """The ``SessionStore`` clock's time of the session's latest use (opened, a call began or ended)."""
     ended: bool = False
     reward: float | None = None
 
@@ -212,27 +219,110 @@ def _env_kind(messages: tuple[dict[str, Any], ...]) -> EnvKind:
 
 
 class SessionStore:
-    """The open sessions of one door, and the last ``keep_ended`` ended ones (for ``GET``)."""
+    """The open sessions of one door, and the last ``keep_ended`` ended ones (for ``GET``); see the module
+    docstring for ``max_open`` and ``ttl_s`` (None: unbounded) and ``keep_gone``. ``clock``: seconds,
+    monotonic."""
 
-    def __init__(self, keep_ended: int = 1024) -> None:
-        self.open: dict[str, ChatSession] = {}
+    def __init__(
+        self,
+        keep_ended: int = 1024,
+        *,
+        max_open: int | None = None,
+        ttl_s: float | None = None,
+        keep_gone: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_open is not None and max_open < 1:
+            raise ValueError(f"max_open must be >= 1 (or None), got {max_open}")
+        if ttl_s is not None and not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0 (or None), got {ttl_s}")
+        self.open: OrderedDict[str, ChatSession] = OrderedDict()
+        """Least recently used first."""
         self.ended: OrderedDict[str, ChatSession] = OrderedDict()
+        self.gone: OrderedDict[str, str] = OrderedDict()
+        """Expired or evicted session ids -> why (the last ``keep_gone``)."""
         self.keep_ended = keep_ended
+        self.max_open = max_open
+        self.ttl_s = ttl_s
+        self.keep_gone = keep_gone
+        self.clock = clock
+        self.expired = 0
+        self.evicted = 0
 
     def add(self, session: ChatSession) -> ChatSession:
-        if session.session_id in self.open or session.session_id in self.ended:
-            raise ValueError(f"session {session.session_id} exists")
-        self.open[session.session_id] = session
+        """Open ``session`` (``ValueError`` for an id in use or dropped; 429 when full of running sessions)."""
+        self.expire()
+        sid = session.session_id
+        if sid in self.open or sid in self.ended or sid in self.gone:
+            raise ValueError(f"session {sid} exists")
+        if self.max_open is not None and len(self.open) >= self.max_open:
+            idle = next((s for s in self.open.values() if not s.busy), None)
+            if idle is None:
+                raise HTTPError(429, f"this server holds at most {self.max_open} open sessions and each has a call "
+                                     "running: end sessions (POST /sessions/<id>/end) or retry later")  # fmt: skip
+            self._drop(idle, f"was evicted: this server holds at most {self.max_open} open sessions and it was the "
+                             "least recently used")  # fmt: skip
+            self.evicted += 1
+        session.last_used = self.clock()
+        self.open[sid] = session
         return session
 
+    def touch(self, session: ChatSession) -> None:
+        """``session`` was just used: it is now the most recently used, its idle time starts again."""
+        session.last_used = self.clock()
+        if session.session_id in self.open:
+            self.open.move_to_end(session.session_id)
+
+    def expire(self) -> int:
+        """Drop the open sessions idle for more than ``ttl_s`` (none with a call running); how many."""
+        if self.ttl_s is None:
+            return 0
+        now, dropped = self.clock(), 0
+        for session in list(self.open.values()):
+            if now - session.last_used <= self.ttl_s:
+                break  # the rest were used later
+            if not session.busy:
+                self._drop(session, f"expired: it had no call for more than {self.ttl_s:g} s")
+                dropped += 1
+        self.expired += dropped
+        return dropped
+
+    def _drop(self, session: ChatSession, why: str) -> None:
+        del self.open[session.session_id]
+        self.gone[session.session_id] = why
+        while len(self.gone) > self.keep_gone:
+            self.gone.popitem(last=False)
+
+    def find_open(self, session_id: str) -> ChatSession | None:
+        """The open session ``session_id``; None when unknown; 400 when it has ended, 404 when it was dropped."""
+        self.expire()
+        session = self.open.get(session_id)
+        if session is None:
+            if session_id in self.ended:
+                raise HTTPError(400, f"session {session_id} has ended")
+            self._raise_gone(session_id)
+        return session
+
+    def _raise_gone(self, session_id: str) -> None:
+        why = self.gone.get(session_id)
+        if why is not None:
+            raise HTTPError(404, f"session {session_id} {why}; start another session (another id)")
+
     def get(self, session_id: str) -> ChatSession | None:
-        return self.open.get(session_id) or self.ended.get(session_id)
+        """An open or ended session; 404 for a dropped one; None when unknown."""
+        self.expire()
+        session = self.open.get(session_id) or self.ended.get(session_id)
+        if session is None:
+            self._raise_gone(session_id)
+        return session
 
     def end(self, session_id: str, reward: float | None) -> ChatSession:
+        self.expire()
         session = self.open.pop(session_id, None)
         if session is None:
             if session_id in self.ended:
                 raise HTTPError(400, f"session {session_id} has already ended")
+            self._raise_gone(session_id)
             raise HTTPError(404, f"no session {session_id}")
         session.end(reward)
         self.ended[session_id] = session

@@ -8,7 +8,8 @@ runs the agent's entrypoint once per session:
     entrypoint(base_url, api_key, task) -> float | None
 
 ``base_url`` is the session's (``http://127.0.0.1:<port>/sessions/<id>/v1``: an unmodified
-``openai.OpenAI(base_url=..., api_key=...)`` carries the session), ``task`` a plain dict
+``openai.OpenAI(base_url=..., api_key=...)`` carries the session; the door answers to any ``model``
+name, so an agent written for another model runs as it is), ``task`` a plain dict
 (``prompt_id``, ``question``, ``answer``, ``meta``). A plain function runs in a worker thread (the
 ``openai`` client blocks), an ``async def`` on the event loop. The episode's reward is what the
 entrypoint returns, else the reward it sent to ``POST /sessions/<id>/end``, else the run's verifier
@@ -17,7 +18,9 @@ is scored on what it did (and the error logged); one that made no call fails the
 
 Each session becomes a ``Trajectory`` (``rollout.openai_session``: the ids the engine was given and
 produced, environment glue out of the loss), so the controller trains the G sessions of a prompt like
-any group: group-relative advantages, staleness from the oldest model token. The controller knows
+any group: group-relative advantages, staleness from the oldest model token. Each call's tokens are
+capped by ``max_turn_tokens`` (else the sampling's ``max_new_tokens``): an agent's larger
+``max_tokens`` is lowered to it, a smaller one kept. The controller knows
 nothing of this beyond calling the workflow (``launch.stages.build_workflow``).
 """
 
@@ -34,7 +37,7 @@ from typing import Any
 
 from asyncrl.auth import new_api_key
 from asyncrl.rollout.api import RolloutEngine, SampleDone
-from asyncrl.rollout.openai_door import ChatDoor, DoorServer
+from asyncrl.rollout.openai_door import MAX_REQUEST_CHARS, ChatDoor, DoorServer
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.tools import ToolFormat
 from asyncrl.rollout.workflow import ScoredEpisode, ScoreFn, episode_samplings, group_of_episodes
@@ -57,11 +60,14 @@ class DoorSettings:
     max_tokens: int = 256
     """Tokens per session after its opening (model and glue); a call past it gets 400."""
     max_turn_tokens: int | None = None
-    """Tokens per call when the request gives no ``max_tokens``; None: the sampling's ``max_new_tokens``."""
+    """The most tokens per call (a request's larger ``max_tokens`` is lowered to it; no ``max_tokens``: this
+    many); None: the sampling's ``max_new_tokens``."""
     max_seq_len: int | None = None
     """The engine's context (None: not checked by the door)."""
     max_threads: int = 64
     """Worker threads running plain (blocking) entrypoints at once."""
+    max_request_chars: int | None = MAX_REQUEST_CHARS
+    """The most characters of message text and tools in one call (400 past it, before tokenising)."""
 
 
 def task_dict(prompt: Prompt) -> dict[str, Any]:
@@ -97,7 +103,7 @@ class OpenAIAgentWorkflow:
         door = ChatDoor(
             engine, self.tokenizer, model_name=self.model_name, tool_format=self.settings.tool_format,
             end_of_turn_ids=self.end_of_turn_ids, max_seq_len=self.settings.max_seq_len,
-            open_sessions_on_call=False,
+            open_sessions_on_call=False, serves_any_model=True, max_request_chars=self.settings.max_request_chars,
         )  # fmt: skip
         return DoorServer(door, self.api_key)
 

@@ -20,9 +20,17 @@ SGLang's native API (``sglang/srt/entrypoints/http_server.py``, v0.4.6 - v0.5.x)
 - The OpenAI-compatible door (``rollout.openai_door``, docs/agent.md): ``POST /v1/chat/completions``,
   ``GET /v1/models``, and the same under ``/sessions/<id>/v1/...`` (recorded token for token),
   ``POST /sessions/<id>/end``, ``GET /sessions/<id>``. Errors are answered as on every other route.
+  The model is served as ``served_model_name`` (default: the model directory's name, never its path);
+  other names get 404 ``model_not_found``; sessions expire after ``session_ttl_s`` without a call and
+  at most ``max_open_sessions`` are open.
 
 Robustness: malformed JSON (invalid UTF-8 included), wrong types, unknown or unsupported sampling
-options, out-of-vocab ids and over-long inputs get a 4xx with a message (SGLang's error object); a body
+options, non-finite numbers, out-of-vocab ids and over-long inputs get a 4xx with a message (SGLang's
+error object); so do a ``/generate`` asking for more than ``max_samples_per_request`` samples (prompts x
+``n``) or with more than ``max_request_chars`` characters of ``text``, a weight update whose
+``weight_version`` is below the engine's (409: versions only move forward) and one whose files are not
+safetensors (400; the engine keeps its weights). Parsing ``/generate`` (tokenising its ``text``) runs
+on the door's worker thread (``ChatDoor.off_loop``), never on the event loop; a body
 over ``max_body_bytes`` gets 413 (before it is read when its length is declared; chunked bodies are
 read up to the limit); a request not complete ``request_timeout_s`` after its first byte (a slow
 client, slowloris) gets 408 and its connection is closed; a connection idle for ``idle_timeout_s`` is
@@ -39,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from pathlib import Path
@@ -47,15 +56,22 @@ from typing import Any
 from asyncrl.auth import ApiKeyAuth, PathOutsideRoot, check_bind, confine_path
 from asyncrl.choices import InterruptMode
 from asyncrl.rollout.engine import LocalEngine
-from asyncrl.rollout.openai_door import ChatDoor
+from asyncrl.rollout.openai_door import MAX_REQUEST_CHARS, ChatDoor
 from asyncrl.rollout.protocol import GenerateRequest, bad_request, parse_generate
 from asyncrl.rollout.tools import ToolFormat
 from asyncrl.types import WeightUpdate
-from asyncrl.web import HTTPError, JsonServer, Request, parse_json
+from asyncrl.web import HTTPError, JsonServer, Request, is_int, parse_json
 
 __all__ = ["EngineServer", "GenerateRequest", "ServerThread", "serve_engine", "parse_generate"]
 
 log = logging.getLogger(__name__)
+
+MAX_SAMPLES_PER_REQUEST = 1024
+"""The default cap on one ``/generate`` request's samples (prompts x ``n``)."""
+MAX_OPEN_SESSIONS = 1024
+"""The default cap on the door's open sessions."""
+SESSION_TTL_S = 3600.0
+"""The default time an open session may go without a call before it expires."""
 
 
 class EngineServer:
@@ -63,7 +79,9 @@ class EngineServer:
 
     ``api_key``: the bearer token every request but ``GET /health`` must carry (None: no check,
     loopback only). ``weights_root``: the directory weight updates may be loaded from.
-    ``request_timeout_s``/``idle_timeout_s``: slow and idle clients (see the module docstring)."""
+    ``request_timeout_s``/``idle_timeout_s``: slow and idle clients (see the module docstring).
+    ``served_model_name``, ``max_samples_per_request``, ``max_request_chars``, ``max_open_sessions``,
+    ``session_ttl_s``: the bounds of the module docstring."""
 
     ROUTES: dict[tuple[str, str], str] = {
         ("GET", "/health"): "_health",
@@ -93,9 +111,19 @@ class EngineServer:
         request_timeout_s: float = 30.0,
         idle_timeout_s: float = 60.0,
         tool_format: ToolFormat = "hermes",
+        served_model_name: str | None = None,
+        max_samples_per_request: int = MAX_SAMPLES_PER_REQUEST,
+        max_request_chars: int = MAX_REQUEST_CHARS,
+        max_open_sessions: int = MAX_OPEN_SESSIONS,
+        session_ttl_s: float = SESSION_TTL_S,
     ) -> None:
         """``tool_format``: how the door's ``/v1/chat/completions`` reads tool calls in model text."""
+        if max_samples_per_request < 1:
+            raise ValueError(f"max_samples_per_request must be >= 1, got {max_samples_per_request}")
         self.engine = engine
+        self.max_samples_per_request = max_samples_per_request
+        self.max_request_chars = max_request_chars
+        self._updating = asyncio.Lock()
         self.model_path = model_path
         self.eos_ids = eos_ids
         self.auth = ApiKeyAuth(api_key, "engine server")
@@ -105,8 +133,10 @@ class EngineServer:
             request_timeout_s=request_timeout_s, idle_timeout_s=idle_timeout_s,
         )  # fmt: skip
         self.door = ChatDoor(
-            engine, engine.tokenizer, model_name=model_path or "asyncrl", tool_format=tool_format,
-            end_of_turn_ids=eos_ids, max_slots=engine.max_slots, max_seq_len=engine.max_seq_len,
+            engine, engine.tokenizer, model_name=served_model_name or Path(model_path).name or "asyncrl",
+            tool_format=tool_format, end_of_turn_ids=eos_ids, max_slots=engine.max_slots,
+            max_seq_len=engine.max_seq_len, max_request_chars=max_request_chars,
+            max_open_sessions=max_open_sessions, session_ttl_s=session_ttl_s,
         )  # fmt: skip
 
     @property
@@ -134,8 +164,9 @@ class EngineServer:
 
     async def stop(self) -> None:
         """Stop listening and close every open connection (a request still running after
-        ``web.SHUTDOWN_S`` is cancelled)."""
+        ``web.SHUTDOWN_S`` is cancelled); the door's worker thread goes."""
         await self.http.stop()
+        self.door.close()
 
     async def _dispatch(self, req: Request) -> Any:
         name = self.ROUTES.get((req.method, req.path))
@@ -181,14 +212,14 @@ class EngineServer:
 
     async def _generate(self, body: Any) -> Any:
         e = self.engine
-        g = parse_generate(
-            body,
-            max_slots=e.max_slots,
-            max_seq_len=e.max_seq_len,
-            vocab_size=e.vocab_size,
-            eos_ids=self.eos_ids,
-            tokenizer=e.tokenizer,
-        )
+
+        def parse() -> GenerateRequest:
+            return parse_generate(
+                body, max_slots=e.max_slots, max_seq_len=e.max_seq_len, vocab_size=e.vocab_size, eos_ids=self.eos_ids,
+                tokenizer=e.tokenizer, max_samples=self.max_samples_per_request, max_chars=self.max_request_chars,
+            )  # fmt: skip
+
+        g = await self.door.off_loop(parse)
         t0 = time.perf_counter()
         groups = await asyncio.gather(*(e.generate(p, g.sampling, g.n) for p in g.prompts))
         latency = time.perf_counter() - t0
@@ -255,24 +286,26 @@ class EngineServer:
     async def _update_from_disk(self, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
             raise bad_request("body must be an object with a string 'model_path'")
-        version = body.get("weight_version")
-        if version is None:
-            version = self.engine.version + 1
-        else:
-            try:
-                version = int(version)
-            except (TypeError, ValueError):
-                raise bad_request("'weight_version' must be an integer (or its string)") from None
+        version = _weight_version(body.get("weight_version"))
         abort_all = body.get("abort_all_requests", False)
         if not isinstance(abort_all, bool):
             raise bad_request("'abort_all_requests' must be a bool")
         path = self._confined(body["model_path"])
-        if abort_all:
-            await self.engine.abort_all()
-        try:
-            await self.engine.update_weights(WeightUpdate(version=version, path=str(path)))
-        except (FileNotFoundError, KeyError, ValueError, OSError) as e:
-            raise HTTPError(400, f"update_weights_from_disk failed: {e}") from None
+        async with self._updating:  # one update at a time: the check below holds until it is applied
+            if version is None:
+                version = self.engine.version + 1
+            elif version < self.engine.version:
+                raise HTTPError(409, f"weight_version {version} is below this engine's version {self.engine.version}: "
+                                     "weight versions only move forward")  # fmt: skip
+            if abort_all:
+                await self.engine.abort_all()
+            try:
+                await self.engine.update_weights(WeightUpdate(version=version, path=str(path)))
+            except (FileNotFoundError, KeyError, ValueError, OSError) as e:
+                raise HTTPError(
+                    400, f"update_weights_from_disk failed (the engine keeps its weights, version "
+                         f"{self.engine.version}): {e}",
+                ) from None  # fmt: skip
         return {
             "success": True,
             "message": f"Succeeded to update model weights. Weight version updated to {version}.",
@@ -294,9 +327,20 @@ class EngineServer:
             raise HTTPError(403, f"update_weights_from_disk refused: {e}") from None
 
 
-def _error(status: int, message: str) -> dict[str, Any]:
-    """SGLang's error object."""
-    return {"object": "error", "message": message, "type": _phrase(status), "param": None, "code": status}
+def _weight_version(raw: Any) -> int | None:
+    """A weight update's ``weight_version``: an int or the string of one (SGLang sends strings); None: next."""
+    if raw is None:
+        return None
+    if isinstance(raw, str) and re.fullmatch(r"\s*[+-]?[0-9]{1,18}\s*", raw):
+        raw = int(raw)
+    if not is_int(raw) or abs(raw) >= 1 << 62:
+        raise bad_request(f"'weight_version' must be an integer (or its string), got {raw!r}"[:200])
+    return int(raw)
+
+
+def _error(status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    """SGLang's error object (``code``: a machine-readable code such as ``model_not_found``; else the status)."""
+    return {"object": "error", "message": message, "type": _phrase(status), "param": None, "code": code or status}
 
 
 def _phrase(status: int) -> str:
