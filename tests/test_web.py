@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from asyncrl.auth import ApiKeyAuth
-from asyncrl.web import JsonServer, Request
+from asyncrl.web import HTTPError, JsonServer, Request, parse_json
 from asyncrl.web_client import JsonClient
 
 ANSWER = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"ok":true}'
@@ -336,3 +336,11 @@ def test_a_half_close_after_a_whole_request_is_answered() -> None:
     assert dispatched == [b"01234567890123456789"]
     assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b'{"ok":true}')
     assert seconds < DEADLINE_S / 2
+
+
+def test_json_nested_past_the_parsers_depth_is_a_400() -> None:
+    """Every server's one JSON reader: a body nested deeper than Python's parser goes is 400, not a
+    ``RecursionError`` answered 500."""
+    with pytest.raises(HTTPError, match="nested too deeply") as e:
+        parse_json(b"[" * 100_000)
+    assert e.value.status == 400
