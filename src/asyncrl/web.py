@@ -118,8 +118,14 @@ def is_num(v: Any) -> bool:
 
 
 def is_finite(v: Any) -> bool:
-    """A number (``is_num``), neither NaN nor infinite (``json.loads`` reads ``NaN``, ``Infinity``, ``1e999``)."""
-    return is_num(v) and (isinstance(v, int) or math.isfinite(v))
+    """A number (``is_num``) that is a finite float: not NaN, not infinite (``json.loads`` reads ``NaN``,
+    ``Infinity``, ``1e999``), not an int too large for a float (``1`` and 400 zeros)."""
+    if not is_num(v):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
 
 
 def _dumps(payload: Any) -> bytes:

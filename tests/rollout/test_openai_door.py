@@ -281,6 +281,7 @@ def test_the_engine_servers_door_bounds(load_tiny, tiny_dir) -> None:
                 ),
                 ("/sessions/b/end", {"reward": float("nan")}),
                 ("/sessions/b/end", {"reward": float("inf")}),
+                ("/sessions/b/end", {"reward": 10**400}),  # was: 500, an OverflowError
             ]
             for path, body in malformed:
                 status, r = _http(f"{base}{path}", body)

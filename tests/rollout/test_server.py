@@ -218,8 +218,10 @@ def test_pause_abort_and_update_from_disk(served, arun, tmp_path):
         ({"text": ["1+2"] * 300, "sampling_params": {"n": 4}}, "asks for 1200 samples (300 prompts x n=4)"),
         ({"text": "1" * 1_000_001}, "'text' holds 1000001 characters; this server reads at most 1000000"),
         ({"input_ids": [1, 2], "sampling_params": {"temperature": float("nan")}}, "must be a finite number"),
+        ({"input_ids": [1, 2], "sampling_params": {"temperature": 10**400}}, "must be a finite number"),
+        ({"text": ["1+2", ""]}, "a prompt encodes to no tokens"),
     ],
-    ids=["80000-samples", "text-batch", "text-chars", "nan"],
+    ids=["80000-samples", "text-batch", "text-chars", "nan", "huge-int", "empty-text"],
 )  # fmt: skip
 def test_generate_caps_and_checks_name_themselves(served, arun, body, message):
     """The caps on one ``/generate`` (samples, characters of text) answer 400 before anything is queued or

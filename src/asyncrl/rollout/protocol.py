@@ -112,6 +112,8 @@ def parse_generate(
             if not isinstance(p, list) or not p or not all(is_int(t) for t in p):
                 raise bad_request("'input_ids' must be a non-empty list of ints (or a list of such lists)")
     for p in prompts:
+        if not p:
+            raise bad_request("a prompt encodes to no tokens (empty 'text'): give each prompt at least one token")
         if len(p) >= max_seq_len:
             raise bad_request(
                 f"input too long: {len(p)} tokens; the server's context (max_seq_len) is {max_seq_len} tokens"
