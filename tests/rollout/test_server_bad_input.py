@@ -69,49 +69,56 @@ def test_a_stalled_request_gets_408_and_others_are_served(quick: Any, arun: Any,
     status, body, waited, served, rest = arun(go())
     assert status == 408 and body["code"] == 408
     assert body["message"] == "request not complete within 0.5 s of its first byte"
-    assert waited < 5 and served == 2 and rest == b""
+    assert waited < 20 and served == 2 and rest == b""  # a hang guard: the 408 comes at 0.5 s
 
 
 def test_a_trickling_client_slowloris_is_cut_off(quick: Any, arun: Any) -> None:
-    async def go() -> tuple[int, float, int]:
+    """One byte every 20 ms of a header that never ends: each read is quick, so only a deadline from the
+    request's first byte (0.5 s here) cuts it off, while the client is still sending (counted, not timed;
+    a deadline renewed by every read would answer only after the client gave up, 20 s later)."""
+
+    async def go() -> tuple[int, bool, int]:
         reader, writer = await asyncio.open_connection("127.0.0.1", quick.server.port)
         t0 = time.perf_counter()
-        request = b"POST /generate HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 1000
+        writer.write(b"POST /generate HTTP/1.1\r\nHost: x\r\nX-Slow: ")
         answer = asyncio.ensure_future(_answer(reader))
-        for byte in request:  # one byte every 20 ms: each read is quick, the request never ends
+        cut_off = False
+        while time.perf_counter() - t0 < 20:
             if answer.done():
+                cut_off = True
                 break
             try:
-                writer.write(bytes([byte]))
+                writer.write(b"a")
                 await writer.drain()
             except ConnectionError:
+                cut_off = True
                 break
             await asyncio.sleep(0.02)
         status, _ = await answer
         writer.close()
-        return status, time.perf_counter() - t0, quick.server.errors_5xx
+        return status, cut_off, quick.server.errors_5xx
 
-    status, elapsed, errors_5xx = arun(go())
-    assert status == 408 and elapsed < 5 and errors_5xx == 0
+    status, cut_off, errors_5xx = arun(go())
+    assert status == 408 and cut_off and errors_5xx == 0
 
 
 def test_an_idle_connection_is_closed_without_an_answer(quick: Any, arun: Any) -> None:
     async def go() -> tuple[bytes, float]:
         reader, writer = await asyncio.open_connection("127.0.0.1", quick.server.port)
         t0 = time.perf_counter()
-        data = await asyncio.wait_for(reader.read(), 10)
+        data = await asyncio.wait_for(reader.read(), 25)
         writer.close()
         return data, time.perf_counter() - t0
 
     data, elapsed = arun(go())
-    assert data == b"" and 0.8 < elapsed < 5  # closed after idle_timeout_s = 1, no stale answer left behind
+    assert data == b"" and 0.8 < elapsed < 20  # closed after idle_timeout_s = 1, no stale answer left behind
 
 
 def test_a_pooled_client_reconnects_after_the_idle_close(quick: Any, arun: Any) -> None:
     async def go() -> list[int]:
         remote = RemoteEngine(quick.url)
         out = []
-        for pause in (0.0, 1.5):  # the second request finds its pooled connection closed by the server
+        for pause in (0.0, 3.0):  # the second request finds its pooled connection closed by the server
             await asyncio.sleep(pause)
             (c,) = await remote.generate([5, 6], SamplingParams(max_new_tokens=2))
             out.append(len(c.output_ids))
