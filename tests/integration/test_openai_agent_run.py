@@ -24,7 +24,7 @@ from tests.repo_paths import REPO
 
 pytest.importorskip("openai")
 
-STEPS = 8
+STEPS = 16
 
 
 def _cfg(model_dir: Path, run_dir: Path):
