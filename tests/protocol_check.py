@@ -20,8 +20,8 @@ _EMPTY = inspect.Parameter.empty
 
 
 def protocol_members(protocol: type) -> dict[str, Any]:
-    """The members a protocol declares (its own public names)."""
-    return {name: value for name, value in vars(protocol).items() if not name.startswith("_")}
+    """The members a protocol declares (its own public names, and ``__call__`` for a callable one)."""
+    return {name: value for name, value in vars(protocol).items() if not name.startswith("_") or name == "__call__"}
 
 
 def _assigned_in_init(cls: type) -> set[str]:

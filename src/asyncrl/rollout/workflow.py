@@ -1,6 +1,7 @@
 """Workflows: one episode as an async function (render is done by data/; here: generate, score).
 
-``Workflow`` is the call the controller makes per prompt; ``run_episode`` is single-turn RLVR: G
+``Workflow`` (a Protocol: the seam between the controller and rollout, beside ``api.RolloutEngine``)
+is the call the controller makes per prompt; ``run_episode`` is single-turn RLVR: G
 samples of one prompt from the engine (interruptible: aborted samples are resumed under the new
 weights), then every sample scored by the ``score`` callable the controller hands in. A workflow imports no reward code.
 
@@ -15,6 +16,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from asyncrl.rollout.api import RolloutEngine, SampleDone
 from asyncrl.rollout.interruptible import generate_group
@@ -24,10 +26,25 @@ from asyncrl.types import Completion, Group, Prompt, Trajectory
 ScoreFn = Callable[[Prompt, Completion], Awaitable[tuple[float, str | None]]]
 """(prompt, completion) -> (reward, failure reason or None)."""
 
-Workflow = Callable[..., Awaitable[Group]]
-"""What the controller calls per admitted prompt: ``run_episode``'s signature (engine, prompt, sampling,
-group_size, score, start_version, on_sample_done) -> ``Group``; ``run_episode`` itself, an
-``agent.AgentWorkflow``, or a user's ``pkg.module:function`` (``rollout.workflow``)."""
+class Workflow(Protocol):
+    """What the controller calls per admitted prompt (positionally), and all it knows of an episode:
+    ``run_episode`` itself (single-turn RLVR), an ``agent.AgentWorkflow`` (multi-turn tool use), an
+    ``openai_workflow.OpenAIAgentWorkflow`` (an agent written against an OpenAI client), or a user's
+    ``pkg.module:function`` with this signature (``rollout.workflow``)."""
+
+    async def __call__(
+        self,
+        engine: RolloutEngine,
+        prompt: Prompt,
+        sampling: SamplingParams,
+        group_size: int,
+        score: ScoreFn,
+        start_version: int,
+        on_sample_done: SampleDone | None = None,
+    ) -> Group:
+        """``group_size`` episodes of ``prompt`` on ``engine`` (admitted at ``start_version``), each scored
+        with ``score``; ``on_sample_done(i)`` as episode ``i`` ends (the admission gate's live count)."""
+        ...
 
 
 async def run_episode(
