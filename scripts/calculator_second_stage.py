@@ -11,8 +11,9 @@ demonstration calls the tool, so that one first stage can be continued at severa
 
 (the fraction 0.3, lr 1e-3 and 10 warm-up steps are the defaults). ``--from`` is read, never written; ``--output``
 gets the model, its tokenizer and ``warm_start.json`` (the stage's loss, tokens and wall time, the policy it started
-from, and its CPU seconds). The probes of docs/results/record/agent-log.md "Adoption" ran an earlier form of this script, which read
-the stage's settings from ``sft.steps``, ``sft.lr``, ``sft.warmup_steps`` and ``sft.tool_call_fraction``.
+from, and its CPU seconds). The probes of docs/results/record/agent-log.md "Adoption" ran an earlier form of this
+script, which read the stage's settings from ``sft.steps``, ``sft.lr``, ``sft.warmup_steps`` and
+``sft.tool_call_fraction``.
 """
 
 from __future__ import annotations

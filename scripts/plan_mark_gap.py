@@ -1,4 +1,5 @@
-"""Why ``asyncrl plan`` saw a high-water mark of 1 as free on ``task``: the checks of docs/simulator.md §9.
+"""Why ``asyncrl plan`` saw a high-water mark of 1 as free on ``task``: the checks of
+docs/results/record/simulator-log.md §9.
 
 ``python scripts/plan_mark_gap.py --profile PROFILE.json --runs RUN,... --calibration CAL --json OUT``
 simulates every measured run from its own config and ledger (``from_run``, as ``bench sim-validate``

@@ -1,4 +1,4 @@
-"""Why the simulator misses a measured run: the checks behind docs/simulator.md §5.1's explanations.
+"""Why the simulator misses a measured run: the checks behind docs/results/record/simulator-log.md §5.1's explanations.
 
 ``python scripts/sim_diagnose.py --from-runs CAL --runs RUN,... --json OUT`` refines this machine's
 profile from ``CAL`` (as ``asyncrl bench sim-validate --from-runs`` does) and, for every run, writes:

@@ -1,5 +1,5 @@
-"""Is an engine-occupancy miss the model or the measurement? The checks behind docs/simulator.md §5.1's
-note on `task` η = 2 (abort).
+"""Is an engine-occupancy miss the model or the measurement? The checks behind
+docs/results/record/simulator-log.md §5.1's note on `task` η = 2 (abort).
 
 ``python scripts/sim_occupancy_check.py --from-runs CAL --runs RUN,... --json OUT`` refines this
 machine's profile from ``CAL`` (as ``asyncrl bench sim-validate --from-runs`` does) and, for every run,
