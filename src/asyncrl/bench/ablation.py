@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from asyncrl.bench.output import write_with_plot
 from asyncrl.bench.runs import print_table, resolve_run_dir, reusable_run
 from asyncrl.bench.stats import t95 as t_quantile_975  # the one t table (bench/stats.py)
 
@@ -334,8 +335,9 @@ def run_ablation(
     return _finish(payload, json_path)
 
 
-def _finish(payload: dict[str, Any], json_path: str | None) -> dict[str, Any]:
-    """Summary and paired differences from the rows; print them; write the JSON and its plot."""
+def _finish(payload: dict[str, Any], json_path: str | None, *, replace: bool = False) -> dict[str, Any]:
+    """Summary and paired differences from the rows; print them; write the JSON and its plot (never over a
+    file: ``output.write_with_plot``; ``replace``: ``--reanalyse``, the previous file kept beside)."""
     payload["summary"] = summarize(payload["rows"])
     payload["paired_differences"] = paired_differences(payload["rows"])
     keys = ["objective", "lag", "lr", "n", "accuracy_after_mean", "accuracy_after_ci95_half", "collapse_rate",
@@ -345,18 +347,16 @@ def _finish(payload: dict[str, Any], json_path: str | None) -> dict[str, Any]:
     title = f"bench ablation: minus {REFERENCE_OBJECTIVE}, seed by seed"
     print_table(title, payload["paired_differences"], keys, width=16, digits=4)
     if json_path:
-        path = Path(json_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(payload, indent=2))
-        plot_ablation(payload, path.with_suffix(".png"))
-        print(f"\nwrote {path} and {path.with_suffix('.png')}")
+        write_with_plot(json_path, json.dumps(payload, indent=2), lambda png: plot_ablation(payload, png),
+                        replace=replace)  # fmt: skip
     return payload
 
 
 def reanalyse(json_path: str) -> dict[str, Any]:
-    """Recompute a finished ablation JSON in place: each row's step statistics and curves from its
-    run directory where it still exists (``runs.resolve_run_dir``; the rows as written otherwise),
-    then the summary, the paired differences and the plot, without training anything again; records that it did."""
+    """Recompute a finished ablation JSON in place (the previous file kept beside it): each row's step
+    statistics and curves from its run directory where it still exists (``runs.resolve_run_dir``; the rows as
+    written otherwise), then the summary, the paired differences and the plot, without training anything again;
+    records that it did."""
     from asyncrl.controller.rundir import read_jsonl
 
     payload = json.loads(Path(json_path).read_text())
@@ -370,4 +370,4 @@ def reanalyse(json_path: str) -> dict[str, Any]:
             row.update(_step_means(metrics))
             row["curves"] = _curves(metrics)
     payload.setdefault("reanalysed", []).append(time.strftime("%Y-%m-%d %H:%M:%S"))
-    return _finish(payload, json_path)
+    return _finish(payload, json_path, replace=True)

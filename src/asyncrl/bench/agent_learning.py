@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.bench.output import write_with_plot
 from asyncrl.bench.stats import mean_ci95
 
 __all__ = ["TOOL_RATES", "analyse", "run_agent_learning_bench", "seed_row"]
@@ -237,11 +238,8 @@ def run_agent_learning_bench(
         print(f"seed {seed}: {json.dumps({k: v for k, v in rows[-1].items() if k != 'curve'})}", flush=True)
     payload = {"bench": "agent-learning", "config": config, "overrides": overrides, "budget_s": budget_s,
                "rows": rows, **analyse(rows, budget_s)}  # fmt: skip
-    if json_path:
-        path = Path(json_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(payload, indent=2) + "\n")
-        plot_curves(rows, path.with_suffix(".png"), budget_s)
+    if json_path:  # never over a file (``output.write_with_plot``)
+        write_with_plot(json_path, json.dumps(payload, indent=2) + "\n", lambda png: plot_curves(rows, png, budget_s))
     _print_table(payload)
     return payload
 

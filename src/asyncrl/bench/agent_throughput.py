@@ -30,6 +30,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from asyncrl.bench.output import write_with_plot
 from asyncrl.bench.stats import mean_ci95
 
 __all__ = [
@@ -229,23 +230,21 @@ def run_agent_throughput_bench(
     return _finish(payload, json_path)
 
 
-def _finish(payload: dict[str, Any], json_path: str | None) -> dict[str, Any]:
-    """The analysis of ``payload``'s rows, printed; the JSON and its plot written to ``json_path``."""
+def _finish(payload: dict[str, Any], json_path: str | None, *, replace: bool = False) -> dict[str, Any]:
+    """The analysis of ``payload``'s rows, printed; the JSON and its plot written to ``json_path`` (never over a
+    file: ``output.write_with_plot``; ``replace``: ``--reanalyse``, the previous file kept beside)."""
     payload.update(analyse(payload["rows"]))
     _print_summary(payload)
     if json_path:
-        path = Path(json_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-        plot(payload, path.with_suffix(".png"))
-        print(f"\nwrote {path} and {path.with_suffix('.png')}")
+        text = json.dumps(payload, indent=2, default=str) + "\n"
+        write_with_plot(json_path, text, lambda png: plot(payload, png), replace=replace)
     return payload
 
 
 def reanalyse(json_path: str) -> dict[str, Any]:
-    """Recompute a finished JSON in place from its run directories (``runs.resolve_run_dir``:
-    throughput with the current ``measure_throughput``, tool waits with the current ``tool_wait_row``)
-    without running anything again; records that it did."""
+    """Recompute a finished JSON in place (the previous file kept beside it) from its run directories
+    (``runs.resolve_run_dir``: throughput with the current ``measure_throughput``, tool waits with the current
+    ``tool_wait_row``) without running anything again; records that it did."""
     import time
 
     from asyncrl.bench.runs import resolve_run_dir
@@ -265,7 +264,7 @@ def reanalyse(json_path: str) -> dict[str, Any]:
         row["trained_per_generated_token"] = row["trained_tokens"] / max(1, generated)
         row.update(tool_wait_row(ledger, timeline))
     payload.setdefault("reanalysed", []).append(time.strftime("%Y-%m-%d %H:%M:%S"))
-    return _finish(payload, json_path)
+    return _finish(payload, json_path, replace=True)
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

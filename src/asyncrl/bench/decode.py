@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from asyncrl.bench.output import write_text_result
+
 __all__ = ["run_decode_sweep"]
 
 
@@ -107,5 +109,5 @@ def run_decode_sweep(
         for label, cells in table.items():
             print(f"| {label} | " + " | ".join(str(cells[str(n)]) for n in running) + " |")
     if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+        write_text_result(json_path, json.dumps(result, indent=2) + "\n")  # never over a file (bench.output)
     return result

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.bench.output import write_text_result
+
 __all__ = ["run_engine_bench", "run_interrupt_cost", "long_tailed_lengths"]
 
 # (share of requests, min length, max length): many short answers, a few very long ones.
@@ -210,7 +212,7 @@ def _bench(json_path, model_dir, num_requests, slots, max_seq_len, seed, hf_sdpa
     if print_table:
         print(format_table(result))
     if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+        write_text_result(json_path, json.dumps(result, indent=2) + "\n")  # never over a file (bench.output)
     return result
 
 
@@ -385,5 +387,5 @@ def run_interrupt_cost(
         for r in rows:
             print("  ".join(f"{r[c]!s:>18}" for c in cols))
     if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+        write_text_result(json_path, json.dumps(result, indent=2) + "\n")  # never over a file (bench.output)
     return result

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.bench.async_bench import WORKLOAD_ALIASES, workload_overrides
+from asyncrl.bench.output import write_with_plot
 from asyncrl.bench.runs import resolve_run_dir, run_and_measure
 from asyncrl.bench.stats import accuracy_at, mean_ci95, time_to_target
 from asyncrl.bench.throughput import measure_throughput
@@ -311,9 +312,10 @@ def run_headline_bench(
     return finish(payload, json_path)
 
 
-def finish(payload: dict[str, Any], json_path: str | None) -> dict[str, Any]:
+def finish(payload: dict[str, Any], json_path: str | None, *, replace: bool = False) -> dict[str, Any]:
     """Analyse the evaluated rows (the pre-registered rule, and beside it the plateau rule as a
-    sensitivity check), print the summary, write the JSON and the plot."""
+    sensitivity check), print the summary, write the JSON and the plot (never over a file:
+    ``output.write_with_plot``; ``replace``: ``--reanalyse``, the previous file kept beside)."""
     samples = payload.get("eval_samples", 0)
     plateau = analyse(payload["rows"], payload["target_fraction"], samples, final_window=PLATEAU_WINDOW)
     payload["target_from_sync_plateau"] = {"final_window": PLATEAU_WINDOW, **plateau}
@@ -321,19 +323,16 @@ def finish(payload: dict[str, Any], json_path: str | None) -> dict[str, Any]:
     payload.update(result)
     _print_summary(payload)
     if json_path:
-        path = Path(json_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(payload, indent=2, default=str))
         targets = {s["seed"]: s["target_accuracy"] for s in result["per_seed"]}
-        plot_curves(payload["rows"], path.with_suffix(".png"), targets)
-        print(f"\nwrote {path} and {path.with_suffix('.png')}")
+        text = json.dumps(payload, indent=2, default=str)
+        write_with_plot(json_path, text, lambda png: plot_curves(payload["rows"], png, targets), replace=replace)
     return payload
 
 
 def reanalyse(json_path: str, *, eval_samples: int | None = None) -> dict[str, Any]:
-    """Recompute a finished headline JSON in place from its run directories (throughput with the
-    current ``measure_throughput`` and ``time_budget``) and its evaluated curves (the analysis with the current
-    ``analyse``), without running or evaluating anything again; records that it did."""
+    """Recompute a finished headline JSON in place (the previous file kept beside it) from its run directories
+    (throughput with the current ``measure_throughput`` and ``time_budget``) and its evaluated curves (the
+    analysis with the current ``analyse``), without running or evaluating anything again; records that it did."""
     from asyncrl.controller.rundir import read_jsonl
 
     payload = json.loads(Path(json_path).read_text())
@@ -353,7 +352,7 @@ def reanalyse(json_path: str, *, eval_samples: int | None = None) -> dict[str, A
         cfg = load_config(None, payload["overrides"])
         payload["eval_samples"] = cfg.task.eval_size * (1 if cfg.eval.greedy else cfg.eval.samples_per_prompt)
     payload.setdefault("reanalysed", []).append(time.strftime("%Y-%m-%d %H:%M:%S"))
-    return finish(payload, json_path)
+    return finish(payload, json_path, replace=True)
 
 
 def _fmt(stat: dict[str, Any]) -> str:

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from asyncrl.bench.output import write_text_result
 from asyncrl.bench.stats import mean_ci95
 
 if TYPE_CHECKING:
@@ -233,8 +234,7 @@ def run_prefix_reuse_bench(
     }
     _print(result)
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+        write_text_result(json_path, json.dumps(result, indent=2) + "\n")  # never over a file (bench.output)
     return result
 
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.bench.output import write_text_result
 from asyncrl.bench.throughput import FINISHED, generated_tokens, measure_throughput
 from asyncrl.bench.time_budget import time_budget
 
@@ -160,9 +161,11 @@ def print_table(title: str, rows: list[dict[str, Any]], keys: list[str], width: 
         print("  ".join(cells))
 
 
-def write_json(json_path: str | None, payload: dict[str, Any]) -> None:
-    """``payload`` to ``json_path`` (its folder made; nothing without a path)."""
-    if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(payload, indent=2))
-        print(f"\nwrote {json_path}")
+def write_json(json_path: str | None, payload: dict[str, Any]) -> Path | None:
+    """``payload`` to ``json_path``, never replacing a file (``output.write_result``: one that appeared while
+    the bench ran is kept and this result written beside it); the path written, None without a path."""
+    if not json_path:
+        return None
+    written = write_text_result(json_path, json.dumps(payload, indent=2))
+    print(f"\nwrote {written}")
+    return written

@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.bench.output import write_text_result
+
 __all__ = ["run_train_bench", "bench_samples", "MODELS"]
 
 # name -> TinyModelSpec overrides (None: the default tiny policy)
@@ -192,7 +194,7 @@ def run_train_bench(
     }  # fmt: skip
     _print_table(rows, ratios)
     if json_path is not None:
-        Path(json_path).write_text(json.dumps(result, indent=2))
+        write_text_result(json_path, json.dumps(result, indent=2))  # never over a file (bench.output)
     return result
 
 

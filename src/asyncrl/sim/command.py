@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from asyncrl.bench.output import write_result, write_text_result
 from asyncrl.config import ConfigError
 
 
@@ -101,8 +102,8 @@ def bench_profile(json_path: str | None, from_runs: str | None) -> int:
         raise ConfigError(f"bench profile: {exc}") from exc
     text = json.dumps(profile.to_dict(), indent=2)
     if json_path:
-        save_profile(profile, json_path)
-        print(f"cost profile written to {json_path}")
+        written = write_result(json_path, lambda scratch: save_profile(profile, scratch))  # never over a file
+        print(f"cost profile written to {written}")
     else:
         print(text)
     return 0
@@ -140,6 +141,6 @@ def bench_sim_validate(
         print(f"  {Path(row['run_dir']).name:<24} {setting:<28} " + "; ".join(cells) + ("" if row["within"] else "  X"))
     print(f"{out['runs_within']}/{out['runs']} runs within {out['tolerance']:.0%} on every figure")
     if json_path:
-        Path(json_path).write_text(json.dumps(out, indent=2) + "\n")
-        print(f"written to {json_path}")
+        written = write_text_result(json_path, json.dumps(out, indent=2) + "\n")  # never over a file
+        print(f"written to {written}")
     return 0

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.bench.output import write_with_plot
 from asyncrl.sim.paper_curves import (
     PAPER,
     UNBOUNDED,
@@ -183,10 +184,7 @@ def bench_paper_curves(json_path: str | None, steps: int | None, fit_lengths: bo
               f"{fit['target_step_s']:.1f} s on {row['gpus']} GPUs)")  # fmt: skip
     payload = {**run_paper_curves(spec, command=command), "fit": fit}
     print_curves(payload)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(payload, indent=2) + "\n")
-    png = plot_curves(payload, target.with_suffix(".png"))
-    print(f"written to {target} and {png}")
+    write_with_plot(target, json.dumps(payload, indent=2) + "\n", lambda png: plot_curves(payload, png))
     return 0
 
 
