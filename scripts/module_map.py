@@ -40,7 +40,7 @@ def summary(path: Path) -> str:
 
 def unit_of(relative: Path, aliases: dict[str, str]) -> str:
     """The unit of a module path relative to the package directory (``rollout/envs/base.py`` ->
-    ``rollout``, ``config_learn.py`` -> ``config``, ``__init__.py`` -> ``asyncrl``)."""
+    ``rollout``, ``config/learn.py`` -> ``config``, ``__init__.py`` -> ``asyncrl``)."""
     if len(relative.parts) > 1:
         return relative.parts[0]
     stem = relative.stem

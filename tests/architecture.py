@@ -148,7 +148,7 @@ def collect_imports(root: Path) -> list[Import]:
 
 def unit_of(module: str, aliases: Mapping[str, str] | None = None) -> str:
     """The top-level unit of a dotted module: its first sub-package or top-level module
-    (``asyncrl.reward.math`` -> ``reward``; ``asyncrl.config_parse`` -> ``config_parse``, or what
+    (``asyncrl.reward.math`` -> ``reward``; ``asyncrl.config.parse`` -> ``config.parse``, or what
     ``aliases`` maps it to); the package's own ``__init__`` is the unit named like the package."""
     parts = module.split(".")
     unit = parts[1] if len(parts) > 1 else parts[0]

@@ -12,11 +12,6 @@ from __future__ import annotations
 PACKAGE = "asyncrl"
 
 ALIASES: dict[str, str] = {
-    # config.py is split in five files; they are one unit.
-    "config_parse": "config",
-    "config_checks": "config",
-    "config_agent": "config",
-    "config_learn": "config",
     # the CLI's error presentation, split off cli.py (module size): one unit with it.
     "cli_errors": "cli",
     "cli_bench": "cli",

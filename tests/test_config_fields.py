@@ -15,18 +15,18 @@ import pytest
 
 import asyncrl.choices as choices
 from asyncrl import config as config_module
-from asyncrl import config_checks
 from asyncrl.algo.advantages import compute_advantages
 from asyncrl.algo.aggregation import aggregate_loss
 from asyncrl.algo.logprobs import kl_penalty
 from asyncrl.algo.losses import policy_loss
 from asyncrl.config import AlgoConfig, Config, ConfigError, RolloutConfig, load_config, validate, with_values
+from asyncrl.config import checks as config_checks
 from asyncrl.controller.staleness import StalenessGate
 from asyncrl.rollout.engine import LocalEngine
 from asyncrl.trainer.packing import split_micro_batches
 
-CONFIG_SOURCE = Path(config_module.__file__)
-CONFIG_SOURCES = tuple(CONFIG_SOURCE.with_name(name) for name in ("config.py", "config_agent.py", "config_learn.py"))
+CONFIG_SOURCE = Path(config_module.__file__).parent
+CONFIG_SOURCES = tuple(CONFIG_SOURCE / name for name in ("tree.py", "agent.py", "learn.py"))
 
 
 def _fields_without_docstring(source: str) -> list[str]:
@@ -88,7 +88,7 @@ def test_every_choice_field_is_typed_by_an_alias_of_asyncrl_choices() -> None:
         names = [name for name, alias in aliases.items() if annotation == alias]
         assert names, f"{key} is typed by a Literal that is not an alias of asyncrl.choices"
         used.update(names)
-    used.add("WorkflowName")  # rollout.workflow: a built-in name or pkg.module:function (config_checks)
+    used.add("WorkflowName")  # rollout.workflow: a built-in name or pkg.module:function (config.checks)
     assert used == set(aliases), f"aliases that type no config field: {sorted(set(aliases) - used)}"
     str_fields = [k for k, a in _leaf_fields(Config()).items() if a is str]
     # free text: paths, module names, URLs (no fixed set of values)
@@ -205,7 +205,7 @@ FLOAT_KEYS = sorted(k for k, a in _leaf_fields(Config()).items() if _holds_float
 
 
 def test_every_numeric_field_has_a_range_rule() -> None:
-    """A new number of the tree gets a rule in ``config_checks`` (a bound, an interval, a seed, any finite
+    """A new number of the tree gets a rule in ``config.checks`` (a bound, an interval, a seed, any finite
     value with why, or a check of its own), and no rule names a key that is gone."""
     assert len(NUMERIC_KEYS) > 80
     assert set(NUMERIC_KEYS) - config_checks.ruled_keys() == set()
@@ -229,7 +229,7 @@ def _value_of(cfg: object, key: str) -> object:
 
 
 def _just_outside(key: str) -> object:
-    """A value just outside ``key``'s rule in the tables of ``config_checks``."""
+    """A value just outside ``key``'s rule in the tables of ``config.checks``."""
     default = _value_of(Config(), key)
     integer = isinstance(default, int) or (default is None and _leaf_fields(Config())[key] == int | None)
     if key in config_checks._BOUNDS:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.config_parse import ConfigError
+from asyncrl.config.parse import ConfigError
 from asyncrl.controller.ledger_checks import LedgerLimits, check_ledger
 from asyncrl.controller.resume import latest_checkpoint
 from asyncrl.controller.rundir import read_jsonl

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.config_parse import ConfigError
+from asyncrl.config.parse import ConfigError
 from asyncrl.data.calculator import demonstrates_call, demonstration, make_calculator_splits, problem_kind
 from asyncrl.rollout.envs.calculator import calculator_reward, evaluate_expression
 from asyncrl.types import KIND_KEY, Prompt

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import Config, SFTConfig, with_values
-from asyncrl.config_checks import SFT_RESTART_FIELDS
+from asyncrl.config.checks import SFT_RESTART_FIELDS
 from asyncrl.data.prompts import build_task, render_prompt
 from asyncrl.models import TINY_SHAPE_FIELDS, build_tiny_policy, load_policy, tiny_spec
 from asyncrl.trainer.sft import SFTExample, prompt_response_example, sft_train
@@ -55,7 +55,7 @@ _SFT_FIELDS_ADDED = {"tool_call_fraction": SFTConfig.tool_call_fraction}
 
 _SECOND_STAGE_FIELDS = tuple(f.name for f in fields(SFTConfig) if f.name.startswith("second_stage_"))
 """The second stage's settings (``sft.second_stage_*``): hashed only when it runs (``sft.second_stage_steps`` > 0),
-so a config without one keeps its key (``config_checks`` refuses the others set without it); the restart's
+so a config without one keeps its key (``config.checks`` refuses the others set without it); the restart's
 (``SFT_RESTART_FIELDS``) likewise, only when ``sft.restart_check_step`` > 0."""
 
 

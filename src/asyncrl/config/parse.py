@@ -5,7 +5,7 @@ nested mapping set, checking each value against its field's annotation (bool, in
 ``Literal`` choices, optional, fixed tuples) and rejecting unknown keys with the valid ones listed;
 ``check_choices`` checks every ``Literal``-typed field of a tree built in code; ``parse_override("a.b=v")``
 reads the value as YAML and ``nest`` turns the dotted key into a mapping. Every error is a
-``ConfigError`` that names the key. ``asyncrl.config`` owns the tree itself and its validation,
+``ConfigError`` that names the key. ``config.tree`` owns the tree itself, ``config.checks`` its validation,
 ``asyncrl.choices`` the ``Literal`` aliases. No torch, no other asyncrl module.
 """
 

@@ -1,16 +1,11 @@
-"""The config tree: typed dataclasses, YAML loading, ``--set key=value`` overrides, validation.
+"""The config tree: one frozen, typed dataclass per section and ``Config``, their root.
 
 Every field has a default, so ``Config()`` is the embedded default run (tiny model, synthetic
-arithmetic task, asynchronous RL on CPU). A YAML file overrides any subset; ``--set a.b=v``
-overrides single fields (the value is parsed as YAML: ``4``, ``0.5``, ``true``, ``null``,
-``[1, 2]``). Unknown keys and values of the wrong type are errors that name the key and the
-valid choices (the generic parsing is ``config_parse``, the checks ``config_checks``). A choice
-field is typed with its ``Literal`` alias from ``asyncrl.choices`` (the functions that take the
-choice use the same alias) and checked against it. Every field is documented under its
-declaration (``tests/test_config_fields.py`` holds that). The tree is frozen: a changed config
-is a new one (``with_values(cfg, {"model.path": p})``, checked and validated like an override,
-or ``dataclasses.replace``). No torch; no sibling but ``config_parse``, ``config_checks``,
-``config_agent`` (the ``agent`` section), ``config_learn`` (``algo`` and ``trainer``) and ``choices``.
+arithmetic task, asynchronous RL on CPU), and every field is documented under its declaration
+(``tests/test_config_fields.py`` holds that; ``docs/config.md`` is generated from these docstrings). A
+choice field is typed with its ``Literal`` alias from ``asyncrl.choices`` (the functions that take the
+choice use the same alias). The ``agent`` section is in ``config.agent``, ``algo`` and ``trainer`` in
+``config.learn``. No torch; nothing of the project but ``choices`` and those two modules.
 
 Batch-size semantics, stated once (a known confusion in peers): one training step consumes
 ``controller.batch_size`` prompt *groups*, each of ``rollout.group_size`` samples, so
@@ -21,13 +16,7 @@ tokens.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
-
-import yaml
 
 from asyncrl.choices import (
     ArithmeticForm,
@@ -42,12 +31,8 @@ from asyncrl.choices import (
     TaskName,
     WeightSyncMode,
 )
-from asyncrl.config_agent import AgentConfig
-from asyncrl.config_checks import validate
-from asyncrl.config_learn import AlgoConfig, TrainerConfig
-from asyncrl.config_parse import ConfigError, apply_mapping, nest, parse_override, read_yaml
-
-__all__ = ["Config", "ConfigError", "dump_yaml", "load_config", "parse_override", "to_dict", "validate", "with_values"]
+from asyncrl.config.agent import AgentConfig
+from asyncrl.config.learn import AlgoConfig, TrainerConfig
 
 
 @dataclass(frozen=True)
@@ -396,37 +381,3 @@ class Config:
     """Where the stages run."""
     run: RunConfig = field(default_factory=RunConfig)
     """The run directory and process settings."""
-
-
-def to_dict(cfg: Any) -> dict[str, Any]:
-    """The config as plain nested dicts (for YAML/JSON dumps)."""
-    return dataclasses.asdict(cfg)
-
-
-def dump_yaml(cfg: Config, path: str | Path) -> None:
-    """Write the resolved config as YAML (tuples as lists)."""
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-
-
-def load_config(
-    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (), *, base: str | Path | None = None
-) -> Config:
-    """Defaults, then the YAML file ``base`` (if any: the saved ``config.yaml`` of a run that is
-    resumed), then the YAML file ``path`` on top of it (if any: only the keys it holds change),
-    then each ``key=value`` override; validated once, at the end."""
-    cfg = Config()
-    for layer in (base, path):
-        if layer is not None:
-            cfg = apply_mapping(cfg, read_yaml(layer), "")
-    for text in overrides:
-        key, value = parse_override(text)
-        cfg = apply_mapping(cfg, nest(key, value), "")
-    return validate(cfg)
-
-
-def with_values(cfg: Config, values: Mapping[str, Any]) -> Config:
-    """A copy of ``cfg`` with the dotted keys of ``values`` set (``{"model.path": "ckpt"}``), each value
-    checked like a ``--set`` override and the result validated; ``cfg`` itself is frozen and unchanged."""
-    for key, value in values.items():
-        cfg = apply_mapping(cfg, nest(key, value), "")
-    return validate(cfg)

@@ -2,9 +2,8 @@
 
 ``validate(cfg)`` is what :mod:`asyncrl.config` runs on every loaded or changed config. Every error is a
 ``ConfigError`` that names the one key at fault (a dotted key such as ``algo.kl_estimator``) and what it
-may be: the valid values of a choice (from its ``Literal`` alias, ``config_parse.check_choices``), the
-bound of a number, or the setting of another key it needs. No torch, no sibling but ``config_parse``
-(and ``config`` for the type only).
+may be: the valid values of a choice (from its ``Literal`` alias, ``config.parse.check_choices``), the
+bound of a number, or the setting of another key it needs. No torch; of the config package, ``parse`` and ``tree``.
 
 Numbers: every float of the tree (optional ones and tuples of floats included) must be finite
 (``validate_finite``: ``nan`` and ``inf`` are refused wherever they are typed); every numeric key has one
@@ -20,13 +19,11 @@ import re
 import types
 import typing
 from dataclasses import fields, is_dataclass
-from typing import TYPE_CHECKING, Any, get_args
+from typing import Any, get_args
 
 from asyncrl.choices import WorkflowName
-from asyncrl.config_parse import ConfigError, check_choices
-
-if TYPE_CHECKING:
-    from asyncrl.config import Config
+from asyncrl.config.parse import ConfigError, check_choices
+from asyncrl.config.tree import Config
 
 __all__ = [
     "allowed_range", "ruled_keys", "validate", "validate_algo", "validate_finite", "validate_fixed_lag",
