@@ -1,15 +1,18 @@
 """``asyncrl bench NAME``: the dispatch of the benchmarks, split off ``cli.py`` (module size).
 
 Owns ``cmd_bench`` (one ``match`` over the benchmark names) and the argument handling of the benches
-whose options need checking before a run starts (ablation, headline). The bench sub-parser itself
-is declared in ``cli.build_parser`` with the other sub-commands. Heavy imports happen inside each
-case, so ``asyncrl --help`` stays instant.
+whose options need checking before a run starts (ablation, headline), the result file of every bench
+included: one that exists, or cannot be written, is refused before any work (``bench.output``). The
+bench sub-parser itself is declared in ``cli.build_parser`` with the other sub-commands. Heavy imports
+happen inside each case, so ``asyncrl --help`` stays instant.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 
+from asyncrl.bench.output import check_result_path
 from asyncrl.config import ConfigError, load_config
 
 __all__ = ["BENCHMARKS", "cmd_bench"]
@@ -21,8 +24,17 @@ BENCHMARKS = (
 )  # fmt: skip
 """The names ``cmd_bench`` dispatches (its ``match``), for the parser's help and the unknown-name error."""
 
+PLOTTED = ("ablation", "agent-learning", "agent-throughput", "headline", "paper-curves", "paper-curves-fitted")
+"""The benches that write a plot beside their result file (its ``.png``)."""
+
+REANALYSED = ("ablation", "headline", "agent-throughput")
+"""The benches whose ``--reanalyse FILE`` recomputes FILE (the previous one kept beside it) and runs nothing."""
+
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.name in BENCHMARKS:
+        _check_finite_flags(args)
+        _check_result_file(args)
     match args.name:
         case "engine":
             from asyncrl.bench.engine import run_engine_bench
@@ -188,6 +200,28 @@ def _bench_adaptive(args: argparse.Namespace) -> None:
     )  # fmt: skip
 
 
+def _check_finite_flags(args: argparse.Namespace) -> None:
+    """Every number option (``--warmup-s``, ``--snapshot-every``, ...) finite: argparse reads ``nan``."""
+    for name, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+
+
+def _check_result_file(args: argparse.Namespace) -> None:
+    """Before any work: the result file this invocation writes (``--json``; paper-curves: its default under
+    docs/results) and the plot beside it must not exist yet, in a folder this user can write; a bench never
+    replaces a result (``bench.output``). ``--reanalyse FILE`` is exempt: it asks for FILE to be recomputed."""
+    if getattr(args, "reanalyse", None) and args.name in REANALYSED:
+        return
+    target = args.json
+    if target is None and args.name in ("paper-curves", "paper-curves-fitted"):
+        from asyncrl.sim.paper_report import DEFAULT_JSON, FITTED_JSON
+
+        target = FITTED_JSON if args.name == "paper-curves-fitted" else DEFAULT_JSON
+    if target:
+        check_result_path(target, beside=(".png",) if args.name in PLOTTED else ())
+
+
 def _warmup(args: argparse.Namespace, default: float = 60.0) -> float:
     """``--warmup-s``, or the bench's default (60 s; agent-throughput: 20 s)."""
     return default if args.warmup_s is None else float(args.warmup_s)
@@ -258,6 +292,8 @@ def _bench_ablation(args: argparse.Namespace) -> None:
         seeds = tuple(int(x) for x in args.seeds.split(",")) if args.seeds else (0, 1, 2)
     except ValueError as exc:
         raise ConfigError(f"bench ablation: --lags/--seeds take integers, --lrs numbers: {exc}") from exc
+    for lr in lrs or ():  # each arm's learning rate checked now, not when its first run starts
+        load_config(None, [*overrides, f"trainer.lr={lr!r}"])
     extra = {"out_dir": args.out} if args.out else {}
     if args.reuse:
         extra["reuse"] = args.reuse
