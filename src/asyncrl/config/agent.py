@@ -1,7 +1,6 @@
-"""The ``agent`` section of the config tree (multi-turn episodes with tools), split off ``config`` for size.
-
-One unit with ``asyncrl.config`` (``tests/architecture_rules.py``); every field documented under its
-declaration (``tests/test_config_fields.py`` reads this file too).
+"""The ``agent`` section of the config tree: multi-turn episodes with tools (the environment, the tool-call
+format, turn and token budgets, the OpenAI door's agent). Every field documented under its declaration
+(``tests/test_config_fields.py`` reads this file too).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The learning sections of the config tree (``algo``: advantages, the policy loss and its off-policy
-corrections; ``trainer``: the optimizer, micro-batching, precision, weight export), split off ``config``
-for size.
-
-One unit with ``asyncrl.config`` (``tests/architecture_rules.py``), imported from there as before
-(``from asyncrl.config import AlgoConfig``); every field documented under its declaration
+corrections; ``trainer``: the optimizer, micro-batching, precision, weight export). Imported as
+``from asyncrl.config import AlgoConfig``; every field documented under its declaration
 (``tests/test_config_fields.py`` reads this file too).
 """
 
