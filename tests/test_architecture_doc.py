@@ -22,13 +22,14 @@ def test_the_committed_module_map_is_the_trees(module_map) -> None:
 def test_every_module_is_in_the_map_under_its_unit(module_map, tmp_path: Path) -> None:
     package = tmp_path / "asyncrl"
     (package / "rollout" / "envs").mkdir(parents=True)
+    (package / "config").mkdir()
     (package / "__init__.py").write_text('"""The package."""\n')
     (package / "config/learn.py").write_text('"""Learning settings.\n\nMore detail."""\n')
     (package / "rollout" / "envs" / "maze.py").write_text('"""A maze | with a pipe."""\n')
     (package / "types.py").write_text("x = 1\n")
     text = module_map.render(package)
     config = text.index("### `config`")
-    assert text.index("| `config/learn.py` | Learning settings. |") > config  # an alias of config, first paragraph
+    assert text.index("| `config/learn.py` | Learning settings. |") > config  # a module of the config package, first paragraph
     assert "| `rollout/envs/maze.py` | A maze \\| with a pipe. |" in text
     assert "| `types.py` | (no docstring) |" in text
     assert "### `trainer`" not in text  # units without modules are left out
