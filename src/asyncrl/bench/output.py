@@ -48,6 +48,11 @@ def check_result_path(path: str | Path, *, beside: Sequence[str] = ()) -> None:
                 f"bench result file {taken}{what} already exists; a bench never replaces a result: give --json a "
                 f"new name, or move {taken} away first"
             )
+    blocking = next((f for f in (target.parent, *target.parent.parents) if f.exists() and not f.is_dir()), None)
+    if blocking is not None:
+        raise ResultFileError(
+            f"cannot write bench result file {target}: {blocking} is a file, not a folder; choose another --json path"
+        )
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=target.parent, prefix=".asyncrl-write-check-"):
