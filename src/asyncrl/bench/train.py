@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncrl.bench.output import write_text_result
+from asyncrl.bench.output import ResultFileError, check_result_path, write_text_result
 
 __all__ = ["run_train_bench", "bench_samples", "MODELS"]
 
@@ -223,6 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=3, help="timed steps per configuration (after one warm-up)")
     p.add_argument("--steps-20m", type=int, default=1, help="timed steps for the 20M model")
     args = p.parse_args(argv)
+    if args.json:
+        try:
+            check_result_path(args.json)  # before minutes of work: a bench never replaces a result
+        except ResultFileError as exc:
+            p.error(str(exc))
     run_train_bench(args.json, models=tuple(args.models.split(",")), samples=args.samples, budget=args.budget,
                     steps=args.steps, steps_20m=args.steps_20m)  # fmt: skip
     return 0
