@@ -29,7 +29,7 @@ def test_every_module_is_in_the_map_under_its_unit(module_map, tmp_path: Path) -
     (package / "types.py").write_text("x = 1\n")
     text = module_map.render(package)
     config = text.index("### `config`")
-    assert text.index("| `config/learn.py` | Learning settings. |") > config  # a module of the config package, first paragraph
+    assert text.index("| `config/learn.py` | Learning settings. |") > config  # the config package, 1st paragraph
     assert "| `rollout/envs/maze.py` | A maze \\| with a pipe. |" in text
     assert "| `types.py` | (no docstring) |" in text
     assert "### `trainer`" not in text  # units without modules are left out
