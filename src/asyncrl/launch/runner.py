@@ -33,6 +33,7 @@ from asyncrl.controller.resume_guard import (
 )
 from asyncrl.controller.run_lock import RunDirLocked, RunLock
 from asyncrl.controller.rundir import RunDir, RunDirError, claim_run_dir, fresh_subdir, read_jsonl
+from asyncrl.controller.state import ControllerState
 from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
 from asyncrl.launch import RunStopped
 from asyncrl.launch.stages import build_evaluator, build_workflow
@@ -232,57 +233,47 @@ async def run_stages(
         engine_stats = engine.stats()
     finally:
         await stages.close()
-    rl_wall = state.rl_elapsed_s
-    gen_during_train = float(
-        sum(m.get("generated_tokens_during_train") or 0.0 for m in read_jsonl(run_dir / "metrics.jsonl"))
-    )
-    summary = {
+    summary = _summary(cfg, state, before, after, engine_stats, run_dir, stages.model_dir)
+    summary.update(wall_s=time.perf_counter() - t_start, warm_start_s=t_warm, **extra)
+    rundir.write_summary(summary)
+    rundir.close()
+    _require_ledger(run_dir, ended=True, when="at the end of the run")
+    return summary
+
+
+def _summary(
+    cfg: Config, state: ControllerState, before: EvalResult, after: EvalResult | None, engine_stats: dict[str, Any],
+    run_dir: Path, model_dir: Path,
+) -> dict[str, Any]:  # fmt: skip
+    """``summary.json`` (DESIGN §7) but the launcher's times and entries: held-out accuracy before and after,
+    the controller's counters (``ControllerState.summary``), the engine's, and how the run ended."""
+    generated = engine_stats.get("generated_tokens", 0.0)
+    # generation overlapping training: tokens the engine produced while a training step ran
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    during_train = float(sum(m.get("generated_tokens_during_train") or 0.0 for m in metrics))
+    e = cfg.eval
+    mode = "greedy" if e.greedy else f"sampled at T={cfg.rollout.temperature}, {e.samples_per_prompt} per prompt"
+    return {
         "accuracy_before": before["accuracy"],
         "accuracy_after": after["accuracy"] if after else None,
         "accuracy_gain": after["accuracy"] - before["accuracy"] if after else None,
-        "accuracy_mode": "greedy"
-        if cfg.eval.greedy
-        else f"sampled at T={cfg.rollout.temperature}, {cfg.eval.samples_per_prompt} per prompt",
+        "accuracy_mode": mode,
         "accuracy_greedy_before": before.get("greedy_accuracy"),
         "accuracy_greedy_after": after.get("greedy_accuracy") if after else None,
         "response_len_before": before["response_len"],
         "response_len_after": after["response_len"] if after else None,
         "eval_before": before,
         "eval_after": after,
-        "steps": state.step,
-        "stop_reason": state.stop_reason,
+        **state.summary(),
         # what ended a run that was not stopped: its step count or its RL-time budget
         "ended_by": None if state.stop_reason else "total_steps" if state.step >= cfg.controller.total_steps
         else "max_rl_time_s",
-        "resumes": state.resumes,
-        "wall_s": time.perf_counter() - t_start,
-        "warm_start_s": t_warm,
-        "rl_wall_s": rl_wall,
-        "trained_tokens": state.trained_tokens,
-        "trained_samples": state.trained_samples,
-        "trained_tokens_per_s": state.trained_tokens / rl_wall if rl_wall > 0 else 0.0,
         "max_staleness": cfg.controller.max_staleness,
-        "max_staleness_seen": state.max_staleness_seen,
-        "staleness_hist": {str(k): v for k, v in sorted(state.staleness_hist.items())},
-        "admitted_prompts": state.admitted,
-        "readmitted_prompts": state.readmitted,
-        "filtered_groups": state.filtered_groups,
-        "stale_groups": state.stale_groups,
-        "reward_failures": state.reward_failures,
-        "engine_failures": state.engine_failures,
-        "episode_retries": state.episode_retries,
-        "skipped_steps": state.skipped_steps,
-        "engine_generated_tokens": engine_stats.get("generated_tokens", 0.0),
-        # generation overlapping training: tokens the engine produced while a training step ran
-        "generated_tokens_during_train_steps": gen_during_train,
-        "generation_during_training_frac": gen_during_train / max(1.0, engine_stats.get("generated_tokens", 0.0)),
+        "engine_generated_tokens": generated,
+        "generated_tokens_during_train_steps": during_train,
+        "generation_during_training_frac": during_train / max(1.0, generated),
         "engine_slot_utilisation": engine_stats.get("slot_utilisation", 0.0),
         "launcher": cfg.launch.kind,
-        "model_dir": str(stages.model_dir),
+        "model_dir": str(model_dir),
         "checkpoint": str(run_dir / "checkpoint") if after else None,
-        **extra,
     }
-    rundir.write_summary(summary)
-    rundir.close()
-    _require_ledger(run_dir, ended=True, when="at the end of the run")
-    return summary
