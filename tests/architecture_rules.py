@@ -33,6 +33,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "auth": frozenset(),  # API keys and bind checks of the servers (not named in DESIGN §2)
     "web": frozenset({"auth"}),  # the one HTTP stack (aiohttp) of every server and client (not named in DESIGN §2)
     "storage": frozenset(),  # the disk-full error of a run's writers (not named in DESIGN §2)
+    "results": frozenset({"config"}),  # result files never overwritten (its error is a ConfigError)
     "models": frozenset({"types", "config", "choices"}),
     # the stages
     # pure tensor functions (DESIGN: "algo/ advantages.py, losses.py (pure)"); ``choices`` is a leaf of Literal
@@ -45,11 +46,12 @@ LAYERS: dict[str, frozenset[str]] = {
     # composition and the top
     "controller": BASE | STAGES,
     "launch": BASE | STAGES | {"controller"},
-    "bench": BASE | STAGES | {"controller", "launch"},
-    # the simulator drives the controller's own admission and batch rules (controller.staleness, .buffer)
-    # and measures a simulated run with bench.throughput's definition; nothing below imports it
-    "sim": BASE | {"controller", "bench"},
-    "cli": BASE | STAGES | {"controller", "launch", "bench", "sim"},
+    "bench": BASE | STAGES | {"controller", "launch", "results"},
+    # the simulator drives the controller's own admission and batch rules (controller.staleness, .buffer),
+    # measures a simulated run with controller.throughput's definition and sizes the named workloads of
+    # data.workloads; nothing below imports it
+    "sim": BASE | {"controller", "data", "results", "bench"},
+    "cli": BASE | STAGES | {"controller", "launch", "bench", "sim", "results"},
 }
 
 FORBIDDEN_EXTERNAL: dict[str, frozenset[str]] = {

@@ -2,7 +2,7 @@
 
 Owns ``cmd_bench`` (one ``match`` over the benchmark names) and the argument handling of the benches
 whose options need checking before a run starts (ablation, headline), the result file of every bench
-included: one that exists, or cannot be written, is refused before any work (``bench.output``). The
+included: one that exists, or cannot be written, is refused before any work (``asyncrl.results``). The
 bench sub-parser itself is declared in ``cli.build_parser`` with the other sub-commands. Heavy imports
 happen inside each case, so ``asyncrl --help`` stays instant.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import math
 
-from asyncrl.bench.output import check_result_path
 from asyncrl.config import ConfigError, load_config
+from asyncrl.results import check_result_path
 
 __all__ = ["BENCHMARKS", "cmd_bench"]
 
@@ -210,7 +210,7 @@ def _check_finite_flags(args: argparse.Namespace) -> None:
 def _check_result_file(args: argparse.Namespace) -> None:
     """Before any work: the result file this invocation writes (``--json``; paper-curves: its default under
     docs/results) and the plot beside it must not exist yet, in a folder this user can write; a bench never
-    replaces a result (``bench.output``). ``--reanalyse FILE`` is exempt: it asks for FILE to be recomputed."""
+    replaces a result (``asyncrl.results``). ``--reanalyse FILE`` is exempt: it asks for FILE to be recomputed."""
     if getattr(args, "reanalyse", None) and args.name in REANALYSED:
         return
     target = args.json

@@ -1,5 +1,5 @@
 """``bench async`` bookkeeping: the over-seeds summary, the run variants, the workload names. No
-runs here (those are the benchmark itself); the throughput measure is tested in tests/bench."""
+runs here (those are the benchmark itself); the throughput measure is tested in tests/controller/test_throughput.py."""
 
 from __future__ import annotations
 
@@ -7,14 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from asyncrl.bench.async_bench import (
-    WARM_STARTS,
-    WORKLOAD_ALIASES,
-    WORKLOADS,
-    _variants,
-    summarize,
-)
+from asyncrl.bench.async_bench import _variants, summarize
 from asyncrl.config import load_config
+from asyncrl.data.workloads import WARM_STARTS, WORKLOAD_ALIASES, WORKLOADS
 
 
 def _row(eta: int, seed: int, eff: float, acc: float, hw: int = 2) -> dict:

@@ -1,4 +1,4 @@
-"""A simulated run directory reads like a real one: the throughput of ``bench.throughput`` computed
+"""A simulated run directory reads like a real one: the throughput of ``controller.throughput`` computed
 from its files matches the simulator's figure, and ``asyncrl report`` plots it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.bench.throughput import measure_throughput
 from asyncrl.controller.rundir import read_jsonl
+from asyncrl.controller.throughput import measure_throughput
 from asyncrl.sim.run import simulate
 from asyncrl.sim.scenario import Scenario
 

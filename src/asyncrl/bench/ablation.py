@@ -46,9 +46,9 @@ import time
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from asyncrl.bench.output import write_with_plot
 from asyncrl.bench.runs import print_table, resolve_run_dir, reusable_run
 from asyncrl.bench.stats import t95 as t_quantile_975  # the one t table (bench/stats.py)
+from asyncrl.results import write_with_plot
 
 __all__ = [
     "CURVE_KEYS", "OBJECTIVES", "STALENESS_MODES", "STEP_STATS", "StalenessMode",

@@ -9,8 +9,8 @@ Two modes:
 
 - **real** (default): every arm is an ``asyncrl train`` run on the ``bench async`` workloads
   (``task``, ``long``; ``bench.async_bench.workload_overrides``), measured as ``bench async``
-  measures (``runs.run_and_measure``: steady-state throughput from ``bench/throughput.py`` with a ``--warmup-s``
-  window, the whole-run figure beside it, held-out ``accuracy_after``, ``bench/time_budget.py``);
+  measures (``runs.run_and_measure``: steady-state throughput from ``controller/throughput.py`` with a ``--warmup-s``
+  window, the whole-run figure beside it, held-out ``accuracy_after``, ``controller/time_budget.py``);
 - **simulated** (``--profile P[,P...]``): every arm is an ``asyncrl simulate`` run of
   ``sim.compare.SIM_WORKLOADS`` under each cost profile (``sim.compare.simulated_runner``, handed in
   as ``run_one``), the simulator seeds standing for ``--seeds``; the simulator drives the real gate

@@ -39,8 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncrl.bench.output import write_with_plot
 from asyncrl.bench.stats import mean_ci95
+from asyncrl.results import write_with_plot
 
 __all__ = ["TOOL_RATES", "analyse", "run_agent_learning_bench", "seed_row"]
 

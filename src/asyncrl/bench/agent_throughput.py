@@ -30,8 +30,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from asyncrl.bench.output import write_with_plot
 from asyncrl.bench.stats import mean_ci95
+from asyncrl.results import write_with_plot
 
 __all__ = [
     "ASYNC_ETA", "TARGET_RATIO", "WORKLOAD", "analyse", "reanalyse", "run_agent_throughput_bench", "tool_wait_row",
@@ -70,7 +70,7 @@ def _quantile(values: list[float], q: float) -> float | None:
 def tool_wait_row(ledger: list[dict[str, Any]], timeline: list[dict[str, Any]]) -> dict[str, Any]:
     """A run's tool waits from its ledger and timeline: waits per finished episode, their median and 90th
     percentile (seconds), and ``tool_wait_share`` (``controller.tool_waits.tool_wait_share``)."""
-    from asyncrl.bench.throughput import FINISHED
+    from asyncrl.controller.throughput import FINISHED
     from asyncrl.controller.tool_waits import tool_wait_share, tool_waits
 
     episodes = [line for line in ledger if line.get("status") in FINISHED and "turns" in line]
@@ -248,8 +248,8 @@ def reanalyse(json_path: str) -> dict[str, Any]:
     import time
 
     from asyncrl.bench.runs import resolve_run_dir
-    from asyncrl.bench.throughput import FINISHED, generated_tokens, measure_throughput
     from asyncrl.controller.rundir import read_jsonl
+    from asyncrl.controller.throughput import FINISHED, generated_tokens, measure_throughput
 
     payload = json.loads(Path(json_path).read_text())
     for row in payload["rows"]:

@@ -13,7 +13,8 @@ changes.
   ``long`` (alias ``b``): generation-bound, long-tailed long responses: problems of up to 256
   operands (``task.max_terms=256``, ``task.length_tail=0.98``), up to 2048 new tokens, B = 8, from
   a policy warm-started on these very problems (``WARM_STARTS``) so that it writes their long
-  worked solutions: responses of a few hundred tokens at the median and a tail to 2048. Every
+  worked solutions: responses of a few hundred tokens at the median and a tail to 2048
+  (the workloads are ``data.workloads``). Every
   generated group is trained (``algo.filter_equal_rewards=false``): the synchronous run waits for
   each batch's longest responses, as on GPUs. The tiny policy solves almost none of these
   problems, so held-out accuracy is not the point of this workload (a small eval: 64 prompts, one
@@ -28,7 +29,7 @@ changes.
   Metrics: ``steady_state_tokens_per_s`` (the paper's effective throughput, measured so that
   pipeline inventory cannot flatter it: tokens *generated* in the window from ``warmup_s``
   seconds of RL time to the end of the last step, times the run's trained tokens per generated
-  token, over the window; ``bench/throughput.py``), ``trained_tokens_per_s`` (trained tokens over
+  token, over the window; ``controller/throughput.py``), ``trained_tokens_per_s`` (trained tokens over
   the whole run's RL wall time), held-out ``accuracy_after``; with several seeds, ``summary``
   gives mean, spread and 95% interval per (max_staleness, high water) and the accuracy
   difference to max_staleness = 0 paired by seed. ``limits`` gives the bottleneck limit
@@ -57,53 +58,10 @@ from typing import Any
 
 from asyncrl.bench.runs import fresh_out, mean_or_zero, print_table, run_and_measure, write_json
 from asyncrl.bench.stats import mean_ci95
+from asyncrl.data.workloads import WARM_STARTS, WORKLOAD_ALIASES, WORKLOADS
 
-__all__ = ["WORKLOADS", "run_async_bench", "run_interrupt_bench"]
+__all__ = ["run_async_bench", "run_interrupt_bench", "workload_overrides"]
 
-LONG_TASK = ["task.max_terms=256", "task.length_tail=0.98"]
-REASON_TASK = ["task.form=repeat", "task.max_terms=300", "task.length_tail=0.986"]
-
-WORKLOADS: dict[str, list[str]] = {
-    "task": [],
-    "long": [
-        *LONG_TASK,
-        "rollout.max_new_tokens=2048",
-        "eval.max_new_tokens=2048",
-        "controller.batch_size=8",
-        "algo.filter_equal_rewards=false",
-        "task.eval_size=64",
-        "eval.samples_per_prompt=1",
-        "eval.report_greedy=false",
-        "rollout.interrupt_mode=keep",
-        "controller.high_water_unit=samples",
-    ],
-    "reason": [
-        *REASON_TASK,
-        "rollout.max_new_tokens=2048",
-        "eval.max_new_tokens=2048",
-        "controller.batch_size=8",
-        "trainer.lr=1.5e-4",
-        "task.eval_size=64",
-        "eval.samples_per_prompt=2",
-        "eval.report_greedy=false",
-        "rollout.interrupt_mode=keep",
-        "controller.high_water_unit=samples",
-    ],
-}
-"""Config overrides of each workload of ``bench async`` (the user's ``--set`` wins over them, see
-``workload_overrides``)."""
-
-WARM_STARTS: dict[str, list[str]] = {
-    "task": [],
-    "long": [*LONG_TASK, "sft.steps=150", "sft.batch_size=32"],
-    "reason": [*REASON_TASK, "sft.steps=600", "sft.batch_size=32"],
-}
-"""Overrides of each workload's warm start (``ensure_policy``; built once, cached under
-``sft.cache_dir``): ``long`` gets a policy fine-tuned on the long problems themselves, so that it
-writes their long worked solutions (the default policy, tuned on up to 8 operands, gives up after
-a few dozen steps)."""
-
-WORKLOAD_ALIASES = {"a": "task", "b": "long"}
 
 
 def _policy_dir(overrides: list[str], workload: str) -> str:

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from asyncrl.bench.output import write_text_result
+from asyncrl.results import write_text_result
 
 __all__ = ["run_decode_sweep"]
 
@@ -109,5 +109,5 @@ def run_decode_sweep(
         for label, cells in table.items():
             print(f"| {label} | " + " | ".join(str(cells[str(n)]) for n in running) + " |")
     if json_path:
-        write_text_result(json_path, json.dumps(result, indent=2) + "\n")  # never over a file (bench.output)
+        write_text_result(json_path, json.dumps(result, indent=2) + "\n")  # never over a file (asyncrl.results)
     return result

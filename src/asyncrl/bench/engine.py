@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncrl.bench.output import write_text_result
+from asyncrl.results import write_text_result
 
 __all__ = ["run_engine_bench", "run_interrupt_cost", "long_tailed_lengths"]
 
@@ -212,7 +212,7 @@ def _bench(json_path, model_dir, num_requests, slots, max_seq_len, seed, hf_sdpa
     if print_table:
         print(format_table(result))
     if json_path:
-        write_text_result(json_path, json.dumps(result, indent=2) + "\n")  # never over a file (bench.output)
+        write_text_result(json_path, json.dumps(result, indent=2) + "\n")  # never over a file (asyncrl.results)
     return result
 
 
@@ -387,5 +387,5 @@ def run_interrupt_cost(
         for r in rows:
             print("  ".join(f"{r[c]!s:>18}" for c in cols))
     if json_path:
-        write_text_result(json_path, json.dumps(result, indent=2) + "\n")  # never over a file (bench.output)
+        write_text_result(json_path, json.dumps(result, indent=2) + "\n")  # never over a file (asyncrl.results)
     return result

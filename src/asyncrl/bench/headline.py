@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.bench.async_bench import WORKLOAD_ALIASES, workload_overrides
-from asyncrl.bench.output import write_with_plot
 from asyncrl.bench.runs import resolve_run_dir, run_and_measure
 from asyncrl.bench.stats import accuracy_at, mean_ci95, time_to_target
-from asyncrl.bench.throughput import measure_throughput
-from asyncrl.bench.time_budget import time_budget
 from asyncrl.controller.rundir import fresh_subdir
+from asyncrl.controller.throughput import measure_throughput
+from asyncrl.controller.time_budget import time_budget
+from asyncrl.results import write_with_plot
 
 __all__ = [
     "SAMPLES_KEY", "SYNC_CANDIDATES", "analyse", "evaluate_snapshots", "finish", "reanalyse", "run_headline_bench",

@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asyncrl.bench.output import write_text_result
 from asyncrl.bench.stats import mean_ci95
+from asyncrl.results import write_text_result
 
 if TYPE_CHECKING:
     from asyncrl.models import TinyModelSpec
@@ -234,7 +234,7 @@ def run_prefix_reuse_bench(
     }
     _print(result)
     if json_path:
-        write_text_result(json_path, json.dumps(result, indent=2) + "\n")  # never over a file (bench.output)
+        write_text_result(json_path, json.dumps(result, indent=2) + "\n")  # never over a file (asyncrl.results)
     return result
 
 

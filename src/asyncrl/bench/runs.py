@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncrl.bench.output import write_text_result
-from asyncrl.bench.throughput import FINISHED, generated_tokens, measure_throughput
-from asyncrl.bench.time_budget import time_budget
+from asyncrl.controller.throughput import FINISHED, generated_tokens, measure_throughput
+from asyncrl.controller.time_budget import time_budget
+from asyncrl.results import write_text_result
 
 __all__ = ["fresh_out", "mean_or_zero", "measure_finished_run", "measure_run", "print_table", "resolve_run_dir",
            "reusable_run", "run_and_measure", "write_json"]  # fmt: skip

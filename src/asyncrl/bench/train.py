@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncrl.bench.output import ResultFileError, check_result_path, write_text_result
+from asyncrl.results import ResultFileError, check_result_path, write_text_result
 
 __all__ = ["run_train_bench", "bench_samples", "MODELS"]
 
@@ -194,7 +194,7 @@ def run_train_bench(
     }  # fmt: skip
     _print_table(rows, ratios)
     if json_path is not None:
-        write_text_result(json_path, json.dumps(result, indent=2))  # never over a file (bench.output)
+        write_text_result(json_path, json.dumps(result, indent=2))  # never over a file (asyncrl.results)
     return result
 
 

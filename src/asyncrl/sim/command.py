@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from asyncrl.bench.output import write_result, write_text_result
 from asyncrl.config import ConfigError
+from asyncrl.results import write_result, write_text_result
 
 
 def add_simulate_parser(sub: Any) -> None:

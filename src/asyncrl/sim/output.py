@@ -1,7 +1,7 @@
 """A simulated run's figures (``SimResult``) and its run directory.
 
 Owns ``summarise`` (the recorder's raw output into the figures a user compares: throughput by the
-definition of ``bench.throughput`` — steady-state and whole run —, staleness, engine and trainer
+definition of ``controller.throughput`` — steady-state and whole run —, staleness, engine and trainer
 utilisation) and ``write_run_dir`` (``metrics.jsonl``, ``timeline.jsonl``, the ledger when kept,
 ``summary.json`` and a ``config.yaml`` carrying the settings ``asyncrl report`` reads), so that
 ``asyncrl report`` plots a simulated run exactly as it plots a real one.
@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncrl.bench.throughput import FINISHED, measure_throughput
 from asyncrl.controller.adaptive import setting_means
+from asyncrl.controller.throughput import FINISHED, measure_throughput
 from asyncrl.sim.scenario import Scenario
 
 
@@ -28,7 +28,7 @@ class SimResult:
     sim_time_s: float
     """Simulated RL time at the end of the last training step (publication included)."""
     steady_state_tokens_per_s: float
-    """Effective throughput in the window after warm-up (``bench.throughput``'s definition)."""
+    """Effective throughput in the window after warm-up (``controller.throughput``'s definition)."""
     whole_run_tokens_per_s: float
     """Trained tokens over the whole simulated run."""
     window_start_s: float
@@ -43,7 +43,7 @@ class SimResult:
     engine_decode_frac: float
     mean_engine_running: float
     """Sequences running, all engines together, averaged over the run (an exact integral; the
-    timeline's samples give ``bench.time_budget``'s estimate of the same)."""
+    timeline's samples give ``controller.time_budget``'s estimate of the same)."""
     engine_occupancy: float
     """``mean_engine_running`` over all slots of all engines."""
     slot_utilisation: float

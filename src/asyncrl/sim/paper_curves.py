@@ -125,7 +125,7 @@ class CurvePoint:
     """AReaL's effective training throughput: tokens trained by the steps after the warm-up over the time
     they took (``window_trained_tokens_per_s``); counts nothing still in flight or buffered."""
     steady_state_tokens_per_s: float
-    """This project's steady-state figure (``bench.throughput``: generated in the window, less what never
+    """This project's steady-state figure (``controller.throughput``: generated in the window, less what never
     finished, scaled to trained): lower than ``tokens_per_s`` while inventory grows (large η, short runs)."""
     step_s: float
     """Mean simulated seconds per step in the steady-state window."""
@@ -155,7 +155,7 @@ def window_trained_tokens_per_s(sim: Simulation) -> float:
 
 
 def steady_step_s(r: SimResult) -> float:
-    """Seconds per step after the warm-up (the window ``bench.throughput`` measures in)."""
+    """Seconds per step after the warm-up (the window ``controller.throughput`` measures in)."""
     if r.window_start_s <= 0:
         return r.sim_time_s / max(1, r.steps)
     return (r.sim_time_s - r.window_start_s) / max(1, r.steps - r.steps // 10)

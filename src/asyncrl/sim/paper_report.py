@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from asyncrl.bench.output import write_with_plot
+from asyncrl.results import write_with_plot
 from asyncrl.sim.paper_curves import (
     PAPER,
     UNBOUNDED,

@@ -10,7 +10,7 @@ The rule (``RULE``): among the candidates whose predicted steady-state throughpu
 ``target_fraction`` (default 0.95) of the best candidate's, and (optionally) whose predicted mean staleness
 is at most ``max_mean_staleness``, recommend the one with the lowest predicted mean staleness; ties go to
 the smaller η, then the higher throughput. Throughput is the simulator's ``steady_state_tokens_per_s``
-(``bench.throughput``'s definition, the one real runs are measured by).
+(``controller.throughput``'s definition, the one real runs are measured by).
 
 The search, in two phases when the budget can be split several ways (``docs/simulator.md`` §9):
 

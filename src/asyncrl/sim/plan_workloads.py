@@ -6,7 +6,7 @@ overrides of its real runs) and ``resolve_workload`` (a name, a run directory, o
 
 Named workloads, each number with its source:
 
-- ``task`` and ``long``: ``asyncrl bench async``'s workloads (``bench.async_bench.WORKLOADS``): their
+- ``task`` and ``long``: ``asyncrl bench async``'s workloads (``data.workloads.WORKLOADS``): their
   controller and rollout settings come from the config those runs use (``scenario.from_config``), their
   response lengths from a log-normal fitted to the median and 90th percentile of the committed
   synchronous runs (``docs/results/bench_async_task_seeds*.json``: median 19, p90 35-41 tokens, 9 seeds;
@@ -61,8 +61,8 @@ def _lognormal(median: float, p90: float) -> dict[str, float]:
 
 
 def _bench_workload(name: str, median: float, p90: float, prompt_len: int, filter_prob: float, source: str) -> Any:
-    from asyncrl.bench.async_bench import WORKLOADS
     from asyncrl.config import load_config
+    from asyncrl.data.workloads import WORKLOADS
 
     overrides = tuple(WORKLOADS[name])
     base = from_config(load_config(None, list(overrides)))

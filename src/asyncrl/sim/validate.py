@@ -5,7 +5,7 @@ Owns the comparison. For each real run directory, the prediction is ``simulate(f
 cost profile, averaged over simulator seeds; the measurement is read from the run's files with the
 same definitions the simulator reports:
 
-- **effective throughput**: ``bench.throughput.measure_throughput`` (generated tokens in the
+- **effective throughput**: ``controller.throughput.measure_throughput`` (generated tokens in the
   steady-state window x trained per generated), the window opening at the end of the same step
   on both sides (``sim.output.warmup_s``: a tenth of the steps unless the scenario says);
 - **mean staleness**: over trained groups, ``step - the group's oldest version`` (the per-step
@@ -30,10 +30,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from asyncrl.bench.throughput import measure_throughput
-from asyncrl.bench.time_budget import held_integral
 from asyncrl.config import load_config
 from asyncrl.controller.rundir import read_jsonl
+from asyncrl.controller.throughput import measure_throughput
+from asyncrl.controller.time_budget import held_integral
 from asyncrl.sim.output import warmup_s
 from asyncrl.sim.profile import CostProfile
 from asyncrl.sim.run import simulate

@@ -29,8 +29,8 @@ from typing import Literal
 
 import numpy as np
 
-from asyncrl.bench.throughput import FINISHED, generated_tokens
 from asyncrl.choices import check_choice
+from asyncrl.controller.throughput import FINISHED, generated_tokens
 
 LengthKind = Literal["constant", "lognormal", "ledger"]
 """``Scenario.lengths``: how response lengths are drawn (module docstring)."""

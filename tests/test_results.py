@@ -1,4 +1,4 @@
-"""``bench.output``: a bench never replaces a result file. An existing ``--json`` (or the plot beside it) is
+"""``asyncrl.results``: a bench never replaces a result file. An existing ``--json`` (or the plot beside it) is
 refused at the start of the invocation in one line, bytes untouched; a file that appears while the bench
 runs (a second bench given the same ``--json``) is kept and the result written beside it; ``--reanalyse``
 keeps the previous file beside the new one."""
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from asyncrl.bench import output
-from asyncrl.bench.output import ResultFileError, check_result_path, replace_result, write_result, write_text_result
+from asyncrl import results as output
 from asyncrl.cli import main
+from asyncrl.results import ResultFileError, check_result_path, replace_result, write_result, write_text_result
 
 OLD = b'{"rows": ["the result of last night"]}\n'
 

@@ -3,7 +3,7 @@
 The headline's explanation (is the engine the bottleneck? how full is it? is the trainer idle?
 did the asynchronous run win on steps or on tokens?) rests on these figures; computing them here
 puts them in the committed result rows instead of in someone's notes. All times are seconds of RL
-time; the run "ends" at the end of its last training step, as in ``bench/throughput.py``.
+time; the run "ends" at the end of its last training step, as in ``controller/throughput.py``.
 
 - ``engine_decode_s`` / ``engine_prefill_s`` / ``engine_update_s``: the engine's own cumulative
   counters over the run; ``engine_decode_frac`` the share of the run spent decoding.

@@ -1,10 +1,10 @@
-"""``bench/time_budget.py``: where a run's time went, from hand-made timelines with known answers."""
+"""``controller/time_budget.py``: where a run's time went, from hand-made timelines with known answers."""
 
 from __future__ import annotations
 
 import pytest
 
-from asyncrl.bench.time_budget import held_integral, time_budget
+from asyncrl.controller.time_budget import held_integral, time_budget
 
 
 def _timeline() -> list[dict]:

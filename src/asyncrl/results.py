@@ -1,6 +1,7 @@
-"""Bench result files: never an overwritten one.
+"""Result files: never an overwritten one.
 
-Owns how every ``asyncrl bench`` writes its ``--json`` file and the plot beside it:
+Owns how a result file is written (a benchmark's ``--json`` and the plot beside it, ``benchmarks/``; a cost
+profile; a simulator's sweep), so that no measurement is ever lost to a later one:
 
 - ``check_result_path`` at the start of an invocation, before minutes of work: a result file (or its plot)
   that already exists is refused in one line naming it, and so is a folder this user cannot write;
