@@ -93,3 +93,16 @@ def test_an_opened_file_removed_by_its_releaser_is_not_taken(tmp_path: Path, mon
         assert os.fstat(second._fd).st_ino == os.stat(tmp_path / LOCK_NAME).st_ino  # type: ignore[arg-type]
     finally:
         second.release()
+
+
+def test_a_directory_the_lock_made_goes_again_when_nothing_was_written(tmp_path: Path) -> None:
+    with RunLock(tmp_path / "new"):
+        assert (tmp_path / "new").is_dir()
+    assert not (tmp_path / "new").exists()  # a run refused or failed before its first file leaves no trace
+    with RunLock(tmp_path / "used"):
+        (tmp_path / "used" / "config.yaml").write_text("x: 1\n")
+    assert (tmp_path / "used" / "config.yaml").exists()
+    (tmp_path / "mine").mkdir()
+    with RunLock(tmp_path / "mine"):
+        pass
+    assert (tmp_path / "mine").is_dir()  # the user's own directory stays, empty or not

@@ -7,11 +7,13 @@ host, start time, command line), so a second process is refused in one line that
 lock whose process is gone (a ``.lock`` file left by a killed run) is taken over: ``RunLock.stale``
 says whose it was. The file is removed when the lock is released; a process that opened the old
 file before the removal notices that the path now names another file and tries again, so two
-holders can never both believe they own the directory.
+holders can never both believe they own the directory. A directory the lock made is removed again
+on release if nothing else was written into it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -53,6 +55,9 @@ class RunLock:
         self.path = self.run_dir / LOCK_NAME
         self.stale: dict[str, Any] | None = None
         """The holder recorded by a process that died without releasing (None: there was none)."""
+        self.created = not self.run_dir.exists()
+        """This lock made the directory: releasing it removes the directory again if nothing else was
+        written into it (a run refused or failed before its first file leaves no trace)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -95,7 +100,8 @@ class RunLock:
         return f"{self.run_dir} had been locked by a process that is gone ({_describe(self.stale)}); lock taken over"
 
     def release(self) -> None:
-        """Remove the lock file and drop the lock (idempotent)."""
+        """Remove the lock file and drop the lock, and the directory if this lock made it and it is
+        empty (idempotent)."""
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
@@ -103,6 +109,9 @@ class RunLock:
             self.path.unlink(missing_ok=True)
         finally:
             os.close(fd)
+        if self.created:
+            with contextlib.suppress(OSError):  # not empty (the run wrote into it), or gone: keep it
+                self.run_dir.rmdir()
 
     def __enter__(self) -> RunLock:
         return self

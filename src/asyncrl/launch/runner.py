@@ -31,8 +31,8 @@ from asyncrl.controller.resume_guard import (
     check_offsets,
     check_restartable,
 )
-from asyncrl.controller.run_lock import RunDirLocked, RunLock
-from asyncrl.controller.rundir import RunDir, RunDirError, claim_run_dir, fresh_subdir, read_jsonl
+from asyncrl.controller.run_lock import LOCK_NAME, RunDirLocked, RunLock
+from asyncrl.controller.rundir import RunDir, RunDirError, claim_run_dir, default_run_dir, read_jsonl
 from asyncrl.controller.state import ControllerState
 from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
 from asyncrl.launch import RunStopped
@@ -90,6 +90,22 @@ def _lock(run_dir: Path) -> RunLock:
         ) from None
 
 
+def _new_default_run_dir() -> tuple[Path, RunLock]:
+    """A new ``runs/<timestamp>[-N]`` made and locked by this process (a name another run took a moment
+    before is passed over)."""
+    while True:
+        run_dir = default_run_dir()
+        try:
+            lock = _lock(run_dir)
+        except RunDirError:
+            if run_dir.is_dir() and (run_dir / LOCK_NAME).exists():
+                continue  # another run holds it
+            raise
+        if lock.created:
+            return run_dir, lock
+        lock.release()
+
+
 def prepare_run_dir(
     cfg: Config, *, resume: bool, overwrite: bool, allow_change: tuple[str, ...] = ()
 ) -> ClaimedRunDir:
@@ -99,8 +115,11 @@ def prepare_run_dir(
     ``controller.rundir.claim_run_dir``); a resume needs one run there, refuses config changes it was not
     asked for, a torn jsonl file and starting over a run that trained (``controller.resume_guard``), and
     picks the checkpoint it restores (``controller.resume.resume_checkpoint``)."""
-    run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else fresh_subdir("runs")
-    lock = _lock(run_dir)
+    if cfg.run.run_dir:
+        run_dir = Path(cfg.run.run_dir)
+        lock = _lock(run_dir)
+    else:
+        run_dir, lock = _new_default_run_dir()
     try:
         note = lock.stale_note()
         if note:
