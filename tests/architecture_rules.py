@@ -15,8 +15,6 @@ ALIASES: dict[str, str] = {
     # the CLI's error presentation, split off cli.py (module size): one unit with it.
     "cli_errors": "cli",
     "cli_bench": "cli",
-    # the HTTP client, split off web.py (module size): one unit with the server side.
-    "web_client": "web",
 }
 
 # The foundation every stage may meet in (DESIGN: "they meet in types and models").
@@ -31,7 +29,9 @@ LAYERS: dict[str, frozenset[str]] = {
     "choices": frozenset(),  # the Literal alias of every config choice, shared by the config and the stages
     "config": frozenset({"choices"}),  # the config tree; its choice fields are typed by the aliases
     "auth": frozenset(),  # API keys and bind checks of the servers (not named in DESIGN §2)
-    "web": frozenset({"auth"}),  # the one HTTP stack (aiohttp) of every server and client (not named in DESIGN §2)
+    # the one HTTP stack (aiohttp) of every server and client: a package (server, connection, schema, checks,
+    # client; DESIGN §2 "web/")
+    "web": frozenset({"auth"}),
     "storage": frozenset(),  # the disk-full error of a run's writers (not named in DESIGN §2)
     "results": frozenset({"config"}),  # result files never overwritten (its error is a ConfigError)
     "models": frozenset({"types", "config", "choices"}),

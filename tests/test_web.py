@@ -18,8 +18,7 @@ import aiohttp
 import pytest
 
 from asyncrl.auth import ApiKeyAuth
-from asyncrl.web import HTTPError, JsonServer, Request, parse_json
-from asyncrl.web_client import JsonClient
+from asyncrl.web import HTTPError, JsonClient, JsonServer, Request, Route, parse_json
 
 ANSWER = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"ok":true}'
 
@@ -302,8 +301,8 @@ def _serve_one(parts: list[bytes]) -> tuple[bytes, float, list[bytes]]:
 
     async def go() -> tuple[bytes, float]:
         server = JsonServer(
-            "test", dispatch, lambda status, message: {"error": message}, ApiKeyAuth(None, "test"),
-            max_body_bytes=1000, request_timeout_s=DEADLINE_S, idle_timeout_s=DEADLINE_S,
+            "test", [Route("POST", "/x", dispatch)], lambda status, message: {"error": message},
+            ApiKeyAuth(None, "test"), max_body_bytes=1000, request_timeout_s=DEADLINE_S, idle_timeout_s=DEADLINE_S,
         )  # fmt: skip
         port = await server.start()
         try:

@@ -1,7 +1,8 @@
 """The client of a reward server (``asyncrl serve reward``, :mod:`asyncrl.reward.remote`).
 
-:class:`RemoteRewardClient` makes async calls (``asyncrl.web_client.JsonClient``: one keep-alive aiohttp
-session per client) and sync ones (the standard library's ``urllib``, for code without an event loop).
+:class:`RemoteRewardClient` sends its calls through ``asyncrl.web.JsonClient``, the project's one HTTP
+client: async ones on a keep-alive aiohttp session per event loop, sync ones (for code without an event
+loop) on a loop of their own (``JsonClient.request_sync``).
 Network errors and 5xx raise :class:`~asyncrl.reward.InfrastructureError` (retried by the service);
 4xx raise ValueError. It sends the API key it is given, or else ``$ASYNCRL_API_KEY``. The reward
 service uses it for ``remote:`` verifiers; it imports nothing of the server.
@@ -12,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import urllib.error
-import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,7 +20,7 @@ import aiohttp
 
 from asyncrl.auth import auth_headers, resolve_api_key
 from asyncrl.reward import InfrastructureError
-from asyncrl.web_client import JsonClient
+from asyncrl.web import JsonClient
 
 __all__ = ["RemoteRewardClient"]
 
@@ -97,10 +96,8 @@ class RemoteRewardClient:
     async def _request(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
         try:
             return await self._http.request(method, path, body, timeout=self.timeout_s)
-        except aiohttp.ClientConnectorError as e:
-            raise InfrastructureError(f"cannot reach reward server {self.host}:{self.port}: {e!r}") from e
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
-            raise InfrastructureError(f"reward server {self.host}:{self.port} connection failed: {e!r}") from e
+            raise _unreachable(self.host, self.port, e) from e
 
     def score_sync(
         self,
@@ -111,21 +108,21 @@ class RemoteRewardClient:
         row: dict | None = None,
         verifier: str | None = None,
     ) -> tuple[float, str | None]:
-        """Blocking variant of :meth:`score` (urllib)."""
-        request = urllib.request.Request(
-            f"{self.scheme}://{self.host}:{self.port}{self.base_path}/score",
-            data=self._payload(response, reference, prompt, row, verifier),
-            headers={"Content-Type": "application/json", **self._headers},
-            method="POST",
-        )
+        """Blocking variant of :meth:`score` (``JsonClient.request_sync``: a loop of its own for the call)."""
+        body = self._payload(response, reference, prompt, row, verifier)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
-                return self._result(resp.status, resp.read(), f"{self.host}:{self.port}")
-        except urllib.error.HTTPError as e:
-            return self._result(e.code, e.read(), f"{self.host}:{self.port}")
-        except (urllib.error.URLError, OSError) as e:
-            raise InfrastructureError(f"cannot reach reward server {self.host}:{self.port}: {e!r}") from e
+            status, data = self._http.request_sync("POST", "/score", body, timeout=self.timeout_s)
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+            raise _unreachable(self.host, self.port, e) from e
+        return self._result(status, data, f"{self.host}:{self.port}")
 
     async def close(self) -> None:
         """Close the pooled connections."""
         await self._http.aclose()
+
+
+def _unreachable(host: str, port: int, e: BaseException) -> InfrastructureError:
+    """A call that got no answer: the service retries it."""
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return InfrastructureError(f"cannot reach reward server {host}:{port}: {e!r}")
+    return InfrastructureError(f"reward server {host}:{port} connection failed: {e!r}")

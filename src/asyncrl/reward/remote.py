@@ -1,6 +1,7 @@
 """Rewards computed on another host: the ``asyncrl serve reward`` server.
 
-Server (:class:`RewardServer`, :func:`serve_reward`): an ``asyncrl.web.JsonServer`` (aiohttp) in front
+Server (:class:`RewardServer`, :func:`serve_reward`): an ``asyncrl.web.JsonServer`` (an aiohttp
+application; this module owns its route table, ``ROUTES``, and what each route answers) in front
 of a :class:`~asyncrl.reward.service.RewardService`, both on one event loop in a background thread.
 Loopback only unless told otherwise; beyond loopback it refuses to start without an API key
 (``asyncrl.auth``, docs/security.md). With a key, every request but ``GET /health`` needs
@@ -33,7 +34,7 @@ from typing import Any
 
 from asyncrl.auth import ApiKeyAuth, check_bind
 from asyncrl.reward.service import RemoteTarget, RewardService, resolve_verifier
-from asyncrl.web import HTTPError, JsonServer, Request, parse_json
+from asyncrl.web import HTTPError, JsonServer, Request, Route
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,10 @@ ROUTES = {("GET", "/health"): "health", ("POST", "/score"): "score"}
 
 def _error(status: int, message: str) -> dict[str, Any]:
     return {"error": message}
+
+
+def _not_found(method: str, path: str) -> HTTPError:
+    return HTTPError(404, f"no such route {method} {path!r}; use GET /health or POST /score", close=True)
 
 
 class RewardServer:
@@ -75,9 +80,11 @@ class RewardServer:
         self.score_timeout_s = timeout_s + 60.0
         """How long one scoring may take (the service has its own timeouts inside it)."""
         self.read_timeout_s = read_timeout_s
+        handlers = {"health": self._health, "score": self._score}
         self.http = JsonServer(
-            "reward server", self._dispatch, _error, self.auth, max_body_bytes=max_body_bytes,
-            request_timeout_s=read_timeout_s, idle_timeout_s=read_timeout_s, backlog=1024,
+            "reward server", [Route(method, path, handlers[name]) for (method, path), name in ROUTES.items()], _error,
+            self.auth, max_body_bytes=max_body_bytes, request_timeout_s=read_timeout_s,
+            idle_timeout_s=read_timeout_s, backlog=1024, not_found=_not_found,
         )  # fmt: skip
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -129,17 +136,15 @@ class RewardServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    async def _dispatch(self, req: Request) -> Any:
-        name = ROUTES.get((req.method, req.path))
-        if name is None:
-            raise HTTPError(404, f"no such route {req.method} {req.path!r}; use GET /health or POST /score", close=True)
-        if name == "health":
-            if self.auth.enabled and not self.auth.valid(req.headers.get("Authorization")):
-                return {"status": "ok"}  # the open route: liveness only, nothing revealed
-            return self.handle_health()
+    async def _health(self, req: Request) -> dict[str, Any]:
+        if self.auth.enabled and not self.auth.valid(req.headers.get("Authorization")):
+            return {"status": "ok"}  # the open route: liveness only, nothing revealed
+        return self.handle_health()
+
+    async def _score(self, req: Request) -> dict[str, Any]:
         if not req.framed:
             raise HTTPError(411, "Content-Length (or a chunked body) is required", close=True)
-        return await self.handle_score(parse_json(req.body))
+        return await self.handle_score(req.json())
 
     async def handle_score(self, payload: Any) -> dict[str, Any]:
         if not isinstance(payload, dict):

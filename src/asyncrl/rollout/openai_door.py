@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -65,7 +65,7 @@ from asyncrl.rollout.openai_session import ChatSession, SessionStore
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.tools import ToolFormat, parse_tool_calls
 from asyncrl.types import Completion, ModelSegment
-from asyncrl.web import HTTPError, JsonServer, Request, is_finite, parse_json
+from asyncrl.web import HTTPError, JsonServer, Request, Route, is_finite
 
 __all__ = ["ChatDoor", "DoorServer", "MAX_REQUEST_CHARS", "SESSION_ID"]
 
@@ -74,14 +74,15 @@ MAX_REQUEST_CHARS = 1_000_000
 """The default cap on a chat request's characters of message text and tools (``openai_chat.request_chars``)."""
 
 SESSION_ID = re.compile(r"[A-Za-z0-9_.@:-]{1,160}")
-_SESSION_PATH = re.compile(r"/sessions/([^/]+)(/v1/chat/completions|/v1/models|/end|)")
-_ROUTES: dict[str, tuple[str, ...]] = {
-    "/v1/chat/completions": ("POST",),
-    "/v1/models": ("GET",),
-    "": ("GET",),
-    "/end": ("POST",),
-}
-Handler = Callable[[Any], Awaitable[Any]]
+
+
+def _session_id(req: Request) -> str:
+    """The route's ``{session_id}``; 400 when it is not one."""
+    session_id = req.params["session_id"]
+    if not SESSION_ID.fullmatch(session_id):
+        raise HTTPError(400, f"a session id is 1-160 characters of [A-Za-z0-9_.@:-], got {session_id[:40]!r}")
+    return session_id
+
 
 
 class ChatDoor:
@@ -152,32 +153,20 @@ class ChatDoor:
         return self._renderer
 
     # ------------------------------------------------------------------------------- routing
-    def route(self, method: str, path: str) -> Handler | None:
-        """The handler of ``method path``; None when the path is not the door's; 405/400 for a wrong
-        method or a malformed session id."""
-        session_id: str | None = None
-        if path in ("/v1/chat/completions", "/v1/models"):
-            sub = path
-        else:
-            m = _SESSION_PATH.fullmatch(path)
-            if m is None:
-                return None
-            session_id, sub = m.group(1), m.group(2)
-            if not SESSION_ID.fullmatch(session_id):
-                raise HTTPError(400, f"a session id is 1-160 characters of [A-Za-z0-9_.@:-], got {session_id[:40]!r}")
-        if method not in _ROUTES[sub]:
-            raise HTTPError(405, f"method {method} not allowed on {path}")
-        match sub:
-            case "/v1/chat/completions":
-                return lambda body: self.chat(body, session_id)
-            case "/v1/models":
-                return lambda body: self.models()
-            case "/end":
-                return lambda body: self.end_session(str(session_id), body)
-            case _:
-                return lambda body: self.session_record(str(session_id))
+    def routes(self) -> list[Route]:
+        """The door's route table (module docstring), for the router of the server that serves it."""
+        return [
+            Route("POST", "/v1/chat/completions", lambda req: self.chat(req.json(), None)),
+            Route("GET", "/v1/models", lambda req: self.models()),
+            Route("POST", "/sessions/{session_id}/v1/chat/completions",
+                  lambda req: self.chat(req.json(), _session_id(req))),
+            Route("GET", "/sessions/{session_id}/v1/models", lambda req: self.models(_session_id(req))),
+            Route("POST", "/sessions/{session_id}/end", lambda req: self.end_session(_session_id(req), req.json())),
+            Route("GET", "/sessions/{session_id}", lambda req: self.session_record(_session_id(req))),
+        ]  # fmt: skip
 
-    async def models(self) -> dict[str, Any]:
+    async def models(self, session_id: str | None = None) -> dict[str, Any]:
+        """``/v1/models`` (the same under a session's ``base_url``, its id checked by the route)."""
         return models_response(self.model_name)
 
     def check_model(self, name: str) -> None:
@@ -336,7 +325,7 @@ class DoorServer:
         self.door = door
         self.auth = ApiKeyAuth(api_key, "openai door")
         self.http = JsonServer(
-            "openai door", self._dispatch, error_body, self.auth, max_body_bytes=max_body_bytes,
+            "openai door", door.routes(), error_body, self.auth, max_body_bytes=max_body_bytes,
             request_timeout_s=request_timeout_s, idle_timeout_s=idle_timeout_s, backlog=128,
         )  # fmt: skip
 
@@ -357,9 +346,3 @@ class DoorServer:
         progress is cancelled); the door's worker thread goes."""
         await self.http.stop()
         self.door.close()
-
-    async def _dispatch(self, req: Request) -> Any:
-        handler = self.door.route(req.method, req.path)
-        if handler is None:
-            raise HTTPError(404, f"no route {req.path}")
-        return await handler(parse_json(req.body))

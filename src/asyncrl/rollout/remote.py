@@ -15,7 +15,7 @@ tokens: exact when the server aborts running requests on an update (pause mode "
 AReaL flow), approximate otherwise. Requests always send ``ignore_eos: true`` with explicit
 ``stop_token_ids`` so that stopping matches ``LocalEngine`` (stop only at the given ids).
 
-Transport: ``asyncrl.web_client.JsonClient``, one keep-alive ``aiohttp`` session per event loop (at most
+Transport: ``asyncrl.web.JsonClient``, one keep-alive ``aiohttp`` session per event loop (at most
 ``max_connections`` concurrent requests; more wait for a connection). A request whose pooled
 connection the server closed before answering is sent once more on a fresh one. 4xx answers raise
 ``ValueError`` with the server's message (as ``LocalEngine`` does for bad input); other failures
@@ -42,7 +42,7 @@ from asyncrl.auth import API_KEY_ENV, auth_headers, resolve_api_key
 from asyncrl.rollout.api import SampleDone, refuse_on_sample_done
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Completion, WeightUpdate
-from asyncrl.web_client import JsonClient
+from asyncrl.web import JsonClient
 
 __all__ = ["RemoteEngine", "completion_from_sglang"]
 

@@ -1,7 +1,8 @@
 """``asyncrl serve engine``: a ``LocalEngine`` behind the SGLang-native HTTP protocol (subset).
 
-Owns the engine's routes and what each answers; the HTTP itself (aiohttp, keep-alive, the checks every
-server shares) is ``asyncrl.web``'s ``JsonServer``. Endpoints, request and response shapes follow
+Owns the engine's route table and what each route answers; the HTTP itself (an aiohttp application,
+its router and middlewares, keep-alive, the checks every server shares) is ``asyncrl.web``'s
+``JsonServer``. Endpoints, request and response shapes follow
 SGLang's native API (``sglang/srt/entrypoints/http_server.py``, v0.4.6 - v0.5.x):
 
 - ``POST /generate``: ``input_ids`` (a list of ints, or a batch: list of lists) or ``text``;
@@ -50,6 +51,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +62,7 @@ from asyncrl.rollout.openai_door import MAX_REQUEST_CHARS, ChatDoor
 from asyncrl.rollout.protocol import GenerateRequest, bad_request, parse_generate
 from asyncrl.rollout.tools import ToolFormat
 from asyncrl.types import WeightUpdate
-from asyncrl.web import HTTPError, JsonServer, Request, is_int, parse_json
+from asyncrl.web import HTTPError, JsonServer, Request, Route, is_int
 
 __all__ = ["EngineServer", "GenerateRequest", "ServerThread", "serve_engine", "parse_generate"]
 
@@ -97,7 +99,8 @@ class EngineServer:
         ("POST", "/continue_generation"): "_continue",
         ("POST", "/update_weights_from_disk"): "_update_from_disk",
     }
-    """(method, path) -> handler name: every endpoint (tests iterate over it)."""
+    """(method, path) -> handler name: every endpoint of the engine's own (the door's are
+    ``ChatDoor.routes``); the router gets both, and the tests iterate over this one."""
 
     def __init__(
         self,
@@ -128,15 +131,16 @@ class EngineServer:
         self.eos_ids = eos_ids
         self.auth = ApiKeyAuth(api_key, "engine server")
         self.weights_root = Path(weights_root) if weights_root is not None else None
-        self.http = JsonServer(
-            "engine server", self._dispatch, _error, self.auth, max_body_bytes=max_body_bytes,
-            request_timeout_s=request_timeout_s, idle_timeout_s=idle_timeout_s,
-        )  # fmt: skip
         self.door = ChatDoor(
             engine, engine.tokenizer, model_name=served_model_name or Path(model_path).name or "asyncrl",
             tool_format=tool_format, end_of_turn_ids=eos_ids, max_slots=engine.max_slots,
             max_seq_len=engine.max_seq_len, max_request_chars=max_request_chars,
             max_open_sessions=max_open_sessions, session_ttl_s=session_ttl_s,
+        )  # fmt: skip
+        routes = [Route(method, path, _with_body(getattr(self, name))) for (method, path), name in self.ROUTES.items()]
+        self.http = JsonServer(
+            "engine server", routes + self.door.routes(), _error, self.auth, max_body_bytes=max_body_bytes,
+            request_timeout_s=request_timeout_s, idle_timeout_s=idle_timeout_s,
         )  # fmt: skip
 
     @property
@@ -167,16 +171,6 @@ class EngineServer:
         ``web.SHUTDOWN_S`` is cancelled); the door's worker thread goes."""
         await self.http.stop()
         self.door.close()
-
-    async def _dispatch(self, req: Request) -> Any:
-        name = self.ROUTES.get((req.method, req.path))
-        door = self.door.route(req.method, req.path) if name is None else None
-        if name is None and door is None:
-            if any(path == req.path for _, path in self.ROUTES):
-                raise HTTPError(405, f"method {req.method} not allowed on {req.path}")
-            raise HTTPError(404, f"no route {req.path}")
-        body = parse_json(req.body)
-        return await (door(body) if door is not None else getattr(self, name)(body))
 
     # ------------------------------------------------------------------------------ handlers
     async def _health(self, body: Any) -> dict[str, Any]:
@@ -325,6 +319,15 @@ class EngineServer:
         except PathOutsideRoot as e:
             log.warning("engine server: refused a weight update from outside the weights root: %s", e)
             raise HTTPError(403, f"update_weights_from_disk refused: {e}") from None
+
+
+def _with_body(handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Request], Awaitable[Any]]:
+    """A handler of the request's JSON body as a route's handler."""
+
+    async def handle(req: Request) -> Any:
+        return await handler(req.json())
+
+    return handle
 
 
 def _weight_version(raw: Any) -> int | None:

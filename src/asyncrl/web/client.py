@@ -1,10 +1,12 @@
-"""The client side of asyncrl's HTTP stack (``asyncrl.web``; split off it for size, one unit with it):
-:class:`JsonClient`, what ``RemoteEngine`` and ``RemoteRewardClient`` send their requests through.
+"""The client side of asyncrl's HTTP stack: :class:`JsonClient`, the one client every caller sends its
+requests through (``RemoteEngine``, ``RemoteRewardClient``, the reward service's ``remote:`` verifiers).
 
 One keep-alive ``aiohttp.ClientSession`` per client object and event loop, made by the loop's first
 request and closed with that loop at the latest (see :class:`JsonClient`), so a client used from
 ``asyncio.run`` after ``asyncio.run``, or from another thread's loop, leaves no socket open; a request
-the server dropped before answering (it closed a pooled connection) is sent again once.
+the server dropped before answering (it closed a pooled connection) is sent again once. Code without an
+event loop calls :meth:`JsonClient.request_sync` (a loop of its own for the call, on this thread or,
+inside a running loop, on a short-lived one).
 
 Imports nothing of the project.
 """
@@ -57,6 +59,19 @@ class JsonClient:
         except aiohttp.ServerDisconnectedError:
             self.retries += 1  # a pooled connection the server closed as we sent: once more, on a fresh one
         return await self._send(session, method, path, body, timeout)
+
+    def request_sync(
+        self, method: str, path: str, body: bytes | None = None, *, timeout: float | None = None
+    ) -> tuple[int, bytes]:
+        """:meth:`request` from synchronous code: run on an event loop of its own (``asyncio.run``), whose
+        session closes with it; called where a loop already runs on this thread, on a thread of its own
+        (blocking this one until it is done, as any synchronous call there does)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.request(method, path, body, timeout=timeout))
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="asyncrl-http-sync") as pool:
+            return pool.submit(asyncio.run, self.request(method, path, body, timeout=timeout)).result()
 
     async def _send(
         self, session: aiohttp.ClientSession, method: str, path: str, body: bytes | None, timeout: float | None
