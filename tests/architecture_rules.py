@@ -89,8 +89,5 @@ FUNCTION_SIZE_EXCEPTIONS: dict[str, str] = {
         "one try/finally owns the sandbox's pipe, process and work directory; split, the cleanup order "
         "that the sandbox's safety rests on would be spread over several functions"
     ),
-    "asyncrl/rollout/protocol.py::parse_generate": (
-        "validates the SGLang-native /generate body field by field, each with its 400 message"
-    ),
 }
 """``asyncrl/path.py::Qualified.name`` -> why it may pass ``FUNCTION_LINES``."""

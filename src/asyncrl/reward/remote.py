@@ -7,8 +7,8 @@ Loopback only unless told otherwise; beyond loopback it refuses to start without
 (``asyncrl.auth``, docs/security.md). With a key, every request but ``GET /health`` needs
 ``Authorization: Bearer <key>``; others get 401 (logged).
 
-- ``POST /score`` with JSON ``{"verifier", "response", "reference", "prompt", "row"}`` (only
-  ``response`` and ``reference`` are required; ``verifier`` defaults to the server's) answers
+- ``POST /score`` with JSON ``{"verifier", "response", "reference", "prompt", "row"}`` (:class:`ScoreBody`:
+  only ``response`` and ``reference`` are required; ``verifier`` defaults to the server's) answers
   ``{"reward", "failure", "latency_s", "cached"}``. ``failure`` has the service's meaning.
 - ``GET /health`` answers ``{"status": "ok", "metrics": {...}}``; without the key (on a server
   that has one) only ``{"status": "ok"}``.
@@ -30,17 +30,31 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from asyncrl.auth import ApiKeyAuth, check_bind
 from asyncrl.reward.service import RemoteTarget, RewardService, resolve_verifier
-from asyncrl.web import HTTPError, JsonServer, Request, Route
+from asyncrl.web import HTTPError, JsonServer, Request, Route, parse_body
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 ROUTES = {("GET", "/health"): "health", ("POST", "/score"): "score"}
 """Every (method, path) the server answers (tests iterate over it)."""
+
+
+@dataclass(frozen=True)
+class ScoreBody:
+    """A ``POST /score`` body (keys it does not name are ignored)."""
+
+    unknown_fields: ClassVar[str] = "ignore"
+    response: str
+    reference: str
+    verifier: str | None = None
+    """None or empty: the server's default."""
+    prompt: str | None = None
+    row: dict[str, Any] | None = None
 
 
 def _error(status: int, message: str) -> dict[str, Any]:
@@ -147,19 +161,9 @@ class RewardServer:
         return await self.handle_score(req.json())
 
     async def handle_score(self, payload: Any) -> dict[str, Any]:
-        if not isinstance(payload, dict):
-            raise HTTPError(400, "the body must be a JSON object")
-        verifier = payload.get("verifier") or self.default_verifier
-        response, reference = payload.get("response"), payload.get("reference")
-        prompt, row = payload.get("prompt") or "", payload.get("row")
-        if not isinstance(verifier, str):
-            raise HTTPError(400, "verifier must be a string")
-        if not isinstance(response, str) or not isinstance(reference, str):
-            raise HTTPError(400, "response and reference are required strings")
-        if not isinstance(prompt, str):
-            raise HTTPError(400, "prompt must be a string")
-        if row is not None and not isinstance(row, dict):
-            raise HTTPError(400, "row must be an object or null")
+        body = parse_body(ScoreBody, payload)
+        verifier, response, reference = body.verifier or self.default_verifier, body.response, body.reference
+        prompt, row = body.prompt or "", body.row
         try:
             target = resolve_verifier(verifier)
         except ValueError as e:

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -59,10 +58,10 @@ from asyncrl.auth import ApiKeyAuth, PathOutsideRoot, check_bind, confine_path
 from asyncrl.choices import InterruptMode
 from asyncrl.rollout.engine import LocalEngine
 from asyncrl.rollout.openai_door import MAX_REQUEST_CHARS, ChatDoor
-from asyncrl.rollout.protocol import GenerateRequest, bad_request, parse_generate
+from asyncrl.rollout.protocol import GenerateRequest, PauseBody, UpdateWeightsBody, parse_generate
 from asyncrl.rollout.tools import ToolFormat
 from asyncrl.types import WeightUpdate
-from asyncrl.web import HTTPError, JsonServer, Request, Route, is_int
+from asyncrl.web import HTTPError, JsonServer, Request, Route, parse_body
 
 __all__ = ["EngineServer", "GenerateRequest", "ServerThread", "serve_engine", "parse_generate"]
 
@@ -257,13 +256,7 @@ class EngineServer:
         return {"text": text, "output_ids": list(c.output_ids), "meta_info": meta}
 
     async def _pause(self, body: Any) -> dict[str, Any]:
-        mode = "abort"
-        if body is not None:
-            if not isinstance(body, dict):
-                raise bad_request("body must be a JSON object")
-            mode = body.get("mode", "abort")
-        if mode not in ("abort", "in_place"):
-            raise bad_request(f"pause mode {mode!r} is not supported; use 'abort' or 'in_place'")
+        mode = parse_body(PauseBody, {} if body is None else body).mode
         await self.engine.pause()
         aborted = await self.engine.abort_all() if mode == "abort" else 0
         return {
@@ -278,13 +271,9 @@ class EngineServer:
         return {"message": "Generation continued successfully.", "status": "ok"}
 
     async def _update_from_disk(self, body: Any) -> dict[str, Any]:
-        if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
-            raise bad_request("body must be an object with a string 'model_path'")
-        version = _weight_version(body.get("weight_version"))
-        abort_all = body.get("abort_all_requests", False)
-        if not isinstance(abort_all, bool):
-            raise bad_request("'abort_all_requests' must be a bool")
-        path = self._confined(body["model_path"])
+        update = parse_body(UpdateWeightsBody, body)
+        version, abort_all = update.weight_version, update.abort_all_requests
+        path = self._confined(update.model_path)
         async with self._updating:  # one update at a time: the check below holds until it is applied
             if version is None:
                 version = self.engine.version + 1
@@ -328,17 +317,6 @@ def _with_body(handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Request], 
         return await handler(req.json())
 
     return handle
-
-
-def _weight_version(raw: Any) -> int | None:
-    """A weight update's ``weight_version``: an int or the string of one (SGLang sends strings); None: next."""
-    if raw is None:
-        return None
-    if isinstance(raw, str) and re.fullmatch(r"\s*[+-]?[0-9]{1,18}\s*", raw):
-        raw = int(raw)
-    if not is_int(raw) or abs(raw) >= 1 << 62:
-        raise bad_request(f"'weight_version' must be an integer (or its string), got {raw!r}"[:200])
-    return int(raw)
 
 
 def _error(status: int, message: str, code: str | None = None) -> dict[str, Any]:
