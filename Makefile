@@ -21,11 +21,11 @@ run: $(STAMP)
 	"$(VENV)/bin/asyncrl" train $(RUN_ARGS)
 
 test: $(STAMP)
-	"$(PY)" -m ruff check src tests
+	"$(PY)" -m ruff check src tests benchmarks scripts
 	"$(PY)" -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	"$(PY)" -m ruff check src tests
+	"$(PY)" -m ruff check src tests benchmarks scripts
 
 clean:
 	rm -rf "$(VENV)" .cache runs

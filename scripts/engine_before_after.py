@@ -1,6 +1,6 @@
 """Before/after timing of LocalEngine at two git revisions (issue 17: the engine-step refactor).
 
-Runs ``asyncrl.bench.engine``'s LocalEngine workload (the same prompts, the same forced
+Runs ``benchmarks.engine``'s LocalEngine workload (the same prompts, the same forced
 long-tailed response lengths, temperature 1, one torch thread) with the code of each revision,
 alternating the two revisions ``--repeats`` times in fresh processes so that load drift on a shared
 machine hits both sides alike. Both sides load the same model directory (built once, by the
@@ -27,13 +27,16 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "src"))
+sys.path[:0] = [str(REPO / "src"), str(REPO)]  # the product and benchmarks/ beside it
 
 ONE_RUN = """
 import json, random, sys
 import torch
 torch.set_num_threads(1)
-from asyncrl.bench.engine import _prompts, _run_local, long_tailed_lengths
+try:  # benchmarks/ beside src/, or (a revision before the move) the package's bench/
+    from benchmarks.engine import _prompts, _run_local, long_tailed_lengths
+except ImportError:
+    from asyncrl.bench.engine import _prompts, _run_local, long_tailed_lengths
 from asyncrl.models import load_policy
 model_dir, n, slots, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 model, tokenizer = load_policy(model_dir)
@@ -61,8 +64,8 @@ def _one_run(worktree: Path, model_dir: Path, requests: int, slots: int, seed: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    from asyncrl.bench.stats import mean_ci95
     from asyncrl.models import build_tiny_policy
+    from benchmarks.stats import mean_ci95
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", required=True, help="git revision of the 'before' side")

@@ -1,7 +1,7 @@
 """Before/after of the whole training loop at two git revisions (issue 17: the seams, the stage
 builder and the loop refactor must leave the benches' numbers unchanged).
 
-Runs ``asyncrl bench async`` (the same workload, arms, steps, seeds and overrides) with the code of
+Runs ``python -m benchmarks async`` (the same workload, arms, steps, seeds and overrides) with the code of
 each revision, one seed at a time, the two revisions alternated seed by seed (before first on even
 seeds, after first on odd ones) so that load drift on a shared machine hits both sides alike. Each
 revision runs from a detached git worktree under a temporary directory (removed at the end) whose
@@ -37,16 +37,19 @@ THROUGHPUT_KEYS = ("trained_tokens_per_s", "steady_state_tokens_per_s")
 
 
 def _bench_once(worktree: Path, seed: int, args: argparse.Namespace, scratch: Path) -> list[dict]:
-    """One ``asyncrl bench async`` invocation (one seed, every arm) with ``worktree``'s code."""
+    """One ``python -m benchmarks async`` invocation (one seed, every arm) with ``worktree``'s code."""
     out_json = scratch / f"{worktree.name}-s{seed}.json"
+    # benchmarks/ beside src/, or (a revision before the move) the package's ``asyncrl bench``
+    moved = (worktree / "benchmarks" / "__main__.py").exists()
+    entry = ["-m", "benchmarks"] if moved else ["-m", "asyncrl.cli", "bench"]
     cmd = [
-        sys.executable, "-m", "asyncrl.cli", "bench", "async", "--workload", args.workload, "--etas", args.etas,
+        sys.executable, *entry, "async", "--workload", args.workload, "--etas", args.etas,
         "--seeds", str(seed), "--steps", str(args.steps), "--warmup-s", str(args.warmup_s),
         "--out", str(scratch / f"runs-{worktree.name}"), "--json", str(out_json),
     ]  # fmt: skip
     for override in args.set or []:
         cmd += ["--set", override]
-    env = {**os.environ, "PYTHONPATH": str(worktree / "src")}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(worktree / "src"), str(worktree)])}
     subprocess.run(cmd, check=True, env=env, cwd=worktree, stdout=subprocess.DEVNULL)
     rows = json.loads(out_json.read_text())["rows"]
     return [{key: row.get(key) for key in ROW_KEYS} for row in rows]
@@ -68,7 +71,7 @@ def _speedups(side_rows: list[dict], key: str, eta: int) -> list[float]:
 
 def summarise(rows: dict[str, list[dict]]) -> dict:
     """Paired after/before ratios per arm, accuracy differences and each side's speed-ups."""
-    from asyncrl.bench.stats import mean_ci95
+    from benchmarks.stats import mean_ci95
 
     etas = sorted({r["max_staleness"] for r in rows["before"]})
     out: dict = {}
@@ -140,5 +143,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO / "src"))
+    sys.path[:0] = [str(REPO / "src"), str(REPO)]  # the product and benchmarks/ beside it
     raise SystemExit(main())

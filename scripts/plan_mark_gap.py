@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
@@ -36,7 +37,6 @@ from asyncrl.sim.calibrate import scale_decode
 from asyncrl.sim.profile import CostProfile, load_profile
 from asyncrl.sim.run import simulate
 from asyncrl.sim.scenario import Scenario, from_run
-from asyncrl.sim.validate import measured_figures
 
 SKIP_STEPS = 4
 """Steps left out of the time sums (the pipeline filling)."""
@@ -101,6 +101,7 @@ def own_speed(profile: CostProfile, decode_ratio: float, train_ratio: float) -> 
 
 def run_row(run: Path, profile: CostProfile) -> dict[str, Any]:
     """Every check of the module docstring for one measured run."""
+    from benchmarks.sim_validate import measured_figures
     scenario = from_run(run, profile=profile.name)
     metrics = read_jsonl(run / "metrics.jsonl")
     timeline = read_jsonl(run / "timeline.jsonl")
@@ -215,4 +216,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks/ beside src/
     main()

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
-
-from asyncrl.bench.headline import ASYNC_SETTING, SYNC_CANDIDATES, evaluate_snapshots, with_samples_per_prompt
-from asyncrl.bench.runs import run_and_measure
 
 
 def base_overrides(headline: dict, steps: int) -> list[str]:
@@ -34,6 +32,8 @@ def base_overrides(headline: dict, steps: int) -> list[str]:
 
 
 def main() -> None:
+    from benchmarks.headline import ASYNC_SETTING, SYNC_CANDIDATES, evaluate_snapshots, with_samples_per_prompt
+    from benchmarks.runs import run_and_measure
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--headline", required=True, help="a bench headline JSON (its overrides and sync setting)")
     parser.add_argument("--seeds", default="6")
@@ -67,4 +67,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks/ beside src/
     main()

@@ -38,6 +38,7 @@ import argparse
 import bisect
 import json
 import statistics
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -50,7 +51,6 @@ from asyncrl.sim.calibrate import machine_profile
 from asyncrl.sim.profile import CostProfile
 from asyncrl.sim.run import simulate
 from asyncrl.sim.scenario import Scenario, from_run
-from asyncrl.sim.validate import measured_figures
 
 SNAPSHOT_S = 0.25
 """The real controller's timeline period (``Controller._sample_timeline``)."""
@@ -146,6 +146,7 @@ def snapshot_phases(scenario: Scenario, profile: CostProfile) -> tuple[float, li
 
 
 def check(run: Path, profile: CostProfile, draw_seeds: Sequence[int]) -> dict[str, Any]:
+    from benchmarks.sim_validate import measured_figures
     scenario = from_run(run, profile=profile.name)
     slots = scenario.slots * scenario.engines
     measured = measured_figures(run, scenario)
@@ -208,4 +209,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: benchmarks/ beside src/
     main()

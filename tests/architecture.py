@@ -9,6 +9,8 @@ the same function fail. Nothing here imports the package under check: sources ar
   to the module it loads, marked when it sits under ``if TYPE_CHECKING:``;
 - :func:`layer_violations`: imports between top-level units that the unit table does not grant,
   and forbidden third-party imports (e.g. torch in ``types``);
+- :func:`outside_import_violations`: imports of a top-level package that sits beside the package and
+  must never be imported by it (``benchmarks``, ``tests``, ``scripts``);
 - :func:`cycle_violations`: runtime import cycles between files (type-only imports do not execute
   and do not count);
 - :func:`module_size_violations`, :func:`function_size_violations`: the size limits.
@@ -31,6 +33,7 @@ __all__ = [
     "layer_violations",
     "module_files",
     "module_size_violations",
+    "outside_import_violations",
     "unit_of",
 ]
 
@@ -192,6 +195,17 @@ def layer_violations(
         problems.add(f"{imp.where}: {unit!r} must not import {target_unit!r} ({imp.target})")
     problems.update(f"layer exception {key} matches no import: remove it" for key in exceptions.keys() - used)
     return sorted(problems)
+
+
+def outside_import_violations(root: Path, outside: frozenset[str]) -> list[str]:
+    """Every import, anywhere in the package under ``root`` (function-level and ``TYPE_CHECKING`` ones
+    included), of a top-level package named in ``outside``: ``import benchmarks``, ``from benchmarks.x
+    import y``, ``from tests import z``. One line per import statement."""
+    return sorted(
+        f"{imp.where}: the product must not import {imp.target!r} (outside the package)"
+        for imp in collect_imports(root)
+        if not imp.internal and imp.target in outside
+    )
 
 
 def _strongly_connected(graph: Mapping[str, set[str]]) -> list[list[str]]:

@@ -22,9 +22,11 @@ from tests.architecture import (
     function_size_violations,
     layer_violations,
     module_size_violations,
+    outside_import_violations,
 )
 
 SRC = Path(__file__).resolve().parents[1] / "src" / rules.PACKAGE
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def check_layers(root: Path) -> list[str]:
@@ -42,6 +44,34 @@ def _report(problems: list[str]) -> str:
 # --------------------------------------------------------------------------------------- the tree
 def test_imports_follow_the_layer_table() -> None:
     problems = check_layers(SRC)
+    assert not problems, _report(problems)
+
+
+def test_the_product_never_imports_the_benchmarks() -> None:
+    """The import contract of ``benchmarks/`` (beside ``src/``): it imports the product, never the reverse;
+    nor does the product import the tests or the scripts."""
+    problems = outside_import_violations(SRC, rules.OUTSIDE_THE_PRODUCT)
+    assert not problems, _report(problems)
+
+
+def test_a_product_import_of_the_benchmarks_fails_the_contract(tmp_path: Path) -> None:
+    """Planted in a copy of the tree: a function-level ``from benchmarks...`` and a type-only ``import tests``."""
+    package = plant(tmp_path, {
+        "sim/__init__.py": "",
+        "sim/driver.py": "def go():\n    from benchmarks.headline import run\n",
+        "types.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import tests.conftest\n",
+    })  # fmt: skip
+    assert outside_import_violations(package, rules.OUTSIDE_THE_PRODUCT) == [
+        "asyncrl/sim/driver.py:2: the product must not import 'benchmarks' (outside the package)",
+        "asyncrl/types.py:3: the product must not import 'tests' (outside the package)",
+    ]
+
+
+def test_the_benchmarks_keep_the_size_limits() -> None:
+    problems = [
+        *module_size_violations(BENCHMARKS, rules.MODULE_LINES),
+        *function_size_violations(BENCHMARKS, rules.FUNCTION_LINES, rules.BENCHMARK_FUNCTION_SIZE_EXCEPTIONS),
+    ]
     assert not problems, _report(problems)
 
 
@@ -156,8 +186,8 @@ def test_violations_planted_in_a_copy_of_the_tree_fail_it(tmp_path: Path) -> Non
         ),
         pytest.param(
             {"trainer/__init__.py": "", "trainer/t.py": "from asyncrl.algo import losses\nimport torch\n",
-             "algo/__init__.py": "", "algo/losses.py": "", "cli.py": "import asyncrl.bench\n",
-             "bench/__init__.py": "from asyncrl import launch\n", "launch/__init__.py": ""},
+             "algo/__init__.py": "", "algo/losses.py": "", "cli.py": "import asyncrl.sim\n",
+             "sim/__init__.py": "from asyncrl import controller\n", "controller/__init__.py": ""},
             [],
             id="allowed",
         ),

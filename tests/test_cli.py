@@ -65,21 +65,3 @@ def test_load_config_layers_a_file_over_a_base(tmp_path: Path) -> None:
     cfg = load_config(top, ["controller.max_staleness=0"], base=base)
     assert (cfg.controller.batch_size, cfg.controller.total_steps, cfg.controller.max_staleness) == (5, 7, 0)
     assert load_config(None, base=base).controller.total_steps == 3
-
-
-def test_the_bench_names_listed_are_the_names_dispatched():
-    """``cli_bench.BENCHMARKS`` (the help and the unknown-name error) names exactly the cases of ``cmd_bench``."""
-    import ast
-    import inspect
-
-    from asyncrl import cli_bench
-
-    tree = ast.parse(inspect.getsource(cli_bench.cmd_bench))
-    dispatched: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.match_case):
-            for pattern in ast.walk(node.pattern):
-                if isinstance(pattern, ast.MatchValue) and isinstance(pattern.value, ast.Constant):
-                    dispatched.add(pattern.value.value)
-    assert dispatched == set(cli_bench.BENCHMARKS)
-    assert len(cli_bench.BENCHMARKS) == len(set(cli_bench.BENCHMARKS))

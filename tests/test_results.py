@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from asyncrl import results as output
-from asyncrl.cli import main
 from asyncrl.results import ResultFileError, check_result_path, replace_result, write_result, write_text_result
+from benchmarks.__main__ import main
 
 OLD = b'{"rows": ["the result of last night"]}\n'
 
@@ -114,9 +114,9 @@ def test_bench_refuses_an_existing_json_at_the_start_in_one_line(
 ) -> None:
     path = _existing(tmp_path)
     runs = tmp_path / "runs"
-    assert main(["bench", "async", "--json", str(path), "--out", str(runs), "--steps", "1"]) == 2
+    assert main(["async", "--json", str(path), "--out", str(runs), "--steps", "1"]) == 2
     captured = capsys.readouterr()
-    assert captured.err.startswith("asyncrl: ") and captured.err.count("\n") == 1 and str(path) in captured.err
+    assert captured.err.startswith("benchmarks async: ") and captured.err.count("\n") == 1 and str(path) in captured.err
     assert "already exists" in captured.err
     assert path.read_bytes() == OLD
     assert not runs.exists()  # refused before any work: no run directory made
@@ -124,7 +124,7 @@ def test_bench_refuses_an_existing_json_at_the_start_in_one_line(
 
 def test_bench_refuses_an_existing_plot_beside_the_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _existing(tmp_path, "h.png")
-    assert main(["bench", "headline", "--json", str(tmp_path / "h.json"), "--out", str(tmp_path / "r")]) == 2
+    assert main(["headline", "--json", str(tmp_path / "h.json"), "--out", str(tmp_path / "r")]) == 2
     assert "h.png" in capsys.readouterr().err
     assert not (tmp_path / "h.json").exists() and not (tmp_path / "r").exists()
 
@@ -132,27 +132,27 @@ def test_bench_refuses_an_existing_plot_beside_the_json(tmp_path: Path, capsys: 
 def test_paper_curves_refuses_its_default_file_when_it_exists(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from asyncrl.sim.paper_report import DEFAULT_JSON
+    from benchmarks.paper_report import DEFAULT_JSON
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / DEFAULT_JSON).parent.mkdir(parents=True)
     (tmp_path / DEFAULT_JSON).write_bytes(OLD)
-    assert main(["bench", "paper-curves"]) == 2
+    assert main(["paper-curves"]) == 2
     assert DEFAULT_JSON in capsys.readouterr().err
     assert (tmp_path / DEFAULT_JSON).read_bytes() == OLD
 
 
 @pytest.mark.parametrize("flag", ["--warmup-s", "--snapshot-every", "--time-budget-s"])
 def test_a_non_finite_number_option_is_refused(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "headline", flag, "nan"]) == 2
-    assert capsys.readouterr().err == f"asyncrl: config error: {flag} must be a finite number, got nan\n"
+    assert main(["headline", flag, "nan"]) == 2
+    assert capsys.readouterr().err == f"benchmarks headline: {flag} must be a finite number, got nan\n"
 
 
 def test_an_ablation_lr_out_of_range_is_refused_before_any_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     runs = tmp_path / "runs"
-    assert main(["bench", "ablation", "--lrs", "1e-4,-1", "--out", str(runs)]) == 2
+    assert main(["ablation", "--lrs", "1e-4,-1", "--out", str(runs)]) == 2
     assert "trainer.lr must be > 0, got -1.0" in capsys.readouterr().err
     assert not runs.exists()
 
@@ -162,7 +162,7 @@ def test_two_benches_with_one_json_keep_both_results(
 ) -> None:
     """A real (simulated) bench whose ``--json`` another bench writes after this one's start check, while it
     runs: the other's file is kept byte for byte and this result goes beside it, said in one line."""
-    from asyncrl.bench import adaptive
+    from benchmarks import adaptive
 
     out = tmp_path / "adaptive.json"
     bench = adaptive.run_adaptive_bench
@@ -172,7 +172,7 @@ def test_two_benches_with_one_json_keep_both_results(
         return bench(json_path, **kw)
 
     monkeypatch.setattr(adaptive, "run_adaptive_bench", another_bench_finishes_first)
-    argv = ["bench", "adaptive", "--profile", "cpu-2core-tiny", "--workload", "task", "--etas", "0,2", "--seeds", "0",
+    argv = ["adaptive", "--profile", "cpu-2core-tiny", "--workload", "task", "--etas", "0,2", "--seeds", "0",
             "--steps", "10", "--json", str(out)]  # fmt: skip
     assert main(argv) == 0
     assert out.read_bytes() == OLD

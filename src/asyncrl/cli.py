@@ -1,4 +1,6 @@
-"""The ``asyncrl`` command line: train | sft | eval | generate | bench | report | serve | check-config.
+"""The ``asyncrl`` command line: train | sft | eval | generate | serve | simulate | plan | report | check-config.
+
+The benchmarks are not part of the product: ``python -m benchmarks NAME`` from a checkout (``benchmarks/``).
 
 Every subcommand that takes a config accepts ``--config FILE`` and any number of
 ``--set key=value`` overrides (unknown keys are an error naming the valid ones). Heavy imports
@@ -15,7 +17,6 @@ from pathlib import Path
 from typing import get_args
 
 from asyncrl.choices import InterruptMode, LaunchKind, ToolFormat
-from asyncrl.cli_bench import BENCHMARKS, cmd_bench
 from asyncrl.cli_errors import known_error
 from asyncrl.config import Config, ConfigError, RewardConfig, RolloutConfig, dump_yaml, load_config, with_values
 from asyncrl.controller.rundir import RunDirError
@@ -283,118 +284,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=RewardConfig.num_workers, help="reward: worker processes")
     p.add_argument("--timeout", type=float, default=RewardConfig.timeout_s, help="reward: per-item timeout in seconds")
     p.set_defaults(func=cmd_serve)
-
-    p = sub.add_parser("bench", help="benchmarks (ratios measured side by side in one run)")
-    p.add_argument("name", help=" | ".join(BENCHMARKS))
-    p.add_argument("--json", help="write the result rows and ratios here")
-    p.add_argument(
-        "--model", help="engine|decode|async|interrupt|ablation|headline: model directory (default: the tiny "
-        "model; async|headline: each workload's own warm start)",
-    )  # fmt: skip
-    p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="async|interrupt|ablation|headline|agent-throughput: config override applied to every run (repeatable)",
-    )  # fmt: skip
-    p.add_argument(
-        "--steps", type=int, help="async|interrupt|ablation|headline|agent-throughput: training steps per run "
-        "(agent-throughput: default 40)",
-    )  # fmt: skip
-    p.add_argument(
-        "--etas", help="async|headline|adaptive: comma-separated max_staleness values (default 0,1,2,4,8 | 0,2,4,8; "
-        "adaptive: the fixed arms, the largest is the adaptive arm's bound)",
-    )  # fmt: skip
-    p.add_argument("--lags", help="ablation: comma-separated controller.fixed_lag values (default 0,1,2,4,8,16)")
-    p.add_argument(
-        "--objectives", help="ablation: comma-separated objectives (default decoupled,loglinear,naive,uncorrected,"
-        "seq_tis,seq_mis,m2po; also version_gap)",
-    )  # fmt: skip
-    p.add_argument("--lrs", help="ablation: comma-separated trainer.lr values (default: the config's)")
-    p.add_argument(
-        "--staleness", default="fixed", help="ablation: fixed (controller.fixed_lag = each lag, the default) or "
-        "bounded (ordinary asynchronous training, controller.max_staleness = each lag)",
-    )  # fmt: skip
-    p.add_argument(
-        "--collapse-fraction", type=float, default=0.5,
-        help="ablation: a run whose final accuracy is below this x its starting accuracy counts as collapsed",
-    )  # fmt: skip
-    p.add_argument(
-        "--workload", help="async: comma-separated workloads (task, long, reason); headline: one (default reason); "
-        "prefix-reuse: calculator (default) or scripted",
-    )  # fmt: skip
-    p.add_argument(
-        "--seeds", help="async|ablation|headline|agent-throughput: comma-separated run.seed values (default 0 | "
-        "0,1,2 | 0,1,2 | 0,1,2); "
-        "sim-validate: simulator seeds (default 0,1,2)",
-    )  # fmt: skip
-    p.add_argument(
-        "--warmup-s", type=float, default=None,
-        help="async|headline|adaptive|plan-check|agent-throughput: seconds of RL time before the steady-state "
-        "window opens (default 60; agent-throughput: 20)",
-    )  # fmt: skip
-    p.add_argument(
-        "--snapshot-every", type=float, default=20.0, help="headline: seconds of RL time between policy snapshots"
-    )
-    p.add_argument(
-        "--target-fraction", type=float, default=0.9,
-        help="headline: the target is the synchronous run's start + this fraction of its gain (default 0.9)",
-    )  # fmt: skip
-    p.add_argument(
-        "--sync-setting", help="headline|agent-throughput: the synchronous setting to use without probing "
-        "(SYNC_CANDIDATES)",
-    )  # fmt: skip
-    p.add_argument(
-        "--probe-steps", type=int, default=0, help="headline|agent-throughput: steps of each synchronous probe (0: "
-        "--steps)",
-    )  # fmt: skip
-    p.add_argument(
-        "--reevaluate", metavar="FILE", nargs="+",
-        help="headline: evaluate the snapshots of finished result files again (--samples-per-prompt), analysed "
-        "together into --json (--etas: only those arms)",
-    )  # fmt: skip
-    p.add_argument(
-        "--samples-per-prompt", type=int, default=None,
-        help="headline: samples per held-out prompt when scoring snapshots (default: the runs' eval setting; "
-        "--reevaluate: 8)",
-    )  # fmt: skip
-    p.add_argument(
-        "--time-budget-s", type=float, default=None,
-        help="headline: every arm stops starting steps at this much RL time (--steps stays a cap)",
-    )  # fmt: skip
-    p.add_argument(
-        "--reanalyse", metavar="FILE",
-        help="ablation|headline|agent-throughput: recompute a finished result file from its runs",
-    )  # fmt: skip
-    p.add_argument(
-        "--high-water", help="async: controller.high_water_batches values for max_staleness > 0 (default: config)"
-    )
-    p.add_argument(
-        "--calibrate", type=float, default=30.0, help="async: seconds of the engine-alone calibration (0: none)"
-    )
-    p.add_argument(
-        "--out", help="async|interrupt|ablation|headline|adaptive|plan-check|agent-learning|agent-throughput: where "
-        "run directories go (default runs/bench-*)",
-    )  # fmt: skip
-    p.add_argument(
-        "--reuse", metavar="DIR",
-        help="ablation|adaptive: read the finished arms of an interrupted invocation's run directory",
-    )  # fmt: skip
-    p.add_argument("--config", help="agent-learning: YAML config of every run (default configs/calculator.yaml)")
-    p.add_argument(
-        "--budget-s", type=float, default=600.0, help="agent-learning: wall budget of warm start + RL per seed"
-    )
-    p.add_argument("--contexts", help="decode: comma-separated prompt lengths (default 50,600,1200)")
-    p.add_argument("--running", help="decode: comma-separated numbers of sequences running (default 1,4,16,64,128)")
-    p.add_argument(
-        "--from-runs", help="profile|sim-validate: comma-separated run directories to refine the trainer/sync fit"
-    )
-    p.add_argument("--runs", help="sim-validate: comma-separated measured run directories to predict")
-    p.add_argument(
-        "--profile", help="sim-validate: a cost profile name or file (default: this machine's); adaptive: "
-        "comma-separated profiles to simulate under instead of real runs",
-    )  # fmt: skip
-    p.add_argument("--plan", help="plan-check: the plan file to check (asyncrl plan --json PLAN.json)")
-    p.add_argument("--max-settings", type=int, default=6, help="plan-check: settings to run (default 6)")
-    p.set_defaults(func=cmd_bench)
 
     from asyncrl.sim.command import add_simulate_parser  # its flags live beside the simulator
 

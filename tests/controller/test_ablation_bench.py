@@ -9,7 +9,9 @@ import statistics
 
 import pytest
 
-from asyncrl.bench.ablation import (
+from asyncrl.config import load_config
+from asyncrl.controller.rundir import read_jsonl
+from benchmarks.ablation import (
     OBJECTIVES,
     _curves,
     arm_overrides,
@@ -21,8 +23,6 @@ from asyncrl.bench.ablation import (
     t_interval,
     t_quantile_975,
 )
-from asyncrl.config import load_config
-from asyncrl.controller.rundir import read_jsonl
 
 
 def test_every_objective_is_a_valid_config_at_every_lag() -> None:
@@ -118,7 +118,7 @@ def test_tiny_grid_runs_with_the_controlled_lag(tiny_policy_dir, tmp_path) -> No
     # a directory of the same name holding another arm's config is not reused
     from pathlib import Path
 
-    from asyncrl.bench.runs import reusable_run as _reusable
+    from benchmarks.runs import reusable_run as _reusable
 
     decoupled_dir = Path(out["rows"][0]["run_dir"])
     assert _reusable(arm_overrides("decoupled", 1, 1e-3, 0, 2, user), decoupled_dir)

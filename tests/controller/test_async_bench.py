@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from asyncrl.bench.async_bench import _variants, summarize
 from asyncrl.config import load_config
 from asyncrl.data.workloads import WARM_STARTS, WORKLOAD_ALIASES, WORKLOADS
+from benchmarks.async_bench import _variants, summarize
 
 
 def _row(eta: int, seed: int, eff: float, acc: float, hw: int = 2) -> dict:
@@ -74,7 +74,7 @@ def test_long_workload_has_its_own_warm_start_on_its_own_problems() -> None:
 def test_engine_alone_calibration_measures_after_every_queued_group_has_finished(tiny_policy_dir) -> None:
     import asyncio
 
-    from asyncrl.bench.async_bench import _engine_alone
+    from benchmarks.async_bench import _engine_alone
 
     overrides = [
         f"model.path={tiny_policy_dir}", "controller.max_concurrent=3", "rollout.group_size=2",
@@ -87,7 +87,7 @@ def test_engine_alone_calibration_measures_after_every_queued_group_has_finished
 
 
 def test_user_overrides_win_over_the_workload(tiny_policy_dir) -> None:
-    from asyncrl.bench.async_bench import workload_overrides
+    from benchmarks.async_bench import workload_overrides
 
     user = [f"model.path={tiny_policy_dir}", "task.eval_size=16", "rollout.interrupt_mode=abort"]
     cfg = load_config(None, workload_overrides(user, "long"))
@@ -96,7 +96,7 @@ def test_user_overrides_win_over_the_workload(tiny_policy_dir) -> None:
 
 
 def test_rows_carry_the_settings_that_identify_them(tiny_policy_dir) -> None:
-    from asyncrl.bench.async_bench import row_identity, workload_overrides
+    from benchmarks.async_bench import row_identity, workload_overrides
 
     run = [*workload_overrides([f"model.path={tiny_policy_dir}"], "long"), "controller.max_staleness=8"]
     assert row_identity("long", 3, run) == {

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from asyncrl.bench.stats import mean_ci95, t95, time_to_target
 from asyncrl.controller.throughput import measure_throughput
+from benchmarks.stats import mean_ci95, t95, time_to_target
 
 
 def _timeline(rate_before: float, rate_after: float, switch_s: float, end_s: float) -> list[dict]:

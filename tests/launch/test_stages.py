@@ -2,8 +2,8 @@
 
 Each caller is run until it constructs the stage under test, whose constructor is replaced by a
 recorder that stops it (``_Built``): the local launcher, the Ray engine worker and trainer rank,
-the trainer process's child, ``asyncrl eval``, the async bench's calibration and the headline
-bench's snapshot evaluation. A last test fails when a ``LocalEngine(`` or ``Trainer(`` is built
+the trainer process's child, ``asyncrl eval``, the async benchmark's calibration and the
+headline benchmark's snapshot evaluation. A last test fails when a ``LocalEngine(`` or ``Trainer(`` is built
 anywhere else in ``src`` (or a run seeds or sets threads elsewhere), but a short allow-list.
 """
 
@@ -82,9 +82,9 @@ def _local(cfg: Config, tmp_path: Path) -> None:
 def test_every_engine_is_built_with_the_configs_slots_context_mode_and_device(
     overrides: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from asyncrl.bench.async_bench import _engine_alone
-    from asyncrl.bench.headline import evaluate_snapshots
     from asyncrl.launch.ray_actors import EngineWorker
+    from benchmarks.async_bench import _engine_alone
+    from benchmarks.headline import evaluate_snapshots
 
     seen = _record(monkeypatch, asyncrl.rollout.engine, "LocalEngine")
     cfg = load_config(None, overrides)
@@ -182,19 +182,14 @@ CONSTRUCTION_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("rollout/server.py", "LocalEngine"): "`asyncrl serve engine`, sized by its flags (rollout cannot import launch)",
     ("rollout/batch_generate.py", "LocalEngine"): "`asyncrl generate`, sized by its input and flags, not a config",
     ("trainer/trainer.py", "Trainer"): "a follower rank mirrors the leader's Trainer from the arguments sent",
-    ("bench/engine.py", "LocalEngine"): "micro-benchmark of the engine at explicit sizes on a model of its own",
-    ("bench/decode.py", "LocalEngine"): "decode sweep at explicit contexts and batch sizes",
-    ("bench/train.py", "Trainer"): "micro-benchmark of packing against padding with its own trainer settings (lr 0)",
 }
-"""(file under src/asyncrl, class) -> why it may be constructed there: none is a stage of a run."""
+"""(file under src/asyncrl, class) -> why it may be constructed there: none is a stage of a run. The
+benchmarks (``benchmarks/``, outside the product) build their own engines and trainers at explicit sizes."""
 
 PROCESS_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("models.py", "manual_seed"): "the tiny model's random init, seeded by its spec",
     ("trainer/sft.py", "manual_seed"): "the warm start's own seed (sft.seed)",
     ("trainer/lora.py", "manual_seed"): "LoRA adapters' init, seeded by the LoRA config",
-    ("bench/engine.py", "set_num_threads"): "the micro-benchmark's thread count, restored afterwards",
-    ("bench/decode.py", "set_num_threads"): "the decode sweep's thread count, restored afterwards",
-    ("bench/train.py", "set_num_threads"): "the trainer micro-benchmark's thread count",
 }
 """(file under src/asyncrl, torch function) -> why a process's global seed or threads may be set there."""
 

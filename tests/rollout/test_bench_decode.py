@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from asyncrl.bench.decode import run_decode_sweep
+from benchmarks.decode import run_decode_sweep
 
 
 def test_decode_sweep_measures_each_pair(tiny_dir, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 
-from asyncrl.bench.engine import long_tailed_lengths, run_engine_bench, run_interrupt_cost
+from benchmarks.engine import long_tailed_lengths, run_engine_bench, run_interrupt_cost
 
 
 def test_long_tailed_lengths_are_mostly_short_with_a_long_tail():

@@ -1,4 +1,4 @@
-"""``asyncrl simulate`` and ``asyncrl bench profile`` from the command line."""
+"""``asyncrl simulate`` and ``python -m benchmarks profile`` from the command line."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.cli import main
+from benchmarks.__main__ import main as bench_main
 
 
 def test_simulate_prints_writes_json_and_a_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -30,5 +31,5 @@ def test_simulate_refuses_unknown_keys_and_two_sources(capsys: pytest.CaptureFix
 
 def test_bench_profile_writes_this_machines_profile(tmp_path: Path) -> None:
     path = tmp_path / "p.json"
-    assert main(["bench", "profile", "--json", str(path)]) == 0
+    assert bench_main(["profile", "--json", str(path)]) == 0
     assert json.loads(path.read_text())["name"] == "cpu-2core-tiny"

@@ -1,10 +1,10 @@
-"""``asyncrl bench train`` (``asyncrl.bench.train``): structure of the rows and ratios on a small run."""
+"""``asyncrl bench train`` (``benchmarks.train``): structure of the rows and ratios on a small run."""
 
 from __future__ import annotations
 
 import json
 
-from asyncrl.bench.train import bench_samples, run_train_bench
+from benchmarks.train import bench_samples, run_train_bench
 
 
 def test_bench_samples_are_long_tailed() -> None:

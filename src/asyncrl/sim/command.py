@@ -1,6 +1,6 @@
-"""The command line of the simulator: ``asyncrl simulate`` and ``asyncrl bench profile``.
+"""The command line of the simulator: ``asyncrl simulate``.
 
-Owns the ``simulate`` sub-parser and both commands' bodies, so that ``cli.py`` only registers them.
+Owns the ``simulate`` sub-parser and the command's body, so that ``cli.py`` only registers them.
 This module imports nothing heavy at import time (``asyncrl --help`` stays instant).
 """
 
@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import ConfigError
-from asyncrl.results import write_result, write_text_result
 
 
 def add_simulate_parser(sub: Any) -> None:
@@ -87,60 +86,4 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"run directory: {args.out} (asyncrl report {args.out})")
     if args.json:
         Path(args.json).write_text(json.dumps({"scenario": s.to_dict(), "result": r.as_row()}, indent=2) + "\n")
-    return 0
-
-
-def bench_profile(json_path: str | None, from_runs: str | None) -> int:
-    """``asyncrl bench profile [--json PATH] [--from-runs DIR,...]``: this machine's cost profile."""
-    from asyncrl.sim.calibrate import machine_profile
-    from asyncrl.sim.profile import save_profile
-
-    runs = [r for r in (from_runs or "").split(",") if r]
-    try:
-        profile = machine_profile(runs=runs)
-    except (ValueError, KeyError) as exc:
-        raise ConfigError(f"bench profile: {exc}") from exc
-    text = json.dumps(profile.to_dict(), indent=2)
-    if json_path:
-        written = write_result(json_path, lambda scratch: save_profile(profile, scratch))  # never over a file
-        print(f"cost profile written to {written}")
-    else:
-        print(text)
-    return 0
-
-
-def bench_sim_validate(
-    json_path: str | None, runs: str | None, from_runs: str | None, profile: str | None, seeds: str | None
-) -> int:
-    """``asyncrl bench sim-validate --runs DIR,... [--from-runs CAL,...] [--profile P]``: the
-    simulator's throughput, staleness and occupancy against measured runs (``sim/validate.py``)."""
-    from asyncrl.sim.calibrate import machine_profile
-    from asyncrl.sim.profile import load_profile
-    from asyncrl.sim.validate import FIGURES, validate_runs
-
-    targets = [r for r in (runs or "").split(",") if r]
-    calibration = [r for r in (from_runs or "").split(",") if r]
-    if not targets:
-        raise ConfigError("bench sim-validate: --runs DIR[,DIR...] names the measured runs to predict")
-    if profile and calibration:
-        raise ConfigError("bench sim-validate: give --profile or --from-runs (a profile refined from runs), not both")
-    try:
-        cost = load_profile(profile) if profile else machine_profile(runs=calibration)
-        chosen = tuple(int(x) for x in seeds.split(",")) if seeds else (0, 1, 2)
-        out = validate_runs(targets, cost, seeds=chosen, calibration_runs=calibration)
-    except (ValueError, KeyError, FileNotFoundError) as exc:
-        raise ConfigError(f"bench sim-validate: {exc}") from exc
-    print(f"profile {out['profile']}, simulator seeds {out['seeds']}: predicted / measured (error)")
-    for row in out["rows"]:
-        cells = [
-            f"{f} {row['predicted'][f]:,.3g} / {row['measured'][f]:,.3g} "
-            f"({'n/a' if row['error'][f] is None else format(row['error'][f], '+.1%')})"
-            for f in FIGURES
-        ]
-        setting = f"eta={row['max_staleness']} {row['interrupt_mode']} task={row['task']}"
-        print(f"  {Path(row['run_dir']).name:<24} {setting:<28} " + "; ".join(cells) + ("" if row["within"] else "  X"))
-    print(f"{out['runs_within']}/{out['runs']} runs within {out['tolerance']:.0%} on every figure")
-    if json_path:
-        written = write_text_result(json_path, json.dumps(out, indent=2) + "\n")  # never over a file
-        print(f"written to {written}")
     return 0

@@ -1,0 +1,289 @@
+"""``asyncrl bench agent-learning``: does RL teach the tiny policy to use the calculator, within a wall budget?
+
+Per seed, one after the other (issue 18's learning criterion):
+
+1. **Warm start, timed.** The tiny policy is built and fine-tuned on worked calculator conversations
+   (``launch.warm_start.run_warm_start``: the task's training problems, loss on the assistant turns)
+   into the seed's directory, fresh (never a cached one: its time is part of the budget), on every
+   core (torch's intra-op threads; RL then runs at ``run.torch_threads`` per stage), with its
+   second stage when the config has one (``sft.second_stage_steps``: ``configs/calculator_adopt.yaml``
+   makes a policy that can copy into the call but seldom makes one) and its restarts (``sft.restart_*``);
+   its statistics are the row's ``warm_start`` (final losses, restarts, the seed kept). The config keeps
+   it short, so the policy knows the format and RL has room to improve.
+2. **RL.** ``asyncrl train`` from that policy (the config's ``rollout.workflow=agent``,
+   ``task.name=calculator``): held-out accuracy before RL, the loop (held-out evaluation every
+   ``controller.eval_every`` steps, in RL time), held-out accuracy after.
+3. **The numbers.** Per seed: accuracy before and after on the held-out problems (disjoint from the
+   training ones, ``data.calculator``; ``task.eval_size`` x episodes per prompt), the gain in points,
+   the tool-use rates before and after (``controller.metrics.tool_use_rates``; with
+   ``episode_tool_call_frac``, the share of episodes that call the tool at all), wall times (warm
+   start, RL, evaluations before and after, total; CPU seconds of the warm start and of the run, which
+   a loaded machine does not inflate) and whether warm start + RL fit ``budget_s``;
+   over seeds, means with 95% t-intervals. A plot of held-out accuracy and the hit rate of tool
+   calls against wall time (warm start included) for every seed is written beside the JSON.
+4. **By kind.** The held-out evaluation reports each problem kind apart (``by_kind``: accuracy and hit
+   rate per kind, ``data.calculator.problem_kind``), so each seed carries them before and after RL
+   (``by_kind_before`` / ``by_kind_after``, the gain per kind in points, ``kinds_fell``: the kinds that
+   lost accuracy) and at every evaluation between (``curve_by_kind``); over seeds, each kind's accuracy
+   before and after. A gain on one kind cannot hide the collapse of another.
+
+The RL step count is the config's (``controller.total_steps``), not cut at the budget: a run that
+overran says so (``within_budget``) instead of being truncated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+from asyncrl.results import write_with_plot
+from benchmarks import options
+from benchmarks.options import add_json, add_out, add_overrides, add_seeds, parse_list
+from benchmarks.stats import mean_ci95
+
+__all__ = ["add_arguments", "analyse", "PLOTTED", "run", "run_agent_learning_bench", "seed_row", "TOOL_RATES"]
+
+TOOL_RATES = ("tool_call_correct_rate", "tool_call_hit_rate", "tool_call_malformed_rate", "episode_tool_call_frac",
+              "episode_tool_hit_frac", "episode_turns_mean")  # fmt: skip
+"""Held-out tool-use figures reported before and after RL (``controller.metrics.tool_use_rates``)."""
+
+
+def seed_row(seed: int, summary: dict[str, Any], metrics: list[dict[str, Any]], warm_start_s: float,
+             budget_s: float) -> dict[str, Any]:  # fmt: skip
+    """One seed's result from its run's ``summary.json`` and ``metrics.jsonl`` (times in seconds)."""
+    before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
+    rl_s = float(summary["rl_wall_s"])
+    figures = ("accuracy", "tool_call_hit_rate", "episode_tool_call_frac")
+    curve = [(0.0, *(before.get(k) for k in figures))]
+    curve += [(m["time_s"], *(m.get(f"eval_{k}") for k in figures)) for m in metrics if "eval_accuracy" in m]
+    if after:
+        curve.append((rl_s, *(after.get(k) for k in figures)))
+    acc_before, acc_after = summary["accuracy_before"], summary["accuracy_after"]
+    kinds_before, kinds_after = before.get("by_kind") or {}, after.get("by_kind") or {}
+    kind_gain = {
+        kind: 100.0 * (kinds_after[kind]["accuracy"] - kinds_before[kind]["accuracy"])
+        for kind in kinds_before
+        if kind in kinds_after
+    }
+    kind_curve = [(0.0, before.get("by_kind"))] + [
+        (m["time_s"], m["eval_by_kind"]) for m in metrics if "eval_by_kind" in m
+    ]
+    if after:
+        kind_curve.append((rl_s, after.get("by_kind")))
+    return {
+        "seed": seed,
+        "accuracy_before": acc_before,
+        "accuracy_after": acc_after,
+        "gain_points": 100.0 * (acc_after - acc_before) if acc_after is not None else None,
+        "accuracy_mode": summary.get("accuracy_mode"),
+        "accuracy_greedy_before": summary.get("accuracy_greedy_before"),
+        "accuracy_greedy_after": summary.get("accuracy_greedy_after"),
+        **{f"{k}_before": before.get(k) for k in TOOL_RATES},
+        **{f"{k}_after": after.get(k) for k in TOOL_RATES},
+        "steps": summary["steps"],
+        "warm_start_s": warm_start_s,
+        "rl_wall_s": rl_s,
+        "train_wall_s": warm_start_s + rl_s,
+        "total_wall_s": warm_start_s + float(summary["wall_s"]),
+        "within_budget": warm_start_s + rl_s <= budget_s,
+        "curve": [(warm_start_s + t, *point) for t, *point in curve],
+        "by_kind_before": kinds_before or None,
+        "by_kind_after": kinds_after or None,
+        "kind_gain_points": kind_gain or None,
+        "kinds_fell": sorted(kind for kind, gain in kind_gain.items() if gain < 0),
+        "curve_by_kind": [
+            (warm_start_s + t, {kind: k["accuracy"] for kind, k in kinds.items()}) for t, kinds in kind_curve if kinds
+        ],
+    }
+
+
+def analyse(rows: list[dict[str, Any]], budget_s: float, min_gain_points: float = 20.0) -> dict[str, Any]:
+    """Means with 95% intervals over seeds, and how many seeds met the criterion (a gain of at least
+    ``min_gain_points`` with warm start + RL within ``budget_s``)."""
+    keys = ["accuracy_before", "accuracy_after", "gain_points", "warm_start_s", "rl_wall_s", "train_wall_s",
+            "total_wall_s", "warm_start_cpu_s", "run_cpu_s"]  # fmt: skip
+    keys += [f"{k}_{w}" for k in TOOL_RATES for w in ("before", "after")]
+    summary = {}
+    for key in keys:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        if values:
+            summary[key] = mean_ci95(values)
+    summary.update(_kinds_over_seeds(rows))
+    met = [r["seed"] for r in rows if r["within_budget"] and (r["gain_points"] or 0.0) >= min_gain_points]
+    rose = {key: _rose(rows, key) for key in ("tool_call_hit_rate", "episode_tool_call_frac", "episode_tool_hit_frac")}
+    return {  # fmt: skip
+        "summary": summary,
+        "criterion": {
+            "min_gain_points": min_gain_points,
+            "budget_s": budget_s,
+            "seeds_met": met,
+            "seeds_hit_rate_rose": rose["tool_call_hit_rate"],
+            "seeds_episode_tool_call_frac_rose": rose["episode_tool_call_frac"],
+            "seeds_episode_tool_hit_frac_rose": rose["episode_tool_hit_frac"],
+            "seeds": [r["seed"] for r in rows],
+        },
+    }
+
+
+def _rose(rows: list[dict[str, Any]], key: str) -> list[int]:
+    """The seeds whose held-out ``key`` (a ``TOOL_RATES`` figure; absent counts as 0) rose during RL."""
+    return [r["seed"] for r in rows if (r[f"{key}_after"] or 0.0) > (r[f"{key}_before"] or 0.0)]
+
+
+def _kinds_over_seeds(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``by_kind``: per problem kind, held-out accuracy before and after RL and the gain in points, each a
+    mean with its 95% interval over the seeds that evaluated the kind (absent: no seed had kinds)."""
+    kinds = sorted({kind for r in rows for kind in (r.get("kind_gain_points") or {})})
+    out: dict[str, dict[str, Any]] = {}
+    for kind in kinds:
+        mine = [r for r in rows if kind in (r.get("kind_gain_points") or {})]
+        out[kind] = {
+            "accuracy_before": mean_ci95([r["by_kind_before"][kind]["accuracy"] for r in mine]),
+            "accuracy_after": mean_ci95([r["by_kind_after"][kind]["accuracy"] for r in mine]),
+            "gain_points": mean_ci95([r["kind_gain_points"][kind] for r in mine]),
+        }
+    return {"by_kind": out} if out else {}
+
+
+def plot_curves(rows: list[dict[str, Any]], path: Path, budget_s: float) -> None:
+    """Held-out accuracy, the hit rate of tool calls and the share of episodes that call the tool against
+    wall time (warm start included)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True)
+    for i, row in enumerate(rows):
+        color = f"C{i}"
+        t = [c[0] for c in row["curve"]]
+        top.plot(t, [c[1] for c in row["curve"]], marker="o", color=color, label=f"seed {row['seed']}")
+        bottom.plot(t, [c[2] for c in row["curve"]], marker="o", color=color, label=f"seed {row['seed']}")
+        calls = [(c[0], c[3]) for c in row["curve"] if len(c) > 3 and c[3] is not None]  # older files: none
+        if calls:
+            bottom.plot(*zip(*calls, strict=True), marker="x", linestyle="--", color=color,
+                        label=f"seed {row['seed']}: episodes calling")  # fmt: skip
+        for ax in (top, bottom):
+            ax.axvline(row["warm_start_s"], color=color, alpha=0.3, linestyle=":")
+    for ax in (top, bottom):
+        ax.axvline(budget_s, color="r", linestyle="--", label=f"budget {budget_s:.0f} s")
+        ax.grid(alpha=0.3)
+        ax.set_ylim(-0.02, 1.02)
+    top.set_ylabel("held-out accuracy")
+    top.set_title(f"calculator: held-out accuracy during RL ({rows[0]['accuracy_mode']}; dotted: warm start ends)",
+                  fontsize=9)  # fmt: skip
+    bottom.set_ylabel("held-out tool calls that hit\n(dashed: episodes that call)")
+    bottom.set_xlabel("wall time since the warm start began (s)")
+    top.legend(fontsize=8)
+    from asyncrl.controller.report import save_figure
+
+    save_figure(fig, path)
+
+
+def _run_seed(config: str | None, overrides: list[str], seed: int, out: Path, budget_s: float) -> dict[str, Any]:
+    import torch
+
+    from asyncrl.config import load_config, with_values
+    from asyncrl.controller.rundir import read_jsonl
+    from asyncrl.launch.local import train
+    from asyncrl.launch.stages import configure_threads, usable_cores
+    from asyncrl.launch.warm_start import run_warm_start
+
+    seed_dir = out / f"seed{seed}"
+    cfg = load_config(config, [*overrides, f"run.seed={seed}", f"sft.seed={seed}",
+                               f"run.run_dir={seed_dir / 'run'}"])  # fmt: skip
+    if cfg.task.name != "calculator" or cfg.rollout.workflow != "agent":
+        raise ValueError("bench agent-learning runs task.name=calculator with rollout.workflow=agent")
+    warm_start_threads, threads_before = usable_cores(), torch.get_num_threads()
+    configure_threads(cfg, warm_start_threads)  # the warm start runs alone: every core, as a user would give it
+    try:
+        t0, cpu0 = time.perf_counter(), cpu_seconds()
+        warm = run_warm_start(cfg, seed_dir / "warm_start")
+        warm_start_s, cpu1 = time.perf_counter() - t0, cpu_seconds()
+    finally:
+        configure_threads(cfg, threads_before)  # RL: ``train`` sets run.torch_threads (0: torch's default, as before)
+    print(f"seed {seed}: warm start {warm_start_s:.0f} s", flush=True)
+    run_dir, summary = train(with_values(cfg, {"model.path": str(seed_dir / "warm_start")}))
+    row = seed_row(seed, summary, read_jsonl(run_dir / "metrics.jsonl"), warm_start_s, budget_s)
+    return {**row, "warm_start_cpu_s": cpu1 - cpu0, "run_cpu_s": cpu_seconds() - cpu1,
+            "warm_start_threads": warm_start_threads, "warm_start": warm}  # fmt: skip
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished children (the trainer process), user + system: what
+    the work cost whatever else the machine was running."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+def run_agent_learning_bench(
+    json_path: str | None,
+    *,
+    config: str | None,
+    overrides: list[str],
+    seeds: list[int],
+    budget_s: float = 600.0,
+    out_dir: str = "runs/bench-agent-learning",
+) -> dict[str, Any]:
+    """Warm start + RL on ``calculator`` per seed (see the module docstring); writes ``json_path`` and a
+    PNG beside it. The seeds' directories go under a new ``out_dir/<timestamp>``, so that no invocation
+    overwrites an earlier one's."""
+    from benchmarks.runs import fresh_out
+
+    out = fresh_out(out_dir)
+    rows = []
+    for seed in seeds:
+        rows.append(_run_seed(config, overrides, seed, out, budget_s))
+        print(f"seed {seed}: {json.dumps({k: v for k, v in rows[-1].items() if k != 'curve'})}", flush=True)
+    payload = {"bench": "agent-learning", "config": config, "overrides": overrides, "budget_s": budget_s,
+               "rows": rows, **analyse(rows, budget_s)}  # fmt: skip
+    if json_path:  # never over a file (``output.write_with_plot``)
+        write_with_plot(json_path, json.dumps(payload, indent=2) + "\n", lambda png: plot_curves(rows, png, budget_s))
+    _print_table(payload)
+    return payload
+
+
+def _print_table(payload: dict[str, Any]) -> None:
+    print(f"{'seed':>4} {'before':>7} {'after':>7} {'gain pts':>8} {'hit before':>10} {'hit after':>9} "
+          f"{'calling before':>14} {'after':>6} {'warm s':>7} {'restarts':>8} {'RL s':>6} "
+          f"{'in budget':>9}")  # fmt: skip
+    for r in payload["rows"]:
+        gain = f"{r['gain_points']:.1f}" if r["gain_points"] is not None else "-"
+        print(f"{r['seed']:>4} {r['accuracy_before']:>7.3f} {r['accuracy_after'] or 0:>7.3f} {gain:>8} "
+              f"{r['tool_call_hit_rate_before'] or 0:>10.3f} {r['tool_call_hit_rate_after'] or 0:>9.3f} "
+              f"{r['episode_tool_call_frac_before'] or 0:>14.3f} {r['episode_tool_call_frac_after'] or 0:>6.3f} "
+              f"{r['warm_start_s']:>7.0f} {(r.get('warm_start') or {}).get('sft_restarts', 0):>8.0f} "
+              f"{r['rl_wall_s']:>6.0f} {str(r['within_budget']):>9}")  # fmt: skip
+    gain = payload["summary"].get("gain_points")
+    if gain:
+        print(f"gain: mean {gain['mean']:.1f} points, 95% CI [{gain['low']}, {gain['high']}] over {gain['n']} seeds")
+    print(f"seeds meeting the criterion: {payload['criterion']['seeds_met']}")
+    for kind, k in payload["summary"].get("by_kind", {}).items():
+        before, after = k["accuracy_before"]["mean"], k["accuracy_after"]["mean"]
+        print(f"  {kind:>14}: held-out accuracy {before:.3f} -> {after:.3f} (mean over {k['gain_points']['n']} seeds)")
+
+PLOTTED = True
+"""The plot is written beside the result file (its ``.png``)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--json``, ``--config``, ``--set``, ``--model``, ``--seeds``, ``--budget-s``, ``--out``."""
+    add_json(parser)
+    parser.add_argument(
+        "--config", default="configs/calculator.yaml", help="YAML config of every run (default %(default)s)",
+    )
+    add_overrides(parser)
+    add_seeds(parser, "0,1,2")
+    parser.add_argument("--budget-s", type=float, default=600.0, help="wall budget of warm start + RL per seed")
+    add_out(parser, "runs/bench-agent-learning")
+
+
+def run(args: argparse.Namespace) -> None:
+    """Every seed's warm start and RL within the budget."""
+    seeds = list(parse_list(args.seeds, int, (0, 1, 2), "--seeds"))
+    run_agent_learning_bench(args.json, config=args.config, overrides=options.overrides(args), seeds=seeds,
+                             budget_s=args.budget_s, out_dir=args.out)  # fmt: skip

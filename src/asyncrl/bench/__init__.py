@@ -1,1 +1,0 @@
-"""asyncrl.bench (see DESIGN.md §2)."""

@@ -1,0 +1,142 @@
+"""``asyncrl bench agent-learning``'s analysis: a seed's row from its run's summary and metrics (gain in
+points, tool-use rates before and after, wall times with the warm start, the budget check, the curve
+on the wall clock since the warm start began, each problem kind apart), means with 95% intervals, the
+seeds meeting the criterion, and the plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks import agent_learning
+from benchmarks.agent_learning import analyse, plot_curves, run_agent_learning_bench, seed_row
+from benchmarks.stats import t95
+
+
+def _summary(before: float, after: float, hit_before: float, hit_after: float, rl_s: float,
+             calling: tuple[float, float] = (0.3, 0.8)) -> dict:  # fmt: skip
+    return {
+        "accuracy_before": before, "accuracy_after": after, "accuracy_mode": "greedy",
+        "eval_before": {"accuracy": before, "tool_call_hit_rate": hit_before, "tool_call_correct_rate": 0.9,
+                        "episode_turns_mean": 2.0, "episode_tool_call_frac": calling[0]},
+        "eval_after": {"accuracy": after, "tool_call_hit_rate": hit_after, "tool_call_correct_rate": 1.0,
+                       "episode_turns_mean": 2.0, "episode_tool_call_frac": calling[1]},
+        "steps": 30, "rl_wall_s": rl_s, "wall_s": rl_s + 20.0,
+    }  # fmt: skip
+
+
+METRICS = [{"step": 10, "time_s": 100.0, "eval_accuracy": 0.3, "eval_tool_call_hit_rate": 0.35,
+            "eval_episode_tool_call_frac": 0.5}, {"step": 11}]  # fmt: skip
+
+
+def test_a_seed_row() -> None:
+    row = seed_row(3, _summary(0.1, 0.35, 0.2, 0.5, 300.0), METRICS, warm_start_s=200.0, budget_s=600.0)
+    assert row["gain_points"] == pytest.approx(25.0)
+    assert row["tool_call_hit_rate_before"] == 0.2 and row["tool_call_hit_rate_after"] == 0.5
+    assert row["tool_call_malformed_rate_after"] is None  # not measured: None, never 0
+    assert row["train_wall_s"] == 500.0 and row["total_wall_s"] == 520.0 and row["within_budget"]
+    assert row["curve"] == [(200.0, 0.1, 0.2, 0.3), (300.0, 0.3, 0.35, 0.5), (500.0, 0.35, 0.5, 0.8)]
+    assert row["episode_tool_call_frac_before"] == 0.3 and row["episode_tool_call_frac_after"] == 0.8
+    late = seed_row(3, _summary(0.1, 0.35, 0.2, 0.5, 450.0), METRICS, warm_start_s=200.0, budget_s=600.0)
+    assert not late["within_budget"]
+
+
+def test_analysis_over_seeds(tmp_path) -> None:
+    rows = [
+        seed_row(0, _summary(0.10, 0.40, 0.2, 0.5, 300.0), METRICS, 200.0, 600.0),  # +30, in budget
+        seed_row(1, _summary(0.10, 0.25, 0.2, 0.4, 300.0), METRICS, 200.0, 600.0),  # +15
+        seed_row(2, _summary(0.10, 0.40, 0.3, 0.3, 500.0, (0.5, 0.4)), METRICS, 200.0, 600.0),  # over budget
+    ]
+    result = analyse(rows, 600.0)
+    gain = result["summary"]["gain_points"]
+    half = t95(2) * 5.0  # gains 30, 15, 30: std sqrt(75), standard error 5
+    assert gain["n"] == 3 and gain["mean"] == pytest.approx(25.0)
+    assert gain["low"] == pytest.approx(25.0 - half) and gain["high"] == pytest.approx(25.0 + half)
+    assert result["criterion"]["seeds_met"] == [0]
+    assert result["criterion"]["seeds_hit_rate_rose"] == [0, 1]
+    assert result["criterion"]["seeds_episode_tool_call_frac_rose"] == [0, 1]  # seed 2 called less
+    assert result["summary"]["episode_tool_call_frac_after"]["mean"] == pytest.approx(2.0 / 3)
+    assert result["summary"]["warm_start_s"]["mean"] == 200.0
+    plot_curves(rows, tmp_path / "curves.png", 600.0)
+    assert (tmp_path / "curves.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_each_invocation_writes_under_a_fresh_directory(tmp_path, monkeypatch) -> None:
+    """Two invocations with the same ``out_dir`` (the CLI's default) keep both seeds' directories."""
+    seed_dirs: list[Path] = []
+
+    def fake_seed(config, overrides, seed: int, out: Path, budget_s: float) -> dict:
+        seed_dirs.append(out / f"seed{seed}")
+        seed_dirs[-1].mkdir(parents=True)  # an existing one (an earlier run's) raises
+        return seed_row(seed, _summary(0.1, 0.3, 0.2, 0.4, 100.0), METRICS, 50.0, budget_s)
+
+    monkeypatch.setattr(agent_learning, "_run_seed", fake_seed)
+    for _ in range(2):
+        run_agent_learning_bench(None, config=None, overrides=[], seeds=[0], out_dir=str(tmp_path / "bench"))
+    first, second = seed_dirs
+    assert first != second and first.parent.parent == second.parent.parent == tmp_path / "bench"
+
+
+def _kinds(mul: float, sub: float) -> dict:
+    return {"mul 3x2": {"prompts": 58.0, "accuracy": mul, "tool_call_hit_rate": mul},
+            "sub 3-3": {"prompts": 66.0, "accuracy": sub, "tool_call_hit_rate": 0.9}}  # fmt: skip
+
+
+def test_each_kind_is_carried_before_during_and_after() -> None:
+    """A whole-set gain made of one kind rising while another collapses shows as such."""
+    summary = _summary(0.30, 0.40, 0.5, 0.5, 300.0)
+    summary["eval_before"]["by_kind"], summary["eval_after"]["by_kind"] = _kinds(0.5, 0.4), _kinds(0.95, 0.0)
+    metrics = [{**METRICS[0], "eval_by_kind": _kinds(0.8, 0.2)}, METRICS[1]]
+    row = seed_row(0, summary, metrics, warm_start_s=200.0, budget_s=600.0)
+    assert row["by_kind_before"]["sub 3-3"]["accuracy"] == 0.4 and row["by_kind_after"]["sub 3-3"]["accuracy"] == 0.0
+    assert row["kind_gain_points"] == pytest.approx({"mul 3x2": 45.0, "sub 3-3": -40.0})
+    assert row["kinds_fell"] == ["sub 3-3"]
+    assert row["curve_by_kind"] == [(200.0, {"mul 3x2": 0.5, "sub 3-3": 0.4}),
+                                    (300.0, {"mul 3x2": 0.8, "sub 3-3": 0.2}),
+                                    (500.0, {"mul 3x2": 0.95, "sub 3-3": 0.0})]  # fmt: skip
+    other = seed_row(1, summary, METRICS, warm_start_s=200.0, budget_s=600.0)  # kinds before and after only
+    assert [t for t, _ in other["curve_by_kind"]] == [200.0, 500.0]
+    kinds = analyse([row, other], 600.0)["summary"]["by_kind"]
+    assert kinds["sub 3-3"]["accuracy_before"]["mean"] == 0.4 and kinds["sub 3-3"]["gain_points"]["n"] == 2
+    assert kinds["mul 3x2"]["accuracy_after"]["mean"] == 0.95
+    plain = seed_row(2, _summary(0.1, 0.3, 0.2, 0.4, 100.0), METRICS, 50.0, 600.0)  # a task without kinds
+    assert plain["by_kind_before"] is None and plain["kinds_fell"] == [] and plain["curve_by_kind"] == []
+    assert "by_kind" not in analyse([plain], 600.0)["summary"]
+
+
+def test_a_seed_warm_starts_on_every_usable_core_then_gives_the_threads_back(tmp_path, monkeypatch) -> None:
+    """``_run_seed`` at the seams (the warm start and ``train`` faked): the warm start sees one thread per usable
+    core, ``train`` (which sets ``run.torch_threads`` itself) finds the threads as they were; the row carries the
+    warm start's count and statistics, and the warm start's directory is what RL starts from."""
+    import torch
+
+    from asyncrl.launch import local, stages, warm_start
+
+    seen: dict[str, object] = {}
+
+    def fake_warm_start(cfg, out_dir) -> dict:
+        seen["warm_start_threads"] = torch.get_num_threads()
+        return {"sft_loss": 0.05, "sft_restarts": 1.0}
+
+    def fake_train(cfg):
+        seen["train_threads"], seen["model_path"] = torch.get_num_threads(), cfg.model.path
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        (run_dir / "metrics.jsonl").write_text("")
+        return run_dir, _summary(0.1, 0.3, 0.2, 0.4, 100.0)
+
+    monkeypatch.setattr(warm_start, "run_warm_start", fake_warm_start)
+    monkeypatch.setattr(local, "train", fake_train)
+    monkeypatch.setattr(stages, "usable_cores", lambda: 3)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        row = agent_learning._run_seed(None, ["task.name=calculator", "rollout.workflow=agent"], 0, tmp_path, 600.0)
+    finally:
+        torch.set_num_threads(before)
+    assert seen["warm_start_threads"] == row["warm_start_threads"] == 3
+    assert seen["train_threads"] == 1  # given back, also when run.torch_threads=0 would leave it alone
+    assert seen["model_path"] == str(tmp_path / "seed0" / "warm_start")
+    assert row["warm_start"] == {"sft_loss": 0.05, "sft_restarts": 1.0}  # its statistics, restarts included
+    assert row["gain_points"] == pytest.approx(20.0)

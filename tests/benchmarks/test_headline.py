@@ -1,0 +1,150 @@
+"""``bench headline``'s arithmetic: targets from the synchronous run, times to target, speed-ups
+paired by seed, final accuracies, throughput ratios (no training runs here)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from asyncrl.config import load_config
+from benchmarks.headline import SYNC_CANDIDATES, analyse, reanalyse
+
+
+def _row(seed: int, eta: int, curve: list[tuple[float, float]], steady: float, whole: float) -> dict:
+    return {"seed": seed, "max_staleness": eta, "curve": curve, "steady_state_tokens_per_s": steady,
+            "trained_tokens_per_s": whole, "staleness_mean": eta / 2}  # fmt: skip
+
+
+def test_speedup_is_paired_by_seed_against_the_synchronous_target() -> None:
+    rows = [
+        # seed 0: sync goes 0.2 -> 0.8 over 100 s; target 0.2 + 0.9 * 0.6 = 0.74, reached at t = 90
+        _row(0, 0, [(0, 0.2), (50, 0.5), (80, 0.7), (90, 0.74), (100, 0.8)], 100.0, 90.0),
+        _row(0, 8, [(0, 0.2), (20, 0.6), (30, 0.8), (45, 0.82)], 250.0, 200.0),
+        # seed 1: sync 0.3 -> 0.7; target 0.66; the async arm never holds it
+        _row(1, 0, [(0, 0.3), (60, 0.66), (120, 0.7)], 110.0, 100.0),
+        _row(1, 8, [(0, 0.3), (30, 0.7), (60, 0.5)], 220.0, 180.0),
+    ]
+    result = analyse(rows, target_fraction=0.9)
+    seed0, seed1 = result["per_seed"]
+    assert seed0["target_accuracy"] == pytest.approx(0.74)
+    assert seed0["eta0_time_to_target_s"] == pytest.approx(90.0)
+    assert seed0["eta8_time_to_target_s"] == pytest.approx(20 + 10 * (0.74 - 0.6) / 0.2)
+    assert seed0["eta8_speedup"] == pytest.approx(90.0 / 27.0)
+    assert seed0["eta8_final_minus_sync_points"] == pytest.approx(2.0)
+    assert seed0["eta8_steady_state_tokens_per_s_ratio"] == pytest.approx(2.5)
+    assert seed1["eta8_time_to_target_s"] == math.inf and seed1["eta8_speedup"] == 0.0  # never reached: no speed-up
+    summary = result["summary"]["eta8"]
+    assert summary["speedup"]["mean"] == pytest.approx((90.0 / 27.0 + 0.0) / 2)
+    assert summary["speedup"]["n"] == 2 and summary["speedup"]["low"] < summary["speedup"]["mean"]
+    assert summary["final_minus_sync_points"]["mean"] == pytest.approx((2.0 - 20.0) / 2)
+    assert result["summary"]["eta0"]["speedup"]["mean"] == pytest.approx(1.0)
+
+
+def test_synchronous_candidates_are_valid_configs() -> None:
+    for overrides in SYNC_CANDIDATES.values():
+        cfg = load_config(None, [*overrides, "controller.max_staleness=0"])
+        assert cfg.controller.max_staleness == 0 and cfg.run.torch_threads in (1, 2)
+
+
+def test_a_plateau_target_averages_the_synchronous_runs_last_evaluations() -> None:
+    # the synchronous run peaks at 0.8 and ends at 0.6: the last-evaluation rule sets the target at
+    # 0.6, the plateau rule (mean of the last three, 0.7) higher; every arm's final is its own plateau
+    rows = [
+        _row(0, 0, [(0, 0.2), (50, 0.5), (100, 0.8), (150, 0.7), (200, 0.6)], 100.0, 100.0),
+        _row(0, 4, [(0, 0.2), (40, 0.6), (80, 0.7), (120, 0.7)], 150.0, 150.0),
+    ]
+    last = analyse(rows, target_fraction=1.0)["per_seed"][0]
+    assert last["target_accuracy"] == pytest.approx(0.6)
+    assert last["eta0_time_to_target_s"] == pytest.approx(50 + 50 * 0.1 / 0.3)
+    plateau = analyse(rows, target_fraction=1.0, eval_samples=100, final_window=3)["per_seed"][0]
+    assert plateau["sync_final"] == pytest.approx(0.7) and plateau["target_accuracy"] == pytest.approx(0.7)
+    assert plateau["eta0_time_to_target_s"] == pytest.approx(50 + 50 * 0.2 / 0.3)
+    assert plateau["eta4_time_to_target_s"] == pytest.approx(80.0)
+    assert plateau["eta4_final_minus_sync_points"] == pytest.approx(100 * ((0.6 + 0.7 + 0.7) / 3 - 0.7))
+    # three evaluations of 100 samples behind the final: a smaller standard error than one
+    assert plateau["sync_gain_se"] == pytest.approx(math.sqrt(0.2 * 0.8 / 100 + 0.7 * 0.3 / 300))
+    with pytest.raises(ValueError, match="final_window"):
+        analyse(rows, target_fraction=1.0, final_window=0)
+
+
+def test_reanalyse_names_a_run_directory_it_cannot_find(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "results" / "headline.json"
+    path.parent.mkdir()
+    row = {**_row(0, 0, [(0, 0.2), (10, 0.5)], 1.0, 1.0), "run_dir": "runs/bench-headline/s0-eta0"}
+    path.write_text(json.dumps({"bench": "headline", "warmup_s": 0.0, "target_fraction": 0.9, "rows": [row]}))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="run directory runs/bench-headline/s0-eta0 .* not found"):
+        reanalyse(str(path))
+
+
+def test_rows_of_seeds_without_a_synchronous_run_carry_this_analysis_figures() -> None:
+    stale = {"final_accuracy": 0.123, "time_to_target_s": 7.0}  # what a source file's row may still hold
+    rows = [{**_row(0, 4, [(0, 0.2), (40, 0.6)], 150.0, 150.0), **stale}]
+    result = analyse(rows, target_fraction=0.9)
+    assert result["per_seed"] == [] and rows[0]["time_to_target_s"] is None
+    assert result["summary"]["eta4"]["final_accuracy"]["mean"] == pytest.approx(0.6)
+
+
+def test_a_synchronous_run_that_never_holds_its_own_target_gives_no_speedup() -> None:
+    # plateau of the last three (0.8, 0.4, 0.4) = 0.533: the synchronous run never holds it after its peak
+    rows = [
+        _row(0, 0, [(0, 0.2), (50, 0.3), (100, 0.8), (150, 0.4), (200, 0.4)], 100.0, 100.0),
+        _row(0, 4, [(0, 0.2), (40, 0.6), (80, 0.7)], 150.0, 150.0),
+        _row(1, 0, [(0, 0.2), (50, 0.5), (100, 0.6)], 100.0, 100.0),
+        _row(1, 4, [(0, 0.2), (25, 0.6), (50, 0.6)], 150.0, 150.0),
+    ]
+    result = analyse(rows, target_fraction=1.0, final_window=3)
+    seed0, seed1 = result["per_seed"]
+    assert not seed0["sync_holds_target"] and "eta4_speedup" not in seed0 and seed0["eta4_reached"]
+    summary = result["summary"]["eta4"]
+    assert summary["speedup"]["n"] == 1 and math.isfinite(summary["speedup"]["mean"])
+    assert summary["seeds_without_synchronous_time"] == [0] and seed1["sync_holds_target"]
+
+
+def test_accuracy_at_equal_wall_time_compares_both_runs_when_the_shorter_ended() -> None:
+    from benchmarks.stats import accuracy_at
+
+    sync = [(0.0, 0.2), (100.0, 0.4), (200.0, 0.6)]
+    assert accuracy_at(sync, 50.0) == pytest.approx(0.3) and accuracy_at(sync, 200.0) == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="outside"):
+        accuracy_at(sync, 250.0)
+    rows = [_row(0, 0, sync, 100.0, 100.0), _row(0, 4, [(0.0, 0.2), (60.0, 0.5), (120.0, 0.55)], 150.0, 150.0)]
+    seed = analyse(rows, target_fraction=0.9)["per_seed"][0]
+    # the asynchronous run ended at 120 s (its step budget): there the synchronous one was at 0.44
+    assert seed["eta4_common_end_s"] == pytest.approx(120.0)
+    assert seed["eta4_at_common_end_minus_sync_points"] == pytest.approx(100 * (0.55 - 0.44))
+    assert seed["eta4_final_minus_sync_points"] == pytest.approx(100 * (0.55 - 0.6))
+
+
+def test_a_time_budget_reaches_every_arm_and_snapshots_are_scored_apart(tmp_path, monkeypatch) -> None:
+    """``time_budget_s`` goes into every arm's config (``controller.max_rl_time_s``, the step count a
+    cap), and ``snapshot_samples_per_prompt`` only into the snapshot scoring, not the runs."""
+    from benchmarks import headline
+
+    runs: list[list[str]] = []
+    scored: list[list[str]] = []
+
+    def fake_run(overrides: list[str], run_dir, warmup_s: float) -> dict:
+        runs.append(overrides)
+        return {"snapshots": [{"t": 0.0, "version": 0, "path": "v0"}, {"t": 90.0, "version": 5, "path": "v5"}],
+                "steady_state_tokens_per_s": 1.0, "trained_tokens_per_s": 1.0, "staleness_mean": 0.0}  # fmt: skip
+
+    def fake_evaluate(overrides: list[str], snapshots: list[dict]) -> list[float]:
+        scored.append(overrides)
+        return [0.2, 0.6][: len(snapshots)]
+
+    monkeypatch.setattr(headline, "run_and_measure", fake_run)
+    monkeypatch.setattr(headline, "evaluate_snapshots", fake_evaluate)
+    out = headline.run_headline_bench(
+        str(tmp_path / "h.json"), workload="task", etas=(0, 4), seeds=(0,), steps=500, time_budget_s=90.0,
+        snapshot_samples_per_prompt=8, sync_setting="threads1-trainer-process", out_dir=str(tmp_path / "runs"),
+    )  # fmt: skip
+    assert len(runs) == 2
+    assert all("controller.max_rl_time_s=90.0" in o and "controller.total_steps=500" in o for o in runs)
+    assert not any("eval.samples_per_prompt=8" in o for o in runs)
+    assert all(o.count("eval.samples_per_prompt=8") == 1 for o in scored) and len(scored) == 2
+    assert out["time_budget_s"] == 90.0 and out["eval_samples"] == load_config(None, scored[0]).task.eval_size * 8
+    with pytest.raises(ValueError, match="time_budget_s"):
+        headline.run_headline_bench(None, workload="task", time_budget_s=-1, out_dir=str(tmp_path / "runs"))
