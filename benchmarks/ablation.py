@@ -1,4 +1,4 @@
-"""``asyncrl bench ablation``: off-policy objectives under controlled staleness (DESIGN §8).
+"""``python -m benchmarks ablation``: off-policy objectives under controlled staleness (DESIGN §8).
 
 Every row is a real training run (``launch.local.train``, in this process, one after the other,
 each in its own run directory under a fresh ``--out``/<timestamp>/) with ``controller.fixed_lag = k``: step i trains on

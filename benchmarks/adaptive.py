@@ -1,4 +1,4 @@
-"""``asyncrl bench adaptive``: adaptive admission (``controller.adaptive``) against fixed settings.
+"""``python -m benchmarks adaptive``: adaptive admission (``controller.adaptive``) against fixed settings.
 
 Owns the comparison of issue 19 item 6: on each workload and seed, the fixed arms ``max_staleness``
 = η for each η of ``--etas`` (the config's high-water mark) and the adaptive arm

@@ -1,4 +1,4 @@
-"""The simulated mode of ``asyncrl bench adaptive``: each arm as an ``asyncrl simulate`` run.
+"""The simulated mode of ``python -m benchmarks adaptive``: each arm as an ``asyncrl simulate`` run.
 
 Owns ``SIM_WORKLOADS`` (the scenario keys standing for ``bench async``'s workloads) and
 ``simulated_runner``, the ``bench.adaptive.RunOne`` that simulates an arm (fixed ``max_staleness``,

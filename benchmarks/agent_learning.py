@@ -1,4 +1,4 @@
-"""``asyncrl bench agent-learning``: does RL teach the tiny policy to use the calculator, within a wall budget?
+"""``python -m benchmarks agent-learning``: does RL teach the tiny policy to use the calculator, within a wall budget?
 
 Per seed, one after the other (issue 18's learning criterion):
 

@@ -1,4 +1,4 @@
-"""``asyncrl bench agent-throughput``: trained tokens/s of multi-turn training when tools are slow,
+"""``python -m benchmarks agent-throughput``: trained tokens/s of multi-turn training when tools are slow,
 asynchronous (η = 4) against the best synchronous setting (η = 0), per seed side by side (issue 18).
 
 The workload (``WORKLOAD``): calculator episodes (``rollout.workflow=agent``, ``task.name=calculator``,

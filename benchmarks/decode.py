@@ -1,4 +1,4 @@
-"""``asyncrl bench decode``: LocalEngine's decode throughput by sequences running x context length.
+"""``python -m benchmarks decode``: LocalEngine's decode throughput by sequences running x context length.
 
 Owns the occupancy sweep. For each context length C and each number of sequences N, one request of
 N samples of a C-token prompt (one prefill, its KV copied into N slots) decodes ``new_tokens``

@@ -1,4 +1,4 @@
-"""``asyncrl bench headline``: time to a target held-out accuracy, asynchronous against the best
+"""``python -m benchmarks headline``: time to a target held-out accuracy, asynchronous against the best
 synchronous arm (the AReaL paper's headline claim, measured on this machine).
 
 One invocation, seed-major (every arm of a seed runs back to back, so load drift hits all arms):

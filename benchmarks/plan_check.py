@@ -1,4 +1,4 @@
-"""``asyncrl bench plan-check``: does ``asyncrl plan``'s recommendation hold up when run for real?
+"""``python -m benchmarks plan-check``: does ``asyncrl plan``'s recommendation hold up when run for real?
 
 Owns the choice of settings to run from a plan file (``asyncrl plan --json``), the runs themselves (real
 ``asyncrl train`` runs of the plan's workload, ``bench.async_bench``'s runner: the same model, data and

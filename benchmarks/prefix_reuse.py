@@ -1,4 +1,4 @@
-"""``asyncrl bench prefix-reuse``: prefill tokens per multi-turn episode with and without prefix reuse.
+"""``python -m benchmarks prefix-reuse``: prefill tokens per multi-turn episode with and without prefix reuse.
 
 Owns the side-by-side measure of ``rollout.prefix_reuse`` (docs/engine.md "Prefix reuse across turns").
 For each seed, the same calculator episodes (``rollout.workflow=agent``, ``task.name=calculator``: a

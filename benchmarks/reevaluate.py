@@ -1,4 +1,4 @@
-"""``asyncrl bench headline --reevaluate FILE...``: evaluate a finished headline bench's snapshots
+"""``python -m benchmarks headline --reevaluate FILE...``: evaluate a finished headline bench's snapshots
 again, with more samples per held-out prompt, and analyse the runs of several such files together.
 
 A headline run's speed-up hangs on two noisy numbers: the synchronous run's final accuracy (which

@@ -39,7 +39,7 @@ THROUGHPUT_KEYS = ("trained_tokens_per_s", "steady_state_tokens_per_s")
 def _bench_once(worktree: Path, seed: int, args: argparse.Namespace, scratch: Path) -> list[dict]:
     """One ``python -m benchmarks async`` invocation (one seed, every arm) with ``worktree``'s code."""
     out_json = scratch / f"{worktree.name}-s{seed}.json"
-    # benchmarks/ beside src/, or (a revision before the move) the package's ``asyncrl bench``
+    # benchmarks/ beside src/, or (a revision before the move) the package's ``python -m benchmarks``
     moved = (worktree / "benchmarks" / "__main__.py").exists()
     entry = ["-m", "benchmarks"] if moved else ["-m", "asyncrl.cli", "bench"]
     cmd = [

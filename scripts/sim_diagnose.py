@@ -1,7 +1,7 @@
 """Why the simulator misses a measured run: the checks behind docs/results/record/simulator-log.md §5.1's explanations.
 
 ``python scripts/sim_diagnose.py --from-runs CAL --runs RUN,... --json OUT`` refines this machine's
-profile from ``CAL`` (as ``asyncrl bench sim-validate --from-runs`` does) and, for every run, writes:
+profile from ``CAL`` (as ``python -m benchmarks sim-validate --from-runs`` does) and, for every run, writes:
 
 - the engine's work: decode steps and milliseconds per decode step, measured (steps from the
   metrics' ``engine_slot_occupancy`` = decode tokens / (slots x steps)) and simulated (seed 0) with

@@ -2,7 +2,7 @@
 docs/results/record/simulator-log.md §5.1's note on `task` η = 2 (abort).
 
 ``python scripts/sim_occupancy_check.py --from-runs CAL --runs RUN,... --json OUT`` refines this
-machine's profile from ``CAL`` (as ``asyncrl bench sim-validate --from-runs`` does) and, for every run,
+machine's profile from ``CAL`` (as ``python -m benchmarks sim-validate --from-runs`` does) and, for every run,
 reads its own files (``timeline.jsonl``, ``metrics.jsonl``, ``trajectories.jsonl``) and simulates it
 (``from_run``, seed 0 unless said) to write:
 

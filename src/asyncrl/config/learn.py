@@ -41,7 +41,7 @@ class AlgoConfig:
     loss_type: LossType = "ppo"
     """ppo (decoupled when prox_mode != behav) | gspo | cispo | pg (the plain policy gradient
     ``-A·logp``, no ratio and no clip; with prox_mode=behav and behav_cap=null it applies no
-    off-policy correction at all: the "no correction" arm of ``asyncrl bench ablation``)."""
+    off-policy correction at all: the "no correction" arm of ``python -m benchmarks ablation``)."""
     prox_mode: ProxMode = "recompute"
     """recompute (extra forward pass with pre-update weights: decoupled PPO) | loglinear
     (approximate from stored versions) | behav (naive PPO: the behaviour policy is the clip centre)."""

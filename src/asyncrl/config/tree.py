@@ -244,7 +244,7 @@ class ControllerConfig:
     (``total_steps`` alone ends the run). Held-out evaluations during RL (``eval_every``) count against
     it. A decaying LR schedule still decays over ``trainer.decay_steps`` or ``total_steps``, so set
     ``decay_steps`` with a budget. Resuming a run its budget ended needs a larger budget.
-    ``asyncrl bench headline --time-budget-s`` gives every arm the same budget."""
+    ``python -m benchmarks headline --time-budget-s`` gives every arm the same budget."""
     eval_every: int = 0
     """Held-out accuracy every N steps during RL (``eval_accuracy`` etc. in that step's line of
     metrics.jsonl; the trainer waits meanwhile, the time counts in RL wall time); 0: only before
@@ -252,7 +252,7 @@ class ControllerConfig:
     snapshot_every_s: float = 0.0
     """Save the published policy as a Hugging Face checkpoint (``RUN_DIR/snapshots/v<version>``,
     listed with its RL time in ``snapshots.jsonl``) at the start, whenever this many seconds of RL
-    time passed since the last one, and at the end; 0: off. ``asyncrl bench headline`` evaluates
+    time passed since the last one, and at the end; 0: off. ``python -m benchmarks headline`` evaluates
     them afterwards (accuracy against wall time; a snapshot costs the run only its save, milliseconds
     for the tiny model)."""
     checkpoint_every: int = 10
@@ -273,7 +273,7 @@ class ControllerConfig:
     weight_sync: WeightSyncMode = "inflight"
     """inflight (new weights reach the engine between two decode steps, in
     ``rollout.interrupt_mode``) | drain (stop admitting and wait until every running episode
-    finished, then update: the no-interruption baseline of ``asyncrl bench interrupt``)."""
+    finished, then update: the no-interruption baseline of ``python -m benchmarks interrupt``)."""
     trainer_process: bool = True
     """Local launcher: run the trainer in its own process (``controller.trainer_process``); as a
     thread of the engine's process the two take turns on the GIL (measured: both ~2x slower)."""

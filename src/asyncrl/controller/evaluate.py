@@ -111,7 +111,7 @@ def by_kind(
 
 def eval_kwargs(cfg: Config, stop_token_ids: tuple[int, ...]) -> dict[str, Any]:
     """The keyword arguments of ``evaluate`` that a run's ``eval.*`` settings give (one place for
-    the launcher's accuracy before/after and ``asyncrl bench headline``'s snapshot evaluation)."""
+    the launcher's accuracy before/after and ``python -m benchmarks headline``'s snapshot evaluation)."""
     return {
         "greedy": cfg.eval.greedy,
         "temperature": cfg.rollout.temperature,

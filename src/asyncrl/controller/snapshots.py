@@ -3,7 +3,7 @@
 ``controller.snapshot_every_s`` > 0: the controller saves the starting policy, then the published
 policy whenever that many seconds of RL time passed since the last snapshot, and the final one,
 each as a Hugging Face checkpoint ``RUN_DIR/snapshots/v<version>`` listed in ``snapshots.jsonl``.
-``asyncrl bench headline`` evaluates them after the run, so that measuring accuracy against wall
+``python -m benchmarks headline`` evaluates them after the run, so that measuring accuracy against wall
 time costs the run only the save, on the trainer's executor between two steps (7 ms on average,
 17 ms at most, over the 61 snapshots of docs/results/bench_headline_reason.json).
 """

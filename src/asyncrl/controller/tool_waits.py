@@ -4,7 +4,7 @@ what share of the episodes' time in flight went to waiting.
 Owns the reading of ``tool_wait`` ([start, end] on the RL clock, the clock of ``timeline.jsonl``'s
 ``t``; ``rundir.episode_entry``), which a multi-turn sample's ledger line holds for every turn whose
 tool calls an environment step answered. ``asyncrl report`` draws ``waiting_over_time`` on its
-timeline; ``asyncrl bench agent-throughput`` reports ``tool_wait_share``. Pure functions over the
+timeline; ``python -m benchmarks agent-throughput`` reports ``tool_wait_share``. Pure functions over the
 parsed lines (no file access).
 """
 

@@ -10,7 +10,7 @@ Two forms, each a long-tailed number of written steps ending in the final answer
   ``7*4%10`` -> ``4:7;3:4;2:1;1:8;#8`` (line ``c:t``: ``c`` operations left, running total ``t``).
   Every step needs only the line before it and the question's first digit, so a tiny model can
   keep a long chain right: the form of the generation-bound *and* learnable workload
-  (``asyncrl bench headline``), whose responses run to hundreds or thousands of tokens.
+  (``python -m benchmarks headline``), whose responses run to hundreds or thousands of tokens.
 
 The number of steps is drawn from a long-tailed distribution (2 plus a geometric number of
 extra steps, capped at ``max_terms``), so most responses are short and a few are long, like the

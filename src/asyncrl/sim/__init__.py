@@ -8,6 +8,6 @@ bench profile``: this machine's profile from measurements), ``scenario`` (what t
 ``record`` (timeline, metrics, ledger), ``output`` (figures and the run directory), ``run``
 (``simulate``), ``command`` (the CLI); ``plan``, ``plan_workloads``, ``plan_command`` (``asyncrl plan``: a
 split, η, mark and interrupt mode recommended by simulating each candidate); ``compare`` (the simulated
-arms of ``asyncrl bench adaptive``; ``scenario.adaptive`` drives ``controller.adaptive`` in ``loop``).
+arms of ``python -m benchmarks adaptive``; ``scenario.adaptive`` drives ``controller.adaptive`` in ``loop``).
 What is modelled and what is not: ``docs/simulator.md``.
 """

@@ -1,4 +1,4 @@
-"""``asyncrl bench profile``: the cost profile of this machine, from measurements.
+"""``python -m benchmarks profile``: the cost profile of this machine, from measurements.
 
 Owns the fits that turn measurements into a ``CostProfile``:
 
@@ -189,7 +189,7 @@ def machine_profile(
         sync=SyncCost(max(0.0, sync_s - update_s)),
         reward=RewardCost(reward),
         sources=tuple(sources),
-        notes="Written by `asyncrl bench profile` from committed measurements; rerun it after new ones.",
+        notes="Written by `python -m benchmarks profile` from committed measurements; rerun it after new ones.",
         extra={"decode_table": decode.get("table"), "trainer_points": [[round(x), round(y, 4)] for x, y in points]},
     )
     return _in_run_decode(profile, runs, measured["decode_s"]) if runs and measured["decode_s"] > 0 else profile

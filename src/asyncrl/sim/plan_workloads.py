@@ -6,7 +6,7 @@ overrides of its real runs) and ``resolve_workload`` (a name, a run directory, o
 
 Named workloads, each number with its source:
 
-- ``task`` and ``long``: ``asyncrl bench async``'s workloads (``data.workloads.WORKLOADS``): their
+- ``task`` and ``long``: ``python -m benchmarks async``'s workloads (``data.workloads.WORKLOADS``): their
   controller and rollout settings come from the config those runs use (``scenario.from_config``), their
   response lengths from a log-normal fitted to the median and 90th percentile of the committed
   synchronous runs (``docs/results/bench_async_task_seeds*.json``: median 19, p90 35-41 tokens, 9 seeds;
@@ -48,7 +48,7 @@ class PlanWorkload:
     source: str = ""
     """Where its numbers come from."""
     bench_workload: str = ""
-    """The ``asyncrl bench async`` workload name that runs it for real (``bench plan-check``), if any."""
+    """The ``python -m benchmarks async`` workload name that runs it for real (``bench plan-check``), if any."""
     config_file: str = ""
     """A training config that runs it (a replayed run's ``config.yaml``), for ``asyncrl train --config``."""
     notes: dict[str, Any] = field(default_factory=dict)
