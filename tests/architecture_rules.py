@@ -93,7 +93,6 @@ FUNCTION_SIZE_EXCEPTIONS: dict[str, str] = {
         "checks and twelve statistics, read top to bottom beside the formula"
     ),
     "asyncrl/cli.py::build_parser": "flat argparse declarations, one sub-command after another; no logic",
-    "asyncrl/launch/runner.py::run_stages": "the shared run flow of both launchers; being reworked under issue 17",
     "asyncrl/reward/code.py::run_code_tests": (
         "one try/finally owns the sandbox's pipe, process and work directory; split, the cleanup order "
         "that the sandbox's safety rests on would be spread over several functions"
