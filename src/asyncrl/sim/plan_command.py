@@ -1,7 +1,7 @@
 """``asyncrl plan``: the command line of the planner (``sim/plan.py``), its printed table, JSON and plot.
 
 Owns the ``plan`` sub-parser, the translation of its flags into a ``PlanRequest``, the report of a ``Plan``
-(the recommendation with its ``asyncrl train`` overrides, the full table, the JSON that ``asyncrl bench
+(the recommendation with its ``asyncrl train`` overrides, the full table, the JSON that ``python -m benchmarks
 plan-check`` reads) and the trade-off plot (predicted throughput against mean staleness, the frontier and
 the recommendation marked). Imports nothing heavy at import time.
 """
