@@ -68,3 +68,17 @@ def test_check_config_output_that_cannot_be_written(tmp_path: Path, capsys: pyte
     assert main(["check-config", "--output", str(afile / "out.yaml")]) == 2
     line = _one_line(capsys)
     assert "cannot use" in line and str(afile / "out.yaml") in line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["generate", "--model", "m", "--input", "i", "--output", "o", "--top-p", "nan"],
+     ["generate", "--model", "m", "--input", "i", "--output", "o", "--temperature", "inf"],
+     ["serve", "reward", "--timeout", "nan"], ["plan", "--target", "nan"], ["plan", "--max-mean-staleness", "inf"]],
+)  # fmt: skip
+def test_a_non_finite_number_flag_is_refused_in_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "must be a finite number" in err and "Traceback" not in err

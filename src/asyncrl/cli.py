@@ -19,6 +19,7 @@ from typing import get_args
 from asyncrl.choices import InterruptMode, LaunchKind, ToolFormat
 from asyncrl.cli_errors import known_error
 from asyncrl.config import Config, ConfigError, RewardConfig, RolloutConfig, dump_yaml, load_config, with_values
+from asyncrl.config.parse import finite_float
 from asyncrl.controller.rundir import RunDirError
 from asyncrl.launch import RunStopped
 
@@ -243,10 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", required=True, help="JSONL rows with `prompt` (text) or `input_ids`")
     p.add_argument("--output", required=True, help="JSONL output: id, output_ids, text, logprobs, versions, ...")
     p.add_argument("--max-new-tokens", type=int, default=RolloutConfig.max_new_tokens)
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--temperature", type=finite_float, default=1.0)
     p.add_argument("--greedy", action="store_true")
     p.add_argument("--n", type=int, default=1, help="samples per prompt")
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-p", type=finite_float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--max-slots", type=int, default=RolloutConfig.max_slots)
@@ -282,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--device", default="cpu")
     p.add_argument("--workers", type=int, default=RewardConfig.num_workers, help="reward: worker processes")
-    p.add_argument("--timeout", type=float, default=RewardConfig.timeout_s, help="reward: per-item timeout in seconds")
+    p.add_argument(
+        "--timeout", type=finite_float, default=RewardConfig.timeout_s, help="reward: per-item timeout in seconds"
+    )
     p.set_defaults(func=cmd_serve)
 
     from asyncrl.sim.command import add_simulate_parser  # its flags live beside the simulator

@@ -155,3 +155,18 @@ def nest(key: str, value: Any) -> dict[str, Any]:
         cursor = cursor.setdefault(part, {})
     cursor[parts[-1]] = value
     return out
+
+
+def finite_float(text: str) -> float:
+    """An ``argparse`` type for a command-line number that must be finite (argparse's ``float`` reads
+    ``nan`` and ``inf``): the error names the value, and argparse prints it in one line."""
+    import argparse
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import ConfigError
+from asyncrl.config.parse import finite_float
 
 
 def add_plan_parser(sub: Any) -> None:
@@ -32,10 +33,12 @@ def add_plan_parser(sub: Any) -> None:
     p.add_argument("--devices", type=int, default=2, help="device budget: engines x engine devices + trainer ranks")
     p.add_argument("--max-staleness", type=int, default=8, help="the bound on eta (no candidate exceeds it)")
     p.add_argument(
-        "--target", type=float, default=0.95,
+        "--target", type=finite_float, default=0.95,
         help="the rule: candidates predicted at >= this fraction of the best throughput qualify (default 0.95)",
     )  # fmt: skip
-    p.add_argument("--max-mean-staleness", type=float, help="the rule: qualifying candidates' mean staleness cap")
+    p.add_argument(
+        "--max-mean-staleness", type=finite_float, help="the rule: qualifying candidates' mean staleness cap"
+    )
     p.add_argument("--etas", help="comma-separated eta values (default: 0, powers of two below the bound, the bound)")
     p.add_argument("--marks", default="0,1,2,4", help="comma-separated high-water marks in batches (0: none)")
     p.add_argument("--modes", default="abort,keep", help="comma-separated interrupt modes")
