@@ -59,8 +59,8 @@ def _value(action: argparse.Action) -> str:
             shown = f"[{shown} ...]"
         case "?":
             shown = f"[{shown}]"
-    if isinstance(action.type, type) and action.choices is None:
-        shown += f": {action.type.__name__}"
+    if callable(action.type) and action.choices is None:  # a type (int, float) or a checking function
+        shown += f": {getattr(action.type, '__name__', 'value')}"
     notes = []
     if isinstance(action, argparse._AppendAction):
         notes.append("repeatable")

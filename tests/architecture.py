@@ -149,19 +149,17 @@ def collect_imports(root: Path) -> list[Import]:
     return out
 
 
-def unit_of(module: str, aliases: Mapping[str, str] | None = None) -> str:
+def unit_of(module: str) -> str:
     """The top-level unit of a dotted module: its first sub-package or top-level module
-    (``asyncrl.reward.math`` -> ``reward``; ``asyncrl.config.parse`` -> ``config.parse``, or what
-    ``aliases`` maps it to); the package's own ``__init__`` is the unit named like the package."""
+    (``asyncrl.reward.math`` -> ``reward``; ``asyncrl.config.parse`` -> ``config``); the package's own
+    ``__init__`` is the unit named like the package."""
     parts = module.split(".")
-    unit = parts[1] if len(parts) > 1 else parts[0]
-    return (aliases or {}).get(unit, unit)
+    return parts[1] if len(parts) > 1 else parts[0]
 
 
 def layer_violations(
     root: Path,
     allowed: Mapping[str, frozenset[str]],
-    aliases: Mapping[str, str] | None = None,
     forbidden_external: Mapping[str, frozenset[str]] | None = None,
     exceptions: Mapping[tuple[str, str], str] | None = None,
 ) -> list[str]:
@@ -174,19 +172,19 @@ def layer_violations(
     exceptions = dict(exceptions or {})
     used: set[tuple[str, str]] = set()
     problems = {
-        f"{path.relative_to(root.parent)}: unit {unit_of(module, aliases)!r} is not in the layer table"
+        f"{path.relative_to(root.parent)}: unit {unit_of(module)!r} is not in the layer table"
         for module, path in module_files(root).items()
-        if unit_of(module, aliases) not in allowed
+        if unit_of(module) not in allowed
     }
     for imp in collect_imports(root):
-        unit = unit_of(imp.importer, aliases)
+        unit = unit_of(imp.importer)
         if unit not in allowed:
             continue
         if not imp.internal:
             if imp.target in (forbidden_external or {}).get(unit, frozenset()):
                 problems.add(f"{imp.where}: unit {unit!r} must not import {imp.target!r}")
             continue
-        target_unit = unit_of(imp.target, aliases)
+        target_unit = unit_of(imp.target)
         if target_unit == unit or target_unit in allowed[unit]:
             continue
         if (imp.importer, imp.target) in exceptions:
@@ -295,7 +293,7 @@ def _check_sizes(sizes: Mapping[str, int], limit: int, allow: Mapping[str, str],
 
 def module_size_violations(root: Path, limit: int, allow: Mapping[str, str] | None = None) -> list[str]:
     """Modules over ``limit`` physical lines; ``allow`` maps a path relative to ``root``'s parent
-    (``asyncrl/cli.py``) to the reason it may be longer. A stale allow-list entry is a violation."""
+    (``asyncrl/cli/train.py``) to the reason it may be longer. A stale allow-list entry is a violation."""
     sizes = {
         str(path.relative_to(root.parent)): len(path.read_text(encoding="utf-8").splitlines())
         for path in module_files(root).values()

@@ -11,11 +11,6 @@ from __future__ import annotations
 
 PACKAGE = "asyncrl"
 
-ALIASES: dict[str, str] = {
-    # the CLI's error presentation, split off cli.py (module size): one unit with it.
-    "cli_errors": "cli",
-}
-
 # The foundation every stage may meet in (DESIGN: "they meet in types and models").
 BASE = frozenset({"types", "config", "choices", "auth", "web", "models", "storage"})
 # The stages of DESIGN §1; they do not import each other (the trainer may use algo).
@@ -92,7 +87,6 @@ FUNCTION_SIZE_EXCEPTIONS: dict[str, str] = {
         "the whole DESIGN §5 objective (four loss types, behaviour cap, drop mask) with its argument "
         "checks and twelve statistics, read top to bottom beside the formula"
     ),
-    "asyncrl/cli.py::build_parser": "flat argparse declarations, one sub-command after another; no logic",
     "asyncrl/reward/code.py::run_code_tests": (
         "one try/finally owns the sandbox's pipe, process and work directory; split, the cleanup order "
         "that the sandbox's safety rests on would be spread over several functions"

@@ -30,7 +30,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def check_layers(root: Path) -> list[str]:
-    return layer_violations(root, rules.LAYERS, rules.ALIASES, rules.FORBIDDEN_EXTERNAL, rules.LAYER_EXCEPTIONS)
+    return layer_violations(root, rules.LAYERS, rules.FORBIDDEN_EXTERNAL, rules.LAYER_EXCEPTIONS)
 
 
 def check_cycles(root: Path) -> list[str]:

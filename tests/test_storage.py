@@ -74,7 +74,7 @@ def test_the_cli_prints_the_message_not_a_traceback(monkeypatch: pytest.MonkeyPa
     def cmd_train(args: object) -> int:
         raise _chained(RuntimeError("an episode failed"), full)  # how the loop wraps a failed writer task
 
-    monkeypatch.setattr(cli, "cmd_train", cmd_train)
+    monkeypatch.setattr(cli.train, "run", cmd_train)
     assert cli.main(["train", "--run-dir", str(tmp_path / "new")]) == 1
     err = capsys.readouterr().err
     assert err == f"asyncrl: {full}\n" and "Traceback" not in err

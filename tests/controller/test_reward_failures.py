@@ -58,7 +58,7 @@ def test_the_cli_prints_the_stop_without_a_traceback(monkeypatch: pytest.MonkeyP
     def cmd_train(args: object) -> int:
         raise RuntimeError("an episode failed") from stop  # how the loop raises it
 
-    monkeypatch.setattr(cli, "cmd_train", cmd_train)
+    monkeypatch.setattr(cli.train, "run", cmd_train)
     assert cli.main(["train"]) == 1
     err = capsys.readouterr().err
     assert err == f"asyncrl: {stop}\n" and "task.verifier=custom:m:f fails" in err

@@ -68,7 +68,7 @@ def test_the_cli_prints_it_without_a_traceback(monkeypatch: pytest.MonkeyPatch, 
         check_kv_fits(layers=1, slots=1, kv_heads=1, max_seq_len=2**50, head_dim=1, dtype=torch.float32, device="cpu")
         return 0
 
-    monkeypatch.setattr(cli, "cmd_train", cmd_train)
+    monkeypatch.setattr(cli.train, "run", cmd_train)
     assert cli.main(["train"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("asyncrl: the engine's KV cache does not fit on cpu: it needs ") and "Traceback" not in err

@@ -1,4 +1,4 @@
-"""``asyncrl plan`` (``sim/plan.py``, ``sim/plan_command.py``, ``sim/plan_workloads.py``): the rule, the
+"""``asyncrl plan`` (``sim/plan.py``, ``cli/plan.py``, ``sim/plan_workloads.py``): the rule, the
 search against an exhaustive one, a synthetic profile whose answer is known, overrides the config accepts,
 bad input."""
 

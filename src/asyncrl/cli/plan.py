@@ -18,7 +18,7 @@ from asyncrl.config import ConfigError
 from asyncrl.config.parse import finite_float
 
 
-def add_plan_parser(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     """Register ``asyncrl plan`` on the CLI's sub-parsers."""
     p = sub.add_parser(
         "plan", help="recommend the inference:training split, eta, high-water mark and interrupt mode for a "
@@ -50,7 +50,7 @@ def add_plan_parser(sub: Any) -> None:
     p.add_argument("--json", help="write the plan (recommendation, overrides, every candidate) here")
     p.add_argument("--plot", help="write the throughput / staleness trade-off plot (PNG) here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_plan)
+    p.set_defaults(func=run)
 
 
 def _ints(text: str | None, flag: str) -> tuple[int, ...]:
@@ -81,7 +81,7 @@ def request_from_args(args: argparse.Namespace) -> Any:
         raise ConfigError(f"plan: {exc}") from exc
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from asyncrl.sim.plan import plan
 
     request = request_from_args(args)

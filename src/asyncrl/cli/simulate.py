@@ -1,6 +1,6 @@
 """The command line of the simulator: ``asyncrl simulate``.
 
-Owns the ``simulate`` sub-parser and the command's body, so that ``cli.py`` only registers them.
+Owns the ``simulate`` sub-parser and the command's body, so that the CLI only registers them.
 This module imports nothing heavy at import time (``asyncrl --help`` stays instant).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 from asyncrl.config import ConfigError
 
 
-def add_simulate_parser(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     """Register ``asyncrl simulate`` on the CLI's sub-parsers."""
     p = sub.add_parser(
         "simulate", help="discrete-event simulation of the asynchronous loop over a cost profile (docs/simulator.md)"
@@ -29,7 +29,7 @@ def add_simulate_parser(sub: Any) -> None:
     p.add_argument("--out", help="write a run directory here (asyncrl report RUN_DIR plots it)")
     p.add_argument("--json", help="write the result (and the scenario) as JSON here")
     p.add_argument("--list-profiles", action="store_true", help="list the shipped cost profiles and exit")
-    p.set_defaults(func=cmd_simulate)
+    p.set_defaults(func=run)
 
 
 def _scenario(args: argparse.Namespace) -> Any:
@@ -46,7 +46,7 @@ def _scenario(args: argparse.Namespace) -> Any:
     return load_scenario(args.scenario, args.overrides)
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from asyncrl.sim.profile import builtin_profiles
     from asyncrl.sim.run import simulate
 

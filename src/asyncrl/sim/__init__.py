@@ -6,8 +6,8 @@ bench profile``: this machine's profile from measurements), ``scenario`` (what t
 ``workload`` (response lengths), ``groups`` (a simulated group and its buffer record), ``engine``
 (continuous batching, costed), ``loop`` (the event loop around ``StalenessGate`` and ``GroupBuffer``),
 ``record`` (timeline, metrics, ledger), ``output`` (figures and the run directory), ``run``
-(``simulate``), ``command`` (the CLI); ``plan``, ``plan_workloads``, ``plan_command`` (``asyncrl plan``: a
-split, η, mark and interrupt mode recommended by simulating each candidate); ``compare`` (the simulated
-arms of ``python -m benchmarks adaptive``; ``scenario.adaptive`` drives ``controller.adaptive`` in ``loop``).
+(``simulate``); ``plan``, ``plan_workloads`` (``asyncrl plan``: a split, η, mark and interrupt mode
+recommended by simulating each candidate). Their command lines are ``cli.simulate`` and ``cli.plan``;
+``scenario.adaptive`` drives ``controller.adaptive`` in ``loop``.
 What is modelled and what is not: ``docs/simulator.md``.
 """
