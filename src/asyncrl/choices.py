@@ -13,7 +13,6 @@ from typing import Literal, get_args
 
 __all__ = [
     "AdvantageEstimator",
-    "AgentEnvName",
     "Aggregation",
     "ArithmeticForm",
     "BalanceMethod",
@@ -68,8 +67,6 @@ WorkflowName = Literal["single_turn", "agent", "openai_agent"]
 # agent (multi-turn episodes)
 ToolFormat = Literal["hermes", "tag", "json"]
 """``agent.tool_format``: how tool calls are written in a model turn (``rollout.tools.parse_tool_calls``)."""
-AgentEnvName = Literal["calculator", "python"]
-"""``agent.env``: the environment of each episode (``rollout.envs``; built in ``launch.stages.build_workflow``)."""
 ToolLatencyDist = Literal["none", "lognormal"]
 """``agent.tool_latency``: the simulated wait of a tool call (``rollout.envs.latency.ToolLatency``)."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncrl.choices import AgentEnvName, ToolFormat, ToolLatencyDist
+from asyncrl.choices import ToolFormat, ToolLatencyDist
 
 __all__ = ["AgentConfig"]
 
@@ -18,8 +18,12 @@ class AgentConfig:
 
     tool_format: ToolFormat = "hermes"
     """hermes (``<tool_call>{json}</tool_call>``) | tag (``<calc>expr</calc>``) | json (a bare object)."""
-    env: AgentEnvName = "calculator"
-    """calculator (scores the answer itself) | python (the sandbox; reward: ``task.verifier``)."""
+    env: str = "calculator"
+    """The environment of each episode, found through the registry (``rollout.envs.registry``, docs/agent.md
+    "Environments"): a registered name (built in: calculator, which scores the answer itself | python, the
+    sandbox, reward: ``task.verifier``; a third party's: an ``asyncrl.environments`` entry point) |
+    ``gym:<id or pkg.module:Class>`` (a Gymnasium env with text observations and actions) |
+    ``pkg.module:make`` (a maker taking ``EnvOptions``, returning an ``Environment``)."""
     max_turns: int = 4
     """Model turns per episode."""
     max_tokens: int = 256

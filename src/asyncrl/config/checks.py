@@ -31,6 +31,9 @@ __all__ = [
 ]  # fmt: skip
 
 _WORKFLOW_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+_ENV_NAME = re.compile(r"[A-Za-z_][\w.-]*|gym:\S+")
+"""``agent.env``'s form: a registered name or ``gym:...`` (or ``pkg.module:make``, ``_WORKFLOW_SPEC``); whether
+the name is registered is known where the environment is built (``rollout.envs.registry``)."""
 _GREATER = ">"
 _AT_LEAST = ">="
 
@@ -359,6 +362,12 @@ def validate_workflow(cfg: Config) -> None:
     entry = cfg.agent.entrypoint
     if name == "openai_agent" and (entry is None or not _WORKFLOW_SPEC.fullmatch(entry)):
         raise ConfigError(f"rollout.workflow=openai_agent needs agent.entrypoint=pkg.module:function, got {entry!r}")
+    env = cfg.agent.env
+    if not (_ENV_NAME.fullmatch(env) or _WORKFLOW_SPEC.fullmatch(env)):
+        raise ConfigError(
+            f"agent.env must be a registered environment name, gym:<id or pkg.module:Class> or pkg.module:make, "
+            f"got {env!r}"
+        )
     if cfg.agent.tool_latency != "none" and name != "agent":
         raise ConfigError(
             f"agent.tool_latency={cfg.agent.tool_latency} needs rollout.workflow=agent (the waits are added to "

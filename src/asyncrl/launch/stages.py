@@ -234,20 +234,15 @@ def build_workflow(cfg: Config, tokenizer: Any, stop_token_ids: tuple[int, ...])
 
 
 def _env_factory(cfg: Config) -> Any:
-    """A maker of ``agent.env`` environments (one per episode), with ``agent.tool_timeout_s``."""
-    timeout = cfg.agent.tool_timeout_s
-    match cfg.agent.env:
-        case "calculator":
-            from asyncrl.rollout.envs.calculator import calculator_env
+    """A maker of ``agent.env`` environments (one per episode) through the registry (``rollout.envs.registry``:
+    entry points, ``gym:...``, ``pkg.module:make``), with ``agent.tool_timeout_s``, ``run.seed`` and the reward
+    sandbox as the code runner (rollout imports no reward code)."""
+    from asyncrl.reward.python_tool import run_python
+    from asyncrl.rollout.envs.base import EnvOptions
+    from asyncrl.rollout.envs.registry import env_maker
 
-            return lambda: calculator_env(tool_timeout_s=timeout)
-        case "python":
-            from asyncrl.reward.python_tool import run_python
-            from asyncrl.rollout.envs.python import python_env
-
-            return lambda: python_env(run_python, tool_timeout_s=timeout)
-        case other:
-            raise ValueError(f"agent.env={other!r} is not supported (calculator, python)")
+    options = EnvOptions(tool_timeout_s=cfg.agent.tool_timeout_s, seed=cfg.run.seed, code_runner=run_python)
+    return env_maker(cfg.agent.env, options)
 
 
 # ----------------------------------------------------------------------------------- evaluation

@@ -6,7 +6,9 @@
 - ``python``: a tool that runs code through a runner handed in (the controller passes the reward
   sandbox; rollout imports no reward code);
 - ``gym``: the adapter that lets a gym-style text environment (``reset``/``step`` over strings,
-  sync or async) plug in;
+  sync or async) plug in, and a Gymnasium ``Env`` with text observations and actions through it;
+- ``registry``: ``agent.env`` names resolved through entry points (group ``asyncrl.environments``; the
+  built-ins registered in pyproject.toml like a third party's), ``gym:...`` and ``pkg.module:make``;
 - ``latency``: simulated slow tools (``agent.tool_latency``), a seeded wait before a turn's calls are
   answered, wrapped around any environment.
 """

@@ -23,7 +23,9 @@ from typing import Any, Protocol, runtime_checkable
 from asyncrl.rollout.tools import ParsedTurn, ToolCall
 from asyncrl.types import EnvKind, Prompt
 
-__all__ = ["EnvReset", "Environment", "Message", "ModelTurn", "StepResult", "Tool", "ToolEnv", "ToolError"]
+__all__ = [
+    "EnvOptions", "EnvReset", "Environment", "Message", "ModelTurn", "StepResult", "Tool", "ToolEnv", "ToolError",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,19 @@ class Environment(Protocol):
     async def close(self) -> None:
         """Release what the episode holds (called once, however the episode ended)."""
         ...
+
+
+@dataclass(frozen=True)
+class EnvOptions:
+    """What an environment maker of the registry (``envs.registry``) is called with, once per episode."""
+
+    tool_timeout_s: float = 5.0
+    """Longest wait on one tool call (``agent.tool_timeout_s``)."""
+    seed: int = 0
+    """The run's seed (``run.seed``)."""
+    code_runner: Callable[[str], str] | None = None
+    """Blocking: source code -> the text the model sees (the reward sandbox, handed in by ``launch``: rollout
+    imports no reward code); None where the caller has none."""
 
 
 class ToolError(Exception):

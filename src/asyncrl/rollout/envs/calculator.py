@@ -18,10 +18,12 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from asyncrl.rollout.envs.base import Tool, ToolEnv, ToolError
+from asyncrl.rollout.envs.base import EnvOptions, Tool, ToolEnv, ToolError
 from asyncrl.types import Prompt
 
-__all__ = ["CALCULATOR_SYSTEM", "calculator_env", "calculator_reward", "calculator_tool", "evaluate_expression"]
+__all__ = [
+    "CALCULATOR_SYSTEM", "calculator_env", "calculator_reward", "calculator_tool", "evaluate_expression", "make",
+]  # fmt: skip
 
 MAX_DIGITS = 60
 """Largest operand or result, in decimal digits."""
@@ -155,3 +157,8 @@ def calculator_env(*, system: str = CALCULATOR_SYSTEM, tool_timeout_s: float = 5
         tool_timeout_s=tool_timeout_s,
         result_check=lambda prompt, result: calculator_reward(prompt, result) == 1.0,
     )
+
+
+def make(options: EnvOptions) -> ToolEnv:
+    """The registry's maker of ``agent.env=calculator`` (entry point ``calculator`` of ``asyncrl.environments``)."""
+    return calculator_env(tool_timeout_s=options.tool_timeout_s)

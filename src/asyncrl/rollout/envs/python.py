@@ -14,9 +14,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from asyncrl.rollout.envs.base import Tool, ToolEnv, ToolError
+from asyncrl.rollout.envs.base import EnvOptions, Tool, ToolEnv, ToolError
 
-__all__ = ["CodeRunner", "PYTHON_SYSTEM", "python_env", "python_tool"]
+__all__ = ["CodeRunner", "PYTHON_SYSTEM", "make", "python_env", "python_tool"]
 
 CodeRunner = Callable[[str], str]
 """Blocking: source code -> the text the model sees (output, or the error and its last lines)."""
@@ -51,3 +51,11 @@ def python_env(runner: CodeRunner, *, system: str = PYTHON_SYSTEM, tool_timeout_
     """A fresh python environment (one per episode). ``tool_timeout_s`` bounds the wait on the
     runner; the runner enforces its own limit on the program (the sandbox kills it)."""
     return ToolEnv((python_tool(runner),), system=system, tool_timeout_s=tool_timeout_s)
+
+
+def make(options: EnvOptions) -> ToolEnv:
+    """The registry's maker of ``agent.env=python`` (entry point ``python`` of ``asyncrl.environments``): its
+    runner is ``options.code_runner`` (the reward sandbox ``launch`` hands in)."""
+    if options.code_runner is None:
+        raise ValueError("agent.env=python needs a code runner (launch hands in the reward sandbox)")
+    return python_env(options.code_runner, tool_timeout_s=options.tool_timeout_s)
