@@ -26,6 +26,7 @@ from asyncrl.controller.resume import check_snapshot, latest_checkpoint
 from asyncrl.controller.rundir import RunDir, read_jsonl
 from asyncrl.controller.state import ControllerState
 from asyncrl.data.prompts import PromptSource
+from asyncrl.launch.runner import loop_settings
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.trainer.api import PolicyTrainer
 from asyncrl.types import Prompt
@@ -68,7 +69,8 @@ def _run(
     async def main() -> ControllerState:
         rundir = RunDir(run_dir, cfg, tensorboard=False, truncate=resume["offsets"] if resume else None)
         controller = Controller(
-            cfg, engine, trainer, PromptSource(PROMPTS, 0), scripted_score(scripts or {}), rundir, resume=resume
+            loop_settings(cfg), engine, trainer, PromptSource(PROMPTS, 0), scripted_score(scripts or {}), rundir,
+            resume=resume,
         )
         if watch is not None:
             watch(controller)

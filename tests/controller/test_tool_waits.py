@@ -20,6 +20,7 @@ from asyncrl.controller.loop import Controller  # noqa: E402
 from asyncrl.controller.rundir import RunDir, episode_entry, read_jsonl  # noqa: E402
 from asyncrl.controller.tool_waits import tool_wait_share, tool_waits, waiting_over_time  # noqa: E402
 from asyncrl.data.prompts import PromptSource  # noqa: E402
+from asyncrl.launch.runner import loop_settings  # noqa: E402
 from asyncrl.types import EnvSegment, Group, ModelSegment, Prompt, Trajectory, TurnRecord  # noqa: E402
 from tests.controller.fakes import ScriptedEngine, ScriptedTrainer  # noqa: E402
 
@@ -117,7 +118,9 @@ def test_a_run_records_each_wait_where_it_happened_on_the_rl_clock(tmp_path) -> 
     async def main() -> None:
         rundir = RunDir(tmp_path, cfg, tensorboard=False)
         source = PromptSource([Prompt(f"p{i}", (i + 1,), "1") for i in range(40)], 0)
-        controllers.append(Controller(cfg, engine, ScriptedTrainer(), source, unscored, rundir, workflow=workflow))
+        controllers.append(
+            Controller(loop_settings(cfg), engine, ScriptedTrainer(), source, unscored, rundir, workflow=workflow)
+        )
         try:
             await asyncio.wait_for(controllers[0].run(), 120)  # a hang guard
         finally:

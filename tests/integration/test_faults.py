@@ -22,6 +22,7 @@ from asyncrl.controller.resume import prompt_at
 from asyncrl.controller.rundir import RunDir, read_jsonl
 from asyncrl.controller.scoring import make_score_fn
 from asyncrl.data.prompts import PromptSource, build_task
+from asyncrl.launch.runner import loop_settings
 from asyncrl.models import load_policy, stop_token_ids
 from asyncrl.rollout.engine import LocalEngine
 from asyncrl.trainer.trainer import Trainer
@@ -74,7 +75,7 @@ def test_retries_timeouts_and_a_skipped_non_finite_step(tiny_policy_dir: Path, t
             return (math.nan if prompt.prompt_id == poisoned else reward), failure
 
         rundir = RunDir(tmp_path, cfg, tensorboard=False)
-        controller = Controller(cfg, flaky, trainer, source, score, rundir, stop_token_ids=stop_token_ids(tok, model))
+        controller = Controller(loop_settings(cfg, stop_token_ids(tok, model)), flaky, trainer, source, score, rundir)
         try:
             state = await controller.run()
         finally:

@@ -69,9 +69,10 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
-from asyncrl.config import Config
+from asyncrl.config import AlgoConfig, ControllerConfig
 from asyncrl.controller.adaptive import adaptive_admission
 from asyncrl.controller.buffer import GroupBuffer, groups_to_samples
 from asyncrl.controller.evaluate import EvalResult
@@ -91,12 +92,30 @@ from asyncrl.trainer.api import PolicyTrainer, TrainStepResult
 from asyncrl.types import Completion, Group, Prompt, TrainBatch, TrainSample
 
 
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the loop reads of a run's config, and nothing more (the full ``Config`` stays in ``launch/``)."""
+
+    controller: ControllerConfig
+    """Admission, staleness, checkpoints, failures, weight sync (the ``controller`` section)."""
+    algo: AlgoConfig
+    """Advantages and the equal-reward filter (the ``algo`` section: ``groups_to_samples`` reads it)."""
+    sampling: SamplingParams
+    """How each episode samples (``rollout.*``, the tokenizer's stop ids)."""
+    group_size: int
+    """Samples per prompt (``rollout.group_size``)."""
+    verifier: str = ""
+    """The reward's name, for the message when scoring keeps failing (``task.verifier``)."""
+    progress: bool = True
+    """Show a progress bar (``run.progress``)."""
+
+
 class Controller:
     """Runs the asynchronous loop of one training run (see the module docstring)."""
 
     def __init__(
         self,
-        cfg: Config,
+        settings: LoopSettings,
         engine: RolloutEngine,
         trainer: PolicyTrainer,
         source: PromptSource,
@@ -104,18 +123,18 @@ class Controller:
         rundir: RunDir,
         *,
         tokenizer: Any = None,
-        stop_token_ids: tuple[int, ...] = (),
         resume: dict[str, Any] | None = None,
         checkpoint_extra: dict[str, Any] | None = None,
         evaluator: Callable[[], Awaitable[EvalResult]] | None = None,
         workflow: Workflow = run_episode,
     ) -> None:
-        """``resume``: the controller snapshot of the checkpoint the trainer was restored from.
+        """``settings``: what the loop reads of the run's config (``LoopSettings``; ``launch.runner.loop_settings``
+        builds it). ``resume``: the controller snapshot of the checkpoint the trainer was restored from.
         ``checkpoint_extra``: the launcher's own values, saved with every checkpoint.
         ``evaluator``: held-out accuracy every ``controller.eval_every`` steps (the launcher's,
         ``launch.runner``: the task's held-out split on this engine, decoded as ``eval.*`` says).
         ``workflow``: what one episode is (``rollout.workflow``; ``launch.stages.build_workflow``)."""
-        self.cfg = cfg
+        self.settings = settings
         self.engine = engine
         self.trainer = trainer
         self.source = source
@@ -125,27 +144,21 @@ class Controller:
         self.checkpoint_extra = dict(checkpoint_extra or {})
         self.evaluator = evaluator
         self.workflow = workflow
-        c = cfg.controller
+        c = settings.controller
         self.gate = StalenessGate(
             c.batch_size,
             0 if c.fixed_lag is not None else c.max_staleness,  # a fixed lag admits synchronously
             c.max_concurrent,
             high_water=c.high_water_batches * c.batch_size,
             high_water_unit=c.high_water_unit,
-            group_size=cfg.rollout.group_size,
+            group_size=settings.group_size,
         )
         self.adaptive = adaptive_admission(c, self.gate)  # None unless controller.adaptive: η_t and mark per step
         self.buffer = GroupBuffer()
         LaggedWeights.check_resume(c.fixed_lag, resume is not None)
         self.lag = LaggedWeights(c.fixed_lag) if c.fixed_lag is not None else None
         self.published_version = trainer.version
-        self.sampling = SamplingParams(
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            top_k=cfg.rollout.top_k,
-            stop_token_ids=stop_token_ids,
-        )
+        self.sampling = settings.sampling
         self._in_flight: dict[asyncio.Task, tuple[Prompt, int]] = {}
         self._last_step: dict[asyncio.Task, int] = {}  # episode -> the last step sure to train it (stragglers)
         self._readmit: deque[int] = deque()  # stream indices to admit again first (resume)
@@ -165,7 +178,7 @@ class Controller:
         state = self._restore(resume) if resume is not None else ControllerState()
         self.recorder = RunRecorder(
             state, rundir, engine, self.gate, self.buffer,
-            tokenizer=tokenizer, total_steps=c.total_steps, progress=cfg.run.progress,
+            tokenizer=tokenizer, total_steps=c.total_steps, progress=settings.progress,
         )  # fmt: skip
 
     @property
@@ -204,7 +217,7 @@ class Controller:
         snapshot = self.snapshot()
         with self.recorder.checkpointing():
             await save_checkpoint(executor, self.trainer, self.rundir.path, snapshot, self.tokenizer,
-                                  self.cfg.controller.keep_checkpoints)  # fmt: skip
+                                  self.settings.controller.keep_checkpoints)  # fmt: skip
         self._last_checkpoint_step = snapshot["step"]
 
     async def _snapshot_policy(self, executor: ThreadPoolExecutor, *, final: bool = False) -> None:
@@ -226,8 +239,8 @@ class Controller:
                 self.recorder.admitted(prompt, index, version, readmitted, bound)
                 task = asyncio.create_task(self._episode(prompt, version, bound))
                 self._in_flight[task] = (prompt, version)
-                if self.cfg.controller.stragglers == "wait":
-                    self._last_step[task] = version + group_bound(bound, self.cfg.controller.max_staleness)
+                if self.settings.controller.stragglers == "wait":
+                    self._last_step[task] = version + group_bound(bound, self.settings.controller.max_staleness)
                 task.add_done_callback(self._in_flight_done)
             self._wake_admit.clear()
             await self._wake_admit.wait()
@@ -259,15 +272,15 @@ class Controller:
 
     async def _attempt(self, prompt: Prompt, version: int, on_sample_done: Callable[[int], None]) -> Group:
         episode = self.workflow(
-            self.engine, prompt, self.sampling, self.cfg.rollout.group_size, self._timed_score, version,
+            self.engine, prompt, self.sampling, self.settings.group_size, self._timed_score, version,
             on_sample_done,
         )  # fmt: skip
-        timeout = self.cfg.controller.episode_timeout_s
+        timeout = self.settings.controller.episode_timeout_s
         return await (asyncio.wait_for(episode, timeout) if timeout > 0 else episode)
 
     async def _episode(self, prompt: Prompt, version: int, bound: int | None = None) -> None:
         """One admitted prompt to its fate; ``bound``: its own staleness bound (adaptive admission)."""
-        c = self.cfg.controller
+        c = self.settings.controller
         group: Group | None = None
         error: BaseException | None = None
         live = EpisodeSamples(self.gate, self._wake_admit.set if self.gate.high_water_unit == "samples" else None)
@@ -314,7 +327,7 @@ class Controller:
         self._consecutive_failures += 1
         what = f"{type(error).__name__}: {error}" if error is not None else "unknown"
         self.recorder.engine_failure(prompt, version, what)
-        if self._consecutive_failures >= self.cfg.controller.max_engine_failures:
+        if self._consecutive_failures >= self.settings.controller.max_engine_failures:
             failure = RuntimeError(f"{self._consecutive_failures} consecutive episodes failed after retries: {what}")
             failure.__cause__ = error
             self._fail(failure)
@@ -328,15 +341,15 @@ class Controller:
             self._scoring_failures = 0
             return
         self._scoring_failures += 1
-        if self._scoring_failures == self.cfg.controller.max_engine_failures:
+        if self._scoring_failures == self.settings.controller.max_engine_failures:
             last = reason.removeprefix("reward_failure: ")
-            self._fail(scoring_failed(self._scoring_failures, self.cfg.task.verifier, last))
+            self._fail(scoring_failed(self._scoring_failures, self.settings.verifier, last))
 
     def _filter_reason(self, group: Group) -> str | None:
         failures = [f for f in group.reward_failures if f is not None]
         if failures:
             return f"reward_failure: {failures[0]}"
-        if self.cfg.algo.filter_equal_rewards and len(set(group.rewards)) == 1:
+        if self.settings.algo.filter_equal_rewards and len(set(group.rewards)) == 1:
             return "equal_rewards"
         return None
 
@@ -344,7 +357,7 @@ class Controller:
     async def _train_loop(self, executor: ThreadPoolExecutor) -> None:
         """Until ``total_steps`` (or the RL-time budget, or a stop): a fresh batch, one training step,
         the new weights to the engine, the step recorded; held-out evaluation and a checkpoint when due."""
-        record, c = self.recorder, self.cfg.controller
+        record, c = self.recorder, self.settings.controller
         while self.state.step < c.total_steps and self._stop_reason is None:
             if c.max_rl_time_s and record.now() >= c.max_rl_time_s:
                 record.note(f"controller.max_rl_time_s={c.max_rl_time_s:g} reached after {self.state.step} steps")
@@ -371,7 +384,7 @@ class Controller:
 
     async def _next_batch(self, step: int) -> list[Group] | None:
         """The groups of step ``step`` (None: a stop was requested while waiting)."""
-        c = self.cfg.controller
+        c = self.settings.controller
         while True:
             if self._errors:
                 raise RuntimeError("an episode failed") from self._errors[0]
@@ -402,12 +415,12 @@ class Controller:
 
     def _train_blocking(self, groups: list[Group], step: int) -> tuple[list[TrainSample], TrainStepResult]:
         """Batching and the training step, on the executor thread (the step may run in the trainer process)."""
-        samples = groups_to_samples(groups, self.cfg.algo, self.cfg.rollout.max_new_tokens)
+        samples = groups_to_samples(groups, self.settings.algo, self.sampling.max_new_tokens)
         return samples, self.trainer.train_step(TrainBatch(tuple(samples), step))
 
     async def _publish(self, executor: ThreadPoolExecutor, version: int) -> None:
         """Export the new weights and load them into the engine; ``version`` is live afterwards."""
-        if self.cfg.controller.weight_sync == "drain":
+        if self.settings.controller.weight_sync == "drain":
             await self._drain()
         update = await asyncio.get_running_loop().run_in_executor(executor, self.trainer.export_weights)
         if self.lag is not None:  # controlled staleness: the engine loads version v - k
@@ -426,7 +439,7 @@ class Controller:
             await self._episode_end.wait()
 
     def _evaluation_due(self) -> bool:
-        c, n = self.cfg.controller, self.state.step  # the final evaluation is the launcher's accuracy_after
+        c, n = self.settings.controller, self.state.step  # the final evaluation is the launcher's accuracy_after
         return bool(c.eval_every and self.evaluator and n % c.eval_every == 0 and n < c.total_steps)
 
     async def _evaluate(self) -> dict[str, Any]:
@@ -438,7 +451,7 @@ class Controller:
         return metrics
 
     def _checkpoint_due(self) -> bool:
-        c, n = self.cfg.controller, self.state.step
+        c, n = self.settings.controller, self.state.step
         return bool(c.checkpoint_every and n % c.checkpoint_every == 0 and n < c.total_steps)
 
     async def run(self) -> ControllerState:

@@ -22,7 +22,7 @@ from typing import Any
 from asyncrl.config import Config, load_config
 from asyncrl.controller.evaluate import EvalResult
 from asyncrl.controller.ledger_checks import LedgerViolation, check_ledger
-from asyncrl.controller.loop import Controller
+from asyncrl.controller.loop import Controller, LoopSettings
 from asyncrl.controller.resume import check_snapshot, resume_checkpoint
 from asyncrl.controller.resume_guard import (
     ResumeRefused,
@@ -38,6 +38,7 @@ from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
 from asyncrl.launch import RunStopped
 from asyncrl.launch.stages import build_evaluator, build_workflow
 from asyncrl.rollout.api import RolloutEngine
+from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.workflow import ScoreFn
 from asyncrl.trainer.api import PolicyTrainer
 from asyncrl.trainer.checkpoint import read_trainer_state
@@ -72,6 +73,20 @@ class ClaimedRunDir:
     """A resume's checkpoint: the newest that verifies (None: a new run, or a resume that starts over)."""
     changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     """A resume's config changes: key -> (saved value, new value)."""
+
+
+def loop_settings(cfg: Config, stop_token_ids: tuple[int, ...] = ()) -> LoopSettings:
+    """What ``controller.loop.Controller`` reads of ``cfg``: its section, the algorithm's, how episodes sample
+    (``rollout.*`` with the tokenizer's ``stop_token_ids``), the group size, the verifier's name, progress."""
+    r = cfg.rollout
+    sampling = SamplingParams(
+        max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+        stop_token_ids=stop_token_ids,
+    )  # fmt: skip
+    return LoopSettings(
+        controller=cfg.controller, algo=cfg.algo, sampling=sampling, group_size=r.group_size,
+        verifier=cfg.task.verifier, progress=cfg.run.progress,
+    )  # fmt: skip
 
 
 def _lock(run_dir: Path) -> RunLock:
@@ -227,8 +242,8 @@ async def run_stages(
         before = dict(snapshot["launcher"]["before"]) if snapshot is not None else await measure()
         print(f"held-out accuracy before RL: {before['accuracy']:.3f} (greedy {before.get('greedy_accuracy')})")
         controller = Controller(
-            cfg, engine, trainer, PromptSource(train_prompts, cfg.run.seed), score, rundir,
-            tokenizer=tokenizer, stop_token_ids=stages.stop_token_ids, resume=snapshot,
+            loop_settings(cfg, stages.stop_token_ids), engine, trainer, PromptSource(train_prompts, cfg.run.seed),
+            score, rundir, tokenizer=tokenizer, resume=snapshot,
             evaluator=evaluator, workflow=workflow,
             checkpoint_extra={"before": before},
         )  # fmt: skip
