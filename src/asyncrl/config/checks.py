@@ -27,7 +27,7 @@ from asyncrl.config.tree import Config
 
 __all__ = [
     "allowed_range", "ruled_keys", "validate", "validate_algo", "validate_finite", "validate_fixed_lag",
-    "validate_launch", "validate_ranges", "validate_workflow",
+    "validate_launch", "validate_ranges", "validate_task", "validate_workflow",
 ]  # fmt: skip
 
 _WORKFLOW_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
@@ -375,10 +375,25 @@ def validate_workflow(cfg: Config) -> None:
         )
 
 
+def validate_task(cfg: Config) -> None:
+    """``task.name=reasoning_gym`` and ``task.verifier=reasoning_gym`` go together (the verifier scores with
+    the entry the task puts in each prompt); the task needs ``task.datasets``."""
+    task = cfg.task
+    if task.name == "reasoning_gym" and not task.datasets:
+        raise ConfigError("task.name=reasoning_gym needs task.datasets=NAME[,NAME...] (reasoning-gym dataset names)")
+    if task.name == "reasoning_gym" and task.verifier == "arithmetic":
+        raise ConfigError(
+            "task.name=reasoning_gym is scored by its datasets' own score_answer: set task.verifier=reasoning_gym"
+        )
+    if task.verifier == "reasoning_gym" and task.name != "reasoning_gym":
+        raise ConfigError(f"task.verifier=reasoning_gym needs task.name=reasoning_gym, got task.name={task.name}")
+
+
 def validate(cfg: Config) -> Config:
     """Check choices, ranges and the keys that depend on each other; return ``cfg``."""
     check_choices(cfg, "")
     validate_workflow(cfg)
+    validate_task(cfg)
     validate_ranges(cfg)
     validate_algo(cfg)
     validate_fixed_lag(cfg)

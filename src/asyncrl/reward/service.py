@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from asyncrl.reward import InfrastructureError
 from asyncrl.reward.client import RemoteRewardClient
-from asyncrl.reward.verifiers import RemoteTarget, Request, WorkerFn, _score_code, resolve_verifier  # noqa: F401
+from asyncrl.reward.verifiers import (  # noqa: F401
+    RemoteTarget,
+    Request,
+    WorkerFn,
+    _score_code,
+    _score_reasoning_gym,
+    resolve_verifier,
+)
 from asyncrl.reward.worker import _LeaderGone, _recv, _Worker  # noqa: F401
 
 if TYPE_CHECKING:
@@ -275,6 +282,9 @@ class RewardService:
         elif target is _score_code and row and row.get("entry_point"):
             # the code verifier builds the program from the row's prompt and entry point
             parts += [str(row.get("entry_point")), str(row.get("prompt", ""))]
+        elif target is _score_reasoning_gym:
+            # the dataset scores against the whole entry (a puzzle has many right answers)
+            parts += [json.dumps((row or {}).get("reasoning_gym_entry"), sort_keys=True, default=str)]
         for part in parts:
             data = part.encode("utf-8", "surrogatepass")
             h.update(len(data).to_bytes(8, "little"))

@@ -2,7 +2,7 @@
 
 Owns :class:`Request` (what a worker needs to score one response), :class:`RemoteTarget` and
 :func:`resolve_verifier`, the one explicit ``match`` from a verifier name to a function (math,
-code, arithmetic, custom) or a remote target.
+code, arithmetic, reasoning_gym, custom) or a remote target.
 """
 
 from __future__ import annotations
@@ -63,6 +63,12 @@ def _score_arithmetic(req: Request) -> tuple[float, str]:
     return arithmetic_reward(req.response, req.reference), ""
 
 
+def _score_reasoning_gym(req: Request) -> tuple[float, str]:
+    from asyncrl.reward.reasoning_gym import reasoning_gym_reward
+
+    return reasoning_gym_reward(req.response, req.row), ""
+
+
 def _score_custom(spec: str, req: Request) -> tuple[float, str]:
     from asyncrl.reward.custom import call_custom_reward
 
@@ -74,7 +80,8 @@ def _score_custom(spec: str, req: Request) -> tuple[float, str]:
 def resolve_verifier(verifier: str) -> WorkerFn | RemoteTarget:
     """The one place a verifier name is chosen: a function run in a worker, or a remote target.
 
-    ``math`` | ``code`` (reference = test code) | ``arithmetic`` | ``custom:pkg.module:function``
+    ``math`` | ``code`` (reference = test code) | ``arithmetic`` | ``reasoning_gym`` (the row's reasoning-gym
+    entry scored by its dataset's ``score_answer``) | ``custom:pkg.module:function``
     | ``remote:http://host:port[#verifier]``. Raises ValueError for anything else.
     """
     match verifier.split(":", 1):
@@ -84,12 +91,14 @@ def resolve_verifier(verifier: str) -> WorkerFn | RemoteTarget:
             return _score_code
         case ["arithmetic"]:
             return _score_arithmetic
+        case ["reasoning_gym"]:
+            return _score_reasoning_gym
         case ["custom", spec] if spec.count(":") == 1 and all(spec.split(":")):
             return functools.partial(_score_custom, spec)
         case ["remote", url] if url.startswith(("http://", "https://")):
             return RemoteTarget(url)
         case _:
             raise ValueError(
-                f"unknown verifier {verifier!r}: use math, code, arithmetic, custom:pkg.module:function "
+                f"unknown verifier {verifier!r}: use math, code, arithmetic, reasoning_gym, custom:pkg.module:function "
                 "or remote:http://host:port"
             )
