@@ -31,6 +31,7 @@ __all__ = [
     "Precision",
     "ProxMode",
     "RayWeightSync",
+    "RolloutBackend",
     "StragglerPolicy",
     "TaskName",
     "ToolFormat",
@@ -51,6 +52,9 @@ ArithmeticForm = Literal["chain", "repeat"]
 """``task.form``: the problem forms of the synthetic arithmetic task (``data.synthetic``)."""
 
 # rollout / controller
+RolloutBackend = Literal["local", "vllm"]
+"""``rollout.backend``: the engine behind ``rollout.api.RolloutEngine`` (``launch.stages.build_engine``): ``local``
+(``rollout.engine.LocalEngine``) or ``vllm`` (``rollout.vllm_engine.VLLMEngine``, vLLM's ``AsyncLLM``)."""
 InterruptMode = Literal["abort", "keep"]
 """``rollout.interrupt_mode``: what an in-flight weight update does to running requests (``LocalEngine``)."""
 HighWaterUnit = Literal["groups", "samples"]

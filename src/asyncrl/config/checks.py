@@ -27,7 +27,7 @@ from asyncrl.config.tree import Config
 
 __all__ = [
     "allowed_range", "ruled_keys", "validate", "validate_algo", "validate_finite", "validate_fixed_lag",
-    "validate_launch", "validate_ranges", "validate_task", "validate_workflow",
+    "validate_backend", "validate_launch", "validate_ranges", "validate_task", "validate_workflow",
 ]  # fmt: skip
 
 _WORKFLOW_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
@@ -331,6 +331,36 @@ def validate_fixed_lag(cfg: Config) -> None:
             raise ConfigError(f"controller.fixed_lag={k} needs {key}{wanted}, got {got!r}")
 
 
+def validate_backend(cfg: Config) -> None:
+    """``rollout.backend=vllm``: vLLM importable, and the settings its engine serves exactly (the refusals of
+    ``rollout.vllm_engine.VLLMEngine``, said at load time)."""
+    r = cfg.rollout
+    if r.backend != "vllm":
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "rollout.backend=vllm needs vLLM, not installed in this environment: make vllm-env, then run "
+            ".venv-vllm/bin/asyncrl"
+        )
+    needs = [
+        ("rollout.top_p", r.top_p == 1.0, "=1 (vLLM's processed log-probs are of the truncated distribution)", r.top_p),
+        ("rollout.top_k", r.top_k == 0, "=0 (vLLM's processed log-probs are of the truncated distribution)", r.top_k),
+        ("launch.kind", cfg.launch.kind == "local", "=local (the vLLM engine runs in the launcher's process)",
+         cfg.launch.kind),
+        ("launch.engine_urls", not cfg.launch.engine_urls, " empty (engines of this process)", cfg.launch.engine_urls),
+        ("rollout.prefix_reuse", not (r.prefix_reuse and r.interrupt_mode == "keep"), "=false with "
+         "interrupt_mode=keep (prefix caching is off there: no KV of old weights is reused)", r.prefix_reuse),
+    ]  # fmt: skip
+    greedy_eval = cfg.eval.greedy or cfg.eval.report_greedy
+    needs.append(("eval.greedy and eval.report_greedy", r.temperature == 1.0 or not greedy_eval, "=false with "
+                  f"rollout.temperature={r.temperature} (vLLM reports argmax log-probs at temperature 1)", True))
+    for key, ok, wanted, got in needs:
+        if not ok:
+            raise ConfigError(f"rollout.backend=vllm needs {key}{wanted}, got {got!r}")
+
+
 def validate_launch(cfg: Config) -> None:
     """The ``launch.*`` settings that depend on another key."""
     launch = cfg.launch
@@ -398,4 +428,5 @@ def validate(cfg: Config) -> Config:
     validate_algo(cfg)
     validate_fixed_lag(cfg)
     validate_launch(cfg)
+    validate_backend(cfg)
     return cfg

@@ -27,6 +27,7 @@ from asyncrl.choices import (
     LaunchKind,
     PlacementStrategy,
     RayWeightSync,
+    RolloutBackend,
     StragglerPolicy,
     TaskName,
     WeightSyncMode,
@@ -184,6 +185,11 @@ class RolloutConfig:
     The engine's KV cache holds ``max_prompt_len + max_new_tokens`` tokens per slot."""
     max_slots: int = 128
     """Engine concurrency (decode slots)."""
+    backend: RolloutBackend = "local"
+    """local (the project's engine) | vllm (vLLM's AsyncLLM in process: ``make vllm-env``, then run from
+    ``.venv-vllm``; the local launcher; top_p=1, top_k=0; ``rollout.vllm_engine``). The same contract either way:
+    token ids in and out, behaviour log-probs of the tempered distribution, per-token versions stamped by
+    the engine, in-flight updates in ``interrupt_mode``."""
     interrupt_mode: InterruptMode = "abort"
     """abort (AReaL: stop, re-prefill under new weights) | keep (swap weights, keep KV cache)."""
     prefix_reuse: bool = False

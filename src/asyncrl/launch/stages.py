@@ -8,7 +8,7 @@ Whoever runs a stage builds it here, so a setting reaches every copy of the stag
 ``load_model(cfg, dir)``       policy + tokenizer on ``model.device`` (or a stage's own) in ``model.dtype``
 ``engine_max_seq_len(cfg)``    an engine's context: the longest prompt plus the longest training or
                                evaluation response (or agent episode, ``agent.max_tokens``)
-``build_engine(...)``          ``LocalEngine`` (slots, context, interrupt mode, device)
+``build_engine(...)``          ``rollout.backend``: ``LocalEngine`` | ``VLLMEngine`` (slots, context, mode)
 ``build_remote_pool(urls)``    an ``EnginePool`` of ``RemoteEngine`` clients of running servers
 ``build_trainer(...)``         ``Trainer`` (trainer and algo settings, sampling temperature, total steps)
 ``build_reward_service(cfg)``  the ``RewardService`` (workers, timeout, retries)
@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from asyncrl.choices import RolloutBackend, choice_error
 from asyncrl.config import Config
 from asyncrl.controller.evaluate import EvalResult, eval_kwargs, evaluate
 from asyncrl.controller.scoring import make_score_fn
@@ -49,7 +50,6 @@ from asyncrl.types import Prompt
 
 if TYPE_CHECKING:
     from asyncrl.reward.service import RewardScorer, RewardService
-    from asyncrl.rollout.engine import LocalEngine
     from asyncrl.rollout.pool import EnginePool
     from asyncrl.trainer.trainer import Trainer
 
@@ -132,20 +132,45 @@ def engine_max_seq_len(cfg: Config) -> int:
     return cfg.rollout.max_prompt_len + response
 
 
-def build_engine(cfg: Config, model: Any, tokenizer: Any, *, device: str | None = None) -> LocalEngine:
-    """The ``LocalEngine`` of ``model`` with the run's slots, context, interrupt mode and prefix reuse, on ``device``
-    (default ``model.device``: the engine's tensors go where its weights are)."""
-    from asyncrl.rollout.engine import LocalEngine
+def build_engine(cfg: Config, model: Any, tokenizer: Any, *, device: str | None = None) -> RolloutEngine:
+    """The engine of ``rollout.backend`` for ``model``, with the run's slots, context and interrupt mode.
 
-    return LocalEngine(
-        model,
-        tokenizer,
-        max_slots=cfg.rollout.max_slots,
-        max_seq_len=engine_max_seq_len(cfg),
-        interrupt_mode=cfg.rollout.interrupt_mode,
-        device=device or cfg.model.device,
-        prefix_reuse=cfg.rollout.prefix_reuse,
-    )
+    ``local``: the ``LocalEngine`` of ``model`` (and ``rollout.prefix_reuse``) on ``device`` (default
+    ``model.device``: the engine's tensors go where its weights are). ``vllm``: a ``VLLMEngine`` over a scratch
+    copy of ``model`` and ``tokenizer`` saved as a Hugging Face checkpoint (so it starts from exactly these
+    weights; removed at ``close``), in ``model.dtype``, seeded with ``run.seed``."""
+    match cfg.rollout.backend:
+        case "local":
+            from asyncrl.rollout.engine import LocalEngine
+
+            return LocalEngine(
+                model,
+                tokenizer,
+                max_slots=cfg.rollout.max_slots,
+                max_seq_len=engine_max_seq_len(cfg),
+                interrupt_mode=cfg.rollout.interrupt_mode,
+                device=device or cfg.model.device,
+                prefix_reuse=cfg.rollout.prefix_reuse,
+            )
+        case "vllm":
+            import tempfile
+
+            from asyncrl.rollout.vllm_engine import VLLMEngine
+
+            scratch = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-model-"))
+            model.save_pretrained(str(scratch), safe_serialization=True)
+            tokenizer.save_pretrained(str(scratch))
+            return VLLMEngine(
+                scratch,
+                max_slots=cfg.rollout.max_slots,
+                max_seq_len=engine_max_seq_len(cfg),
+                interrupt_mode=cfg.rollout.interrupt_mode,
+                dtype=cfg.model.dtype,
+                seed=cfg.run.seed,
+                owns_model_dir=True,
+            )
+        case other:
+            raise choice_error(other, RolloutBackend, "rollout.backend")
 
 
 def build_remote_pool(urls: str) -> EnginePool:
