@@ -49,7 +49,7 @@ def main() -> int:
     overrides = [
         "rollout.backend=vllm", f"controller.total_steps={args.steps}", "controller.batch_size=4",
         "rollout.group_size=4", "rollout.max_new_tokens=48", "rollout.max_slots=32", "controller.max_staleness=1",
-        "controller.eval_every=0", "eval.num_prompts=8", "run.seed=0",
+        "controller.eval_every=0", "run.seed=0",
     ]  # fmt: skip
     cmd = [str(Path(sys.executable).parent / "asyncrl"), "train", "--run-dir", str(run_dir)]
     for o in overrides:

@@ -246,6 +246,7 @@ def test_refuses_other_distributions(engine: VLLMEngine, run: Run) -> None:
 def test_inflight_update_keep(tiny_dir: Path, new_weights: Path, run: Run) -> None:
     engine = _engine(tiny_dir, run, "keep")
     try:
+        run(engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=8, seed=2), 1))  # warm up: first step is slow
         sp = SamplingParams(max_new_tokens=200, temperature=1.0, seed=5)
         t0 = time.perf_counter()
         done = run(_update_midway(engine, PROMPTS[2], sp, WeightUpdate(version=1, path=str(new_weights))))
