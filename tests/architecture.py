@@ -242,14 +242,15 @@ def _strongly_connected(graph: Mapping[str, set[str]]) -> list[list[str]]:
 
 
 def cycle_violations(root: Path, allowed_edges: Mapping[tuple[str, str], str] | None = None) -> list[str]:
-    """File-level import cycles: each strongly connected set of modules in the graph of runtime
-    imports (function-level ones included, ``TYPE_CHECKING`` ones not), after removing the edges of
+    """File-level import cycles: each strongly connected set of modules in the graph of imports
+    (function-level and ``TYPE_CHECKING`` ones included: a type-only import ties two modules as much as
+    a runtime one, only without failing at import time), after removing the edges of
     ``allowed_edges`` ((importer, imported) -> reason). An allowed edge that no longer exists, or
     that closes no cycle, is reported too."""
     allowed_edges = dict(allowed_edges or {})
     graph: dict[str, set[str]] = {}
     for imp in collect_imports(root):
-        if imp.internal and not imp.type_only and imp.target != imp.importer:
+        if imp.internal and imp.target != imp.importer:
             graph.setdefault(imp.importer, set()).add(imp.target)
     problems = []
     for src, dst in allowed_edges:

@@ -17,20 +17,44 @@ exact integrals, not from these samples).
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from asyncrl.controller.buffer import GroupBuffer
 from asyncrl.controller.metrics import slot_occupancy, timeline_sample
+from asyncrl.controller.staleness import StalenessGate
+from asyncrl.sim.engine import EngineTotals, SimEngine
 from asyncrl.sim.groups import SimGroup, simulated
+from asyncrl.sim.scenario import Scenario
 
-if TYPE_CHECKING:
-    from asyncrl.sim.loop import Simulator
+
+class SimulatorState(Protocol):
+    """What the recorder reads of the simulator (``sim.loop.Simulator``), so that neither module imports
+    the other's class both ways."""
+
+    s: Scenario
+    gate: StalenessGate
+    buffer: GroupBuffer
+    totals: EngineTotals
+    engines: list[SimEngine]
+    keep_samples: bool
+    now: float
+    published: int
+    in_flight: dict[int, SimGroup]
+    scoring: int
+    gid: int
+    n_events: int
+
+    @property
+    def training(self) -> bool: ...
+
+    def sync_engines(self, now: float) -> None: ...
 
 EXACT_ENGINES = 64
 """Up to this many engines, every timeline sample and step record brings all engines to its time."""
 
 
 class Recorder:
-    def __init__(self, sim: Simulator) -> None:
+    def __init__(self, sim: SimulatorState) -> None:
         self.sim = sim
         self.period = sim.s.timeline_period_s
         self.exact = len(sim.engines) <= EXACT_ENGINES
