@@ -43,12 +43,16 @@ install: $(STAMP)
 run: $(STAMP)
 	"$(VENV)/bin/asyncrl" train $(RUN_ARGS)
 
+LINTED := src tests benchmarks scripts examples
+
 test: $(STAMP)
-	"$(PY)" -m ruff check src tests benchmarks scripts
+	"$(PY)" -m ruff check $(LINTED)
+	"$(PY)" -m ruff format --check $(LINTED)
 	"$(PY)" -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	"$(PY)" -m ruff check src tests benchmarks scripts
+	"$(PY)" -m ruff check $(LINTED)
+	"$(PY)" -m ruff format --check $(LINTED)
 
 clean:
 	rm -rf "$(VENV)" .cache runs

@@ -105,6 +105,7 @@ CURVE_KEYS = ("reward", "response_len", "approx_kl_behav", "behav_weight_sq_mean
 REFERENCE_OBJECTIVE = "decoupled"
 """The objective every other one is compared with, seed by seed (``paired_differences``)."""
 
+
 def t_interval(values: list[float]) -> tuple[float, float]:
     """(mean, half-width of the 95% t-interval) of ``values``; the half-width is NaN for one value."""
     if not values:
@@ -183,7 +184,12 @@ def _run(overrides: list[str], run_dir: Path, collapse_fraction: float, reuse: P
 
 
 def arm_overrides(
-    objective: str, lag: int, lr: float, seed: int, steps: int | None, user: list[str],
+    objective: str,
+    lag: int,
+    lr: float,
+    seed: int,
+    steps: int | None,
+    user: list[str],
     staleness: StalenessMode = "fixed",
 ) -> list[str]:
     """The config overrides of one arm: the staleness setting (``fixed``: ``controller.fixed_lag = lag``;
@@ -388,6 +394,7 @@ def reanalyse(json_path: str) -> dict[str, Any]:
     payload.setdefault("reanalysed", []).append(time.strftime("%Y-%m-%d %H:%M:%S"))
     return _finish(payload, json_path, replace=True)
 
+
 PLOTTED = True
 """The plot is written beside the result file (its ``.png``)."""
 
@@ -415,10 +422,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     add_out(parser, "runs/bench-ablation")
     parser.add_argument(
-        "--reuse", metavar="DIR", help="read the finished arms of an interrupted invocation's run directory",
+        "--reuse",
+        metavar="DIR",
+        help="read the finished arms of an interrupted invocation's run directory",
     )
     parser.add_argument(
-        "--reanalyse", metavar="FILE", help="recompute a finished result file from its runs (nothing runs)",
+        "--reanalyse",
+        metavar="FILE",
+        help="recompute a finished result file from its runs (nothing runs)",
     )
 
 

@@ -187,6 +187,7 @@ def _real_runner(base: list[str], warmup_s: float, out_dir: str, reuse: Path | N
 
     return run, out
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arms (``--etas``, ``--seeds``, ``--workload``), real runs (``--set``, ``--model``, ``--steps``,
     ``--warmup-s``, ``--out``, ``--reuse``) or simulated ones (``--profile``)."""
@@ -202,7 +203,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_warmup(parser)
     add_out(parser, "runs/bench-adaptive")
     parser.add_argument(
-        "--reuse", metavar="DIR", help="read the finished arms of an interrupted invocation's run directory",
+        "--reuse",
+        metavar="DIR",
+        help="read the finished arms of an interrupted invocation's run directory",
     )
     parser.add_argument("--profile", help="comma-separated cost profiles to simulate under instead of real runs")
 

@@ -266,6 +266,7 @@ def _print_table(payload: dict[str, Any]) -> None:
         before, after = k["accuracy_before"]["mean"], k["accuracy_after"]["mean"]
         print(f"  {kind:>14}: held-out accuracy {before:.3f} -> {after:.3f} (mean over {k['gain_points']['n']} seeds)")
 
+
 PLOTTED = True
 """The plot is written beside the result file (its ``.png``)."""
 
@@ -274,7 +275,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--json``, ``--config``, ``--set``, ``--model``, ``--seeds``, ``--budget-s``, ``--out``."""
     add_json(parser)
     parser.add_argument(
-        "--config", default="configs/calculator.yaml", help="YAML config of every run (default %(default)s)",
+        "--config",
+        default="configs/calculator.yaml",
+        help="YAML config of every run (default %(default)s)",
     )
     add_overrides(parser)
     add_seeds(parser, "0,1,2")

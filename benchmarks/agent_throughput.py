@@ -303,6 +303,7 @@ def _print_summary(payload: dict[str, Any]) -> None:
           f"{share['async']}")  # fmt: skip
     print(f"seeds at {TARGET_RATIO:g}x (steady state): {summary['seeds_at_target']}")
 
+
 PLOTTED = True
 """The plot is written beside the result file (its ``.png``)."""
 
@@ -319,7 +320,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe-steps", type=int, default=0, help="steps of each synchronous probe (0: --steps)")
     add_out(parser, "runs/bench-agent-throughput")
     parser.add_argument(
-        "--reanalyse", metavar="FILE", help="recompute a finished result file from its runs (nothing runs)",
+        "--reanalyse",
+        metavar="FILE",
+        help="recompute a finished result file from its runs (nothing runs)",
     )
 
 

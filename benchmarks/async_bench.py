@@ -67,7 +67,6 @@ from benchmarks.stats import mean_ci95
 __all__ = ["add_arguments", "run", "run_async_bench", "workload_overrides"]
 
 
-
 def _policy_dir(overrides: list[str], workload: str) -> str:
     """The warm-started policy of ``workload`` (built once and cached, see ``WARM_STARTS``)."""
     from asyncrl.config import load_config
@@ -298,10 +297,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_seeds(parser, "0")
     add_warmup(parser)
     parser.add_argument(
-        "--high-water", help="controller.high_water_batches values for max_staleness > 0 (default: config)",
+        "--high-water",
+        help="controller.high_water_batches values for max_staleness > 0 (default: config)",
     )
     parser.add_argument(
-        "--calibrate", type=float, default=30.0, help="seconds of the engine-alone calibration (0: none)",
+        "--calibrate",
+        type=float,
+        default=30.0,
+        help="seconds of the engine-alone calibration (0: none)",
     )
     add_out(parser, "runs/bench-async")
 

@@ -115,6 +115,7 @@ def run_decode_sweep(
         write_text_result(json_path, json.dumps(result, indent=2) + "\n")  # never over a file (asyncrl.results)
     return result
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--json``, ``--model``, ``--contexts``, ``--running``."""
     add_json(parser)

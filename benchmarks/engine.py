@@ -393,6 +393,7 @@ def run_interrupt_cost(
         write_text_result(json_path, json.dumps(result, indent=2) + "\n")  # never over a file (asyncrl.results)
     return result
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--json``, ``--model``."""
     add_json(parser)

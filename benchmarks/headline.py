@@ -193,7 +193,8 @@ def analyse(
         summary[name] = {
             "speedup": mean_ci95(speedups),
             "speedup_geometric_mean_of_reached": math.exp(sum(map(math.log, reached)) / len(reached))
-            if reached else None,
+            if reached
+            else None,
             "reached": f"{len(reached)} of {len(speedups)}",
             "time_to_target_s": mean_ci95(over_seeds("time_to_target_s")),
             "final_accuracy": mean_ci95(
@@ -388,6 +389,7 @@ def _print_summary(payload: dict[str, Any]) -> None:
         print(f"  {name:>6}  {_fmt(stat['speedup']):>26}  {_fmt(stat['final_accuracy']):>24}  "
               f"{_fmt(stat['steady_state_ratio']):>24}  {_fmt(stat['whole_run_ratio']):>24}")  # fmt: skip
 
+
 PLOTTED = True
 """The plot is written beside the result file (its ``.png``)."""
 
@@ -400,20 +402,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_overrides(parser, "model directory of every run (default: the workload's own warm start)")
     add_steps(parser)
     parser.add_argument(
-        "--etas", help="comma-separated max_staleness values of the asynchronous arms (default 0,2,4,8)",
+        "--etas",
+        help="comma-separated max_staleness values of the asynchronous arms (default 0,2,4,8)",
     )
     add_seeds(parser, "0,1,2")
     parser.add_argument("--workload", default="reason", help=f"one workload (default reason; {', '.join(WORKLOADS)})")
     add_warmup(parser)
     parser.add_argument(
-        "--snapshot-every", type=float, default=20.0, help="seconds of RL time between policy snapshots",
+        "--snapshot-every",
+        type=float,
+        default=20.0,
+        help="seconds of RL time between policy snapshots",
     )
     parser.add_argument(
         "--target-fraction", type=float, default=0.9,
         help="the target is the synchronous run's start + this fraction of its gain (default 0.9)",
     )  # fmt: skip
     parser.add_argument(
-        "--sync-setting", help=f"the synchronous setting, without probing ({', '.join(SYNC_CANDIDATES)})",
+        "--sync-setting",
+        help=f"the synchronous setting, without probing ({', '.join(SYNC_CANDIDATES)})",
     )
     parser.add_argument("--probe-steps", type=int, default=0, help="steps of each synchronous probe (0: --steps)")
     parser.add_argument(
@@ -426,7 +433,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     add_out(parser, "runs/bench-headline")
     parser.add_argument(
-        "--reanalyse", metavar="FILE", help="recompute a finished result file from its runs (nothing runs)",
+        "--reanalyse",
+        metavar="FILE",
+        help="recompute a finished result file from its runs (nothing runs)",
     )
     parser.add_argument(
         "--reevaluate", metavar="FILE", nargs="+",

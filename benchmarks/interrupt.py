@@ -67,7 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_overrides(parser, "model directory of every run (default: the workload's own warm start)")
     add_steps(parser)
     parser.add_argument(
-        "--max-staleness", type=int, default=4, help="controller.max_staleness of every arm (default 4)",
+        "--max-staleness",
+        type=int,
+        default=4,
+        help="controller.max_staleness of every arm (default 4)",
     )
     parser.add_argument("--workload", default="long", help=f"one workload (default long; {', '.join(WORKLOADS)})")
     add_out(parser, "runs/bench-interrupt")

@@ -5,7 +5,7 @@ Owns both commands (``add_arguments``, ``run``, ``result_file``: the default res
 (``run_paper_curves``: the sweeps, a horizon check, the payload with the scenario, the profiles and the
 paper's numbers beside every point), its printed tables and ``plot_curves`` (left: throughput relative to η =
 0 against η, simulated and published; right: throughput against GPUs per model, context and arm, with linear
-scaling from the smallest count). """
+scaling from the smallest count)."""
 
 from __future__ import annotations
 

@@ -146,6 +146,7 @@ def run_plan_check(
     write_json(json_path, payload)
     return payload
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--plan`` (required), ``--max-settings``, the runs (``--set``, ``--model``, ``--steps``, ``--seeds``,
     ``--warmup-s``, ``--out``), ``--json``."""

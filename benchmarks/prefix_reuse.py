@@ -260,6 +260,7 @@ def _print(result: dict[str, Any]) -> None:
 def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--json``, ``--set``, ``--model``, ``--seeds``, ``--workload``."""
     add_json(parser)

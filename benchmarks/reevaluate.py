@@ -137,10 +137,15 @@ def reevaluate(
         "etas": sorted({eta for p in payloads for eta in p["etas"] if etas is None or eta in etas}),
         "snapshot_every_s": payloads[0].get("snapshot_every_s"),
         "first_eval_samples": first_samples[0] if len(first_samples) == 1 else first_samples,
-        "reevaluated_from": [{"file": str(s), "overrides": p["overrides"], "eval_samples": p.get("eval_samples"),
-                              "start_weights_sha256": _weights_digest(resolve_run_dir(
-                                  p["rows"][0]["snapshots"][0]["path"], s))}
-                             for s, p in zip(sources, payloads, strict=True)],  # fmt: skip
+        "reevaluated_from": [
+            {
+                "file": str(s),
+                "overrides": p["overrides"],
+                "eval_samples": p.get("eval_samples"),
+                "start_weights_sha256": _weights_digest(resolve_run_dir(p["rows"][0]["snapshots"][0]["path"], s)),
+            }
+            for s, p in zip(sources, payloads, strict=True)
+        ],  # fmt: skip
         "samples_per_prompt": samples_per_prompt,
         "rows": rows,
     }

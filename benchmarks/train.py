@@ -216,6 +216,7 @@ def _print_table(rows: list[dict[str, Any]], ratios: dict[str, float]) -> None:
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}x" if isinstance(v, float) else f"{k}: {v}")
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--json``, ``--models``, ``--samples``, ``--budget``, ``--steps``, ``--steps-20m``."""
     add_json(parser, "write the results here")

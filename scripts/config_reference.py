@@ -47,9 +47,11 @@ def field_docs(source: Path) -> dict[str, dict[str, str]]:
             if not (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)):
                 continue
             following = node.body[i + 1] if i + 1 < len(node.body) else None
-            if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant) and str(
-                following.value.value
-            ).strip():
+            if (
+                isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)
+                and str(following.value.value).strip()
+            ):
                 fields[statement.target.id] = " ".join(str(following.value.value).split())
             else:
                 missing.append(f"{node.name}.{statement.target.id}")

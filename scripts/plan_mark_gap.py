@@ -102,6 +102,7 @@ def own_speed(profile: CostProfile, decode_ratio: float, train_ratio: float) -> 
 def run_row(run: Path, profile: CostProfile) -> dict[str, Any]:
     """Every check of the module docstring for one measured run."""
     from benchmarks.sim_validate import measured_figures
+
     scenario = from_run(run, profile=profile.name)
     metrics = read_jsonl(run / "metrics.jsonl")
     timeline = read_jsonl(run / "timeline.jsonl")

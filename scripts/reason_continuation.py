@@ -34,6 +34,7 @@ def base_overrides(headline: dict, steps: int) -> list[str]:
 def main() -> None:
     from benchmarks.headline import ASYNC_SETTING, SYNC_CANDIDATES, evaluate_snapshots, with_samples_per_prompt
     from benchmarks.runs import run_and_measure
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--headline", required=True, help="a bench headline JSON (its overrides and sync setting)")
     parser.add_argument("--seeds", default="6")

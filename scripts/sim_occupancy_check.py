@@ -147,6 +147,7 @@ def snapshot_phases(scenario: Scenario, profile: CostProfile) -> tuple[float, li
 
 def check(run: Path, profile: CostProfile, draw_seeds: Sequence[int]) -> dict[str, Any]:
     from benchmarks.sim_validate import measured_figures
+
     scenario = from_run(run, profile=profile.name)
     slots = scenario.slots * scenario.engines
     measured = measured_figures(run, scenario)

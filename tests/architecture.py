@@ -140,8 +140,9 @@ def collect_imports(root: Path) -> list[Import]:
                     source = ".".join([*base, *([node.module] if node.module else [])])
                 else:
                     source = node.module or ""
-                names = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source
-                         for alias in node.names]
+                names = [
+                    f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source for alias in node.names
+                ]
             for name in dict.fromkeys(names):
                 internal = name == package or name.startswith(package + ".")
                 target = _resolve(name, modules) if internal else name.split(".")[0]

@@ -99,8 +99,12 @@ def test_the_rules_are_well_formed() -> None:
         tuple(TopologicalSorter(rules.LAYERS).static_order())
     except CycleError as e:
         pytest.fail(f"the layer table loops: {e.args[1]}")
-    for table in (rules.LAYER_EXCEPTIONS, rules.CYCLE_EXCEPTIONS, rules.MODULE_SIZE_EXCEPTIONS,
-                  rules.FUNCTION_SIZE_EXCEPTIONS):
+    for table in (
+        rules.LAYER_EXCEPTIONS,
+        rules.CYCLE_EXCEPTIONS,
+        rules.MODULE_SIZE_EXCEPTIONS,
+        rules.FUNCTION_SIZE_EXCEPTIONS,
+    ):
         assert all(isinstance(why, str) and why.strip() for why in table.values())
 
 
@@ -133,6 +137,7 @@ def test_violations_planted_in_a_copy_of_the_tree_fail_it(tmp_path: Path) -> Non
     line = append("algo/losses.py", "def _planted():\n    from asyncrl.trainer.packing import pack\n")
     append("reward/arithmetic.py", "def _planted():\n    from asyncrl.reward import custom\n")
     append("reward/custom.py", "from asyncrl.reward import arithmetic  # noqa: E402\n")
+
     def new_problems(check: Callable[[Path], list[str]]) -> list[str]:
         return sorted(set(check(copy)) - set(check(SRC)))
 
@@ -154,23 +159,35 @@ def test_violations_planted_in_a_copy_of_the_tree_fail_it(tmp_path: Path) -> Non
             id="module-level",
         ),
         pytest.param(
-            {"reward/__init__.py": "", "reward/math.py": "def f():\n    from asyncrl.rollout import engine\n",
-             "rollout/__init__.py": "", "rollout/engine.py": ""},
+            {
+                "reward/__init__.py": "",
+                "reward/math.py": "def f():\n    from asyncrl.rollout import engine\n",
+                "rollout/__init__.py": "",
+                "rollout/engine.py": "",
+            },
             ["asyncrl/reward/math.py:2: 'reward' must not import 'rollout' (asyncrl.rollout.engine)"],
             id="function-level",
         ),
         pytest.param(
-            {"algo/__init__.py": "", "algo/loss.py": """\
+            {
+                "algo/__init__.py": "",
+                "algo/loss.py": """\
                 from typing import TYPE_CHECKING
                 if TYPE_CHECKING:
                     from asyncrl.config import Config
-             """, "config.py": ""},
+             """,
+                "config.py": "",
+            },
             ["asyncrl/algo/loss.py:3: 'algo' must not import 'config' (asyncrl.config)"],
             id="type-only-still-counts",
         ),
         pytest.param(
-            {"data/__init__.py": "", "data/a.py": "from ..controller.loop import run\n",
-             "controller/__init__.py": "", "controller/loop.py": ""},
+            {
+                "data/__init__.py": "",
+                "data/a.py": "from ..controller.loop import run\n",
+                "controller/__init__.py": "",
+                "controller/loop.py": "",
+            },
             ["asyncrl/data/a.py:1: 'data' must not import 'controller' (asyncrl.controller.loop)"],
             id="relative",
         ),
@@ -185,9 +202,15 @@ def test_violations_planted_in_a_copy_of_the_tree_fail_it(tmp_path: Path) -> Non
             id="unknown-unit",
         ),
         pytest.param(
-            {"trainer/__init__.py": "", "trainer/t.py": "from asyncrl.algo import losses\nimport torch\n",
-             "algo/__init__.py": "", "algo/losses.py": "", "cli.py": "import asyncrl.sim\n",
-             "sim/__init__.py": "from asyncrl import controller\n", "controller/__init__.py": ""},
+            {
+                "trainer/__init__.py": "",
+                "trainer/t.py": "from asyncrl.algo import losses\nimport torch\n",
+                "algo/__init__.py": "",
+                "algo/losses.py": "",
+                "cli.py": "import asyncrl.sim\n",
+                "sim/__init__.py": "from asyncrl import controller\n",
+                "controller/__init__.py": "",
+            },
             [],
             id="allowed",
         ),
@@ -209,19 +232,24 @@ def test_layer_exceptions_excuse_one_import_and_go_stale(tmp_path: Path) -> None
 
 
 def test_planted_cycles(tmp_path: Path) -> None:
-    root = plant(tmp_path, {
-        "reward/__init__.py": "",
-        "reward/service.py": "def client():\n    from asyncrl.reward.remote import Client\n",
-        "reward/remote.py": "from asyncrl.reward import service\n",
-        "reward/typed.py": """\
+    root = plant(
+        tmp_path,
+        {
+            "reward/__init__.py": "",
+            "reward/service.py": "def client():\n    from asyncrl.reward.remote import Client\n",
+            "reward/remote.py": "from asyncrl.reward import service\n",
+            "reward/typed.py": """\
             from typing import TYPE_CHECKING
             if TYPE_CHECKING:
                 from asyncrl.reward.remote import X
         """,
-        "reward/base.py": "import asyncrl.reward.typed\n",
-    })
-    cycle = ("import cycle among asyncrl.reward.remote, asyncrl.reward.service: "
-             "asyncrl.reward.remote -> asyncrl.reward.service; asyncrl.reward.service -> asyncrl.reward.remote")
+            "reward/base.py": "import asyncrl.reward.typed\n",
+        },
+    )
+    cycle = (
+        "import cycle among asyncrl.reward.remote, asyncrl.reward.service: "
+        "asyncrl.reward.remote -> asyncrl.reward.service; asyncrl.reward.service -> asyncrl.reward.remote"
+    )
     assert cycle_violations(root) == [cycle]
     edge = ("asyncrl.reward.service", "asyncrl.reward.remote")
     assert cycle_violations(root, {edge: "why"}) == []
@@ -232,11 +260,14 @@ def test_planted_cycles(tmp_path: Path) -> None:
         cycle,
     ]
     # a cycle closed only by a TYPE_CHECKING import is a cycle too
-    typed = plant(tmp_path / "typed", {
-        "reward/__init__.py": "",
-        "reward/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from asyncrl.reward.b import B\n",
-        "reward/b.py": "from asyncrl.reward import a\n",
-    })
+    typed = plant(
+        tmp_path / "typed",
+        {
+            "reward/__init__.py": "",
+            "reward/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from asyncrl.reward.b import B\n",
+            "reward/b.py": "from asyncrl.reward import a\n",
+        },
+    )
     assert cycle_violations(typed) == [
         "import cycle among asyncrl.reward.a, asyncrl.reward.b: asyncrl.reward.a -> asyncrl.reward.b; "
         "asyncrl.reward.b -> asyncrl.reward.a"
@@ -249,11 +280,14 @@ def test_planted_cycles(tmp_path: Path) -> None:
 def test_planted_oversized_module_and_function(tmp_path: Path) -> None:
     body = "\n".join(f"    x{i} = {i}" for i in range(6))
     docstring = '    """' + "\n" * 20 + '    """\n'
-    root = plant(tmp_path, {
-        "big.py": "\n" * 60,
-        "fns.py": f"def long():\n{body}\n\n\ndef documented():\n{docstring}{body}\n\n\nclass K:\n"
-                  f"    def method(self):\n        def inner():\n{body.replace('    ', '            ')}\n",
-    })
+    root = plant(
+        tmp_path,
+        {
+            "big.py": "\n" * 60,
+            "fns.py": f"def long():\n{body}\n\n\ndef documented():\n{docstring}{body}\n\n\nclass K:\n"
+            f"    def method(self):\n        def inner():\n{body.replace('    ', '            ')}\n",
+        },
+    )
     lengths = function_lengths(root)
     assert lengths["asyncrl/fns.py::long"] == 7
     assert lengths["asyncrl/fns.py::documented"] == 7  # the docstring is not counted

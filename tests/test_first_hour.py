@@ -66,11 +66,7 @@ def test_the_wheel_ships_every_file_of_the_package(tmp_path: Path) -> None:
 def test_no_module_finds_files_relative_to_the_checkout() -> None:
     """``__file__`` (and the repository layout above it) means nothing after ``pip install .``;
     a new use must be reviewed and added to FILE_RELATIVE with the reason it still works."""
-    users = {
-        str(p.relative_to(PACKAGE))
-        for p in PACKAGE.rglob("*.py")
-        if "__file__" in p.read_text(encoding="utf-8")
-    }
+    users = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if "__file__" in p.read_text(encoding="utf-8")}
     assert users == set(FILE_RELATIVE), f"new uses of __file__: {sorted(users - set(FILE_RELATIVE))}"
     harness = PACKAGE / "reward" / "sandbox.py"
     assert harness.is_file()

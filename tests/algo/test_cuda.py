@@ -55,9 +55,7 @@ def test_other_functions_cuda_match_cpu():
     rewards = torch.randn(4, 8, generator=g)
     torch.testing.assert_close(grpo_advantages(rewards.cuda()).cpu(), grpo_advantages(rewards))
     mask = (torch.rand(4, 8, generator=g) > 0.3).long()
-    torch.testing.assert_close(
-        normalize_batch(rewards.cuda(), mask.cuda()).cpu(), normalize_batch(rewards, mask)
-    )
+    torch.testing.assert_close(normalize_batch(rewards.cuda(), mask.cuda()).cpu(), normalize_batch(rewards, mask))
     values = torch.randn(4, 8, generator=g)
     for x, y in zip(
         gae_advantages(rewards.cuda(), values.cuda(), mask.cuda(), 0.9, 0.8),

@@ -41,9 +41,7 @@ def test_kl_penalty_gradient_flows_into_logp_only():
     expected = torch.tensor([1 - math.exp(-0.5), 1 - math.exp(1.0)], dtype=F64)
     torch.testing.assert_close(logp.grad, expected)
     assert ref.grad is None
-    assert torch.autograd.gradcheck(
-        lambda x: kl_penalty(x, ref, "k2"), (logp.detach().clone().requires_grad_(),)
-    )
+    assert torch.autograd.gradcheck(lambda x: kl_penalty(x, ref, "k2"), (logp.detach().clone().requires_grad_(),))
 
 
 def test_kl_penalty_rejects_unknown_kind():

@@ -137,14 +137,10 @@ def test_hand_computed_decoupled_and_dual_clip():
     masked, mm = policy_loss(logp, prox, behav, adv, mask, dual_clip=3.0, behav_cap=1.5)
     assert masked.item() == pytest.approx(-0.25, abs=1e-12)
     assert mm["behav_capped_frac"] == pytest.approx(0.5)
-    clamped, _ = policy_loss(
-        logp, prox, behav, adv, mask, dual_clip=3.0, behav_cap=1.5, behav_cap_mode="clamp"
-    )
+    clamped, _ = policy_loss(logp, prox, behav, adv, mask, dual_clip=3.0, behav_cap=1.5, behav_cap_mode="clamp")
     assert clamped.item() == pytest.approx(2.0, abs=1e-12)
     # sequence level: geometric mean of w = sqrt(2 * 0.5) = 1 -> not capped by 1.5; clamp uses 1 for all
-    seq_mask, _ = policy_loss(
-        logp, prox, behav, adv, mask, dual_clip=3.0, behav_cap=1.5, behav_cap_level="sequence"
-    )
+    seq_mask, _ = policy_loss(logp, prox, behav, adv, mask, dual_clip=3.0, behav_cap=1.5, behav_cap_level="sequence")
     assert seq_mask.item() == pytest.approx(2.75, abs=1e-12)
     seq_clamp, _ = policy_loss(
         logp,
@@ -253,9 +249,7 @@ def test_all_tokens_capped(loss_type, level):
     assert torch.count_nonzero(grad) == 0
     assert m["behav_capped_frac"] == 1.0
     assert m["behav_weight_mean"] == pytest.approx(math.exp(3.0))
-    clamped, mc = run(
-        batch, loss_type=loss_type, behav_cap=2.0, behav_cap_level=level, behav_cap_mode="clamp"
-    )
+    clamped, mc = run(batch, loss_type=loss_type, behav_cap=2.0, behav_cap_level=level, behav_cap_mode="clamp")
     uncapped_w1, _ = run({**batch, "behav": batch["prox"]}, loss_type=loss_type)
     assert clamped.item() == pytest.approx(2.0 * uncapped_w1.item(), rel=1e-12)
     assert mc["behav_capped_frac"] == 1.0

@@ -32,6 +32,7 @@ def test_each_benchmark_has_its_own_help(name: str) -> None:
 
 def test_each_benchmark_declares_only_its_options() -> None:
     """No shared flag bag: ``train`` takes no ``--set``, ``engine`` no ``--seeds``, ``profile`` no ``--steps``."""
+
     def flags(name: str) -> set[str]:
         return {o for a in build_parser(name)._actions for o in a.option_strings}
 

@@ -69,7 +69,12 @@ def _run(
     async def main() -> ControllerState:
         rundir = RunDir(run_dir, cfg, tensorboard=False, truncate=resume["offsets"] if resume else None)
         controller = Controller(
-            loop_settings(cfg), engine, trainer, PromptSource(PROMPTS, 0), scripted_score(scripts or {}), rundir,
+            loop_settings(cfg),
+            engine,
+            trainer,
+            PromptSource(PROMPTS, 0),
+            scripted_score(scripts or {}),
+            rundir,
             resume=resume,
         )
         if watch is not None:

@@ -48,9 +48,7 @@ async def run_with_updates(eng, states, prompt, sampling, n):
         start = eng.stats()["decode_steps"]
         while eng.stats()["decode_steps"] < start + 7:
             await asyncio.sleep(0.001)
-        await eng.update_weights(
-            WeightUpdate(version=v, tensors={k: t.clone() for k, t in states[v].items()})
-        )
+        await eng.update_weights(WeightUpdate(version=v, tensors={k: t.clone() for k, t in states[v].items()}))
     return await task
 
 
@@ -97,9 +95,7 @@ def test_per_token_versions_are_exact(tiny_dir, mode):
         eng.close()
     reference = keep_reference if mode == "keep" else abort_reference
     for c in outs:
-        assert set(c.versions) == {0, 1, 2}, (
-            "the updates must land mid-generation for this test to mean anything"
-        )
+        assert set(c.versions) == {0, 1, 2}, "the updates must land mid-generation for this test to mean anything"
         assert list(c.versions) == sorted(c.versions)
         expected = reference(ref, states, prompt, c.output_ids, c.versions, 0.8)
         got = torch.tensor(c.behav_logprobs)

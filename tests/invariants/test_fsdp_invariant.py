@@ -26,7 +26,7 @@ from asyncrl.trainer.trainer import Trainer
 from asyncrl.types import TrainBatch
 from tests.trainer.synthetic import make_samples, rel_diff
 
-WORKER = r'''
+WORKER = r"""
 import pickle, sys
 from pathlib import Path
 import torch
@@ -52,7 +52,7 @@ def leader():
     torch.save({"state": state, "metrics": metrics, "logp": logp, "export": update.path}, out / "result.pt")
 
 run_distributed(leader, follower=Trainer.follower, backend="gloo", timeout_s=120)
-'''
+"""
 
 TOL = 1e-5
 

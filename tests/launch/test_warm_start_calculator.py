@@ -152,8 +152,7 @@ def test_the_second_stage_enters_the_key_only_when_it_runs() -> None:
                 "sft.second_stage_warmup_steps=10"]  # fmt: skip
     assert warm_start_key(load_config(None, [*CALC, *defaults])) == base
     # configs/calculator_adopt.yaml's key, pinned: a change to the hashing would orphan its cache
-    assert warm_start_key(load_config(CONFIGS / "calculator_adopt.yaml")) == (
-        ADOPT_KEY)
+    assert warm_start_key(load_config(CONFIGS / "calculator_adopt.yaml")) == (ADOPT_KEY)
     with_second = warm_start_key(load_config(None, [*CALC, *SECOND]))
     assert with_second != base
     for change in ("sft.second_stage_steps=4", "sft.second_stage_tool_call_fraction=0.5", "sft.second_stage_lr=1e-3",

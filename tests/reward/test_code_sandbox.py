@@ -67,9 +67,7 @@ def world_readable_copy() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="asyncrl-unpriv-", dir=root))
     try:
         path.chmod(0o755)
-        shutil.copytree(
-            Path(SRC) / "asyncrl", path / "asyncrl", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
-        )
+        shutil.copytree(Path(SRC) / "asyncrl", path / "asyncrl", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         for sub in (path / "asyncrl", *(path / "asyncrl").rglob("*")):
             sub.chmod(0o755 if sub.is_dir() else 0o644)
         yield path
@@ -82,9 +80,7 @@ def _isolated() -> bool:
 
 
 ISOLATED = _isolated()
-needs_ns = pytest.mark.skipif(
-    not ISOLATED, reason="no mount/network/PID namespaces on this host (see docs/reward.md)"
-)
+needs_ns = pytest.mark.skipif(not ISOLATED, reason="no mount/network/PID namespaces on this host (see docs/reward.md)")
 
 
 @pytest.mark.parametrize(
@@ -148,9 +144,7 @@ def test_each_run_gets_its_own_directory() -> None:
 
 def test_output_is_capped() -> None:
     limits = SandboxLimits(output_bytes=1000)
-    result = run_code_tests(
-        "print('x' * 100000)\nimport sys\nsys.stderr.write('y' * 5000)\n", "", limits=limits
-    )
+    result = run_code_tests("print('x' * 100000)\nimport sys\nsys.stderr.write('y' * 5000)\n", "", limits=limits)
     assert result.passed
     assert len(result.stdout) == 1000 and len(result.stderr) == 1000
     assert result.output_truncated
@@ -258,9 +252,7 @@ class _Listener:
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_program(name: str, outside: Path) -> None:
     listener = _Listener()
-    program = (
-        HOSTILE[name].replace("{outside}", str(outside / "escaped")).replace("{port}", str(listener.port))
-    )
+    program = HOSTILE[name].replace("{outside}", str(outside / "escaped")).replace("{port}", str(listener.port))
     try:
         start = time.monotonic()
         result = run_code_tests(program, TESTS, timeout_s=TIMEOUT)
@@ -290,9 +282,7 @@ def _setpriv_python() -> list[str] | None:
     python = shutil.which("python3", path="/usr/bin:/bin")
     if os.geteuid() != 0 or shutil.which("setpriv") is None or python is None:
         return None
-    check = subprocess.run(
-        [python, "-c", "import sys; print(sys.version_info >= (3, 10))"], capture_output=True
-    )
+    check = subprocess.run([python, "-c", "import sys; print(sys.version_info >= (3, 10))"], capture_output=True)
     if check.stdout.strip() != b"True":
         return None
     return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python]
@@ -322,9 +312,7 @@ def test_unprivileged_user_namespace_mode(world_readable_copy: Path) -> None:
     )
     cmd = _setpriv_python()
     assert cmd is not None
-    out = subprocess.run(
-        [*cmd, "-c", script], capture_output=True, text=True, timeout=60, cwd=world_readable_copy
-    )
+    out = subprocess.run([*cmd, "-c", script], capture_output=True, text=True, timeout=60, cwd=world_readable_copy)
     assert out.returncode == 0, out.stderr
     modes_and_statuses = json.loads(out.stdout.strip().splitlines()[-1])
     modes, statuses = modes_and_statuses[:4], modes_and_statuses[4:]
@@ -335,15 +323,11 @@ def test_unprivileged_user_namespace_mode(world_readable_copy: Path) -> None:
 
 
 def test_extract_code_and_build_program() -> None:
-    fenced = (
-        "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\n"
-        "and a usage example:\n```\nadd(1, 2)\n```"
-    )
+    fenced = "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\nand a usage example:\n```\nadd(1, 2)\n```"
     assert extract_code(fenced, "add").startswith("def add")
     assert extract_code("no fences here") == "no fences here"
     prompt = (
-        "from typing import List\n\n\ndef helper(x):\n    return x\n\n\n"
-        'def add(a: List[int]) -> int:\n    """Sum."""\n'
+        'from typing import List\n\n\ndef helper(x):\n    return x\n\n\ndef add(a: List[int]) -> int:\n    """Sum."""\n'
     )
     # a body continuing the prompt
     body = build_program("    return sum(helper(x) for x in a)\n", prefix=prompt, entry_point="add")

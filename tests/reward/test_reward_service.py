@@ -138,14 +138,10 @@ def test_arithmetic_and_custom_verifiers(custom_module: str) -> None:
             assert (await svc.score("arithmetic", "3+4=7;#8", "7")).reward == 0.0
             assert (await svc.score(f"custom:{custom_module}:exact", " ok ", "ok")).reward == 1.0
             assert (await svc.score(f"custom:{custom_module}:exact", "no", "ok")).reward == 0.0
-            r = await svc.score(
-                f"custom:{custom_module}:uses_row", "c", "ref", prompt="abc", row={"bonus": 2}
-            )
+            r = await svc.score(f"custom:{custom_module}:uses_row", "c", "ref", prompt="abc", row={"bonus": 2})
             assert r.reward == 5.0
             # prompt and row are part of the cache key for custom verifiers
-            r2 = await svc.score(
-                f"custom:{custom_module}:uses_row", "c", "ref", prompt="abcd", row={"bonus": 2}
-            )
+            r2 = await svc.score(f"custom:{custom_module}:uses_row", "c", "ref", prompt="abcd", row={"bonus": 2})
             assert r2.reward == 6.0 and not r2.cached
             assert (await svc.score(f"custom:{custom_module}:coro", "c", "r")).reward == 0.5
 
@@ -204,9 +200,7 @@ def test_hung_verifier_is_killed_and_replaced(custom_module: str) -> None:
             # two workers: the third hang waited for a replacement worker, then timed out too
             m = svc.metrics()
             assert m["timeouts"] == 3 and m["workers_killed"] == 3 and m["retries"] == 0
-            ok = await asyncio.gather(
-                *(svc.score(f"custom:{custom_module}:exact", "ok", "ok") for _ in range(4))
-            )
+            ok = await asyncio.gather(*(svc.score(f"custom:{custom_module}:exact", "ok", "ok") for _ in range(4)))
             assert all(r.reward == 1.0 for r in ok)
             assert svc.metrics()["workers_alive"] <= 2
 
@@ -253,9 +247,7 @@ def test_code_row_with_entry_point_builds_the_program() -> None:
     async def main() -> None:
         async with RewardService(num_workers=1, timeout_s=10, preload=()) as svc:
             body = await svc.score("code", "    return a + b\n", tests, row=row)
-            fenced = await svc.score(
-                "code", "Sure:\n```python\ndef add(a, b):\n    return a + b\n```", tests, row=row
-            )
+            fenced = await svc.score("code", "Sure:\n```python\ndef add(a, b):\n    return a + b\n```", tests, row=row)
             wrong = await svc.score("code", "    return a - b\n", tests, row=row)
             assert (body.reward, fenced.reward, wrong.reward) == (1.0, 1.0, 0.0)
 

@@ -82,7 +82,8 @@ def test_the_projects_environments_are_entry_points_of_its_pyproject() -> None:
 def test_a_third_partys_distribution_is_found_without_editing_the_project(tmp_path, monkeypatch) -> None:
     site = tmp_path / "site"
     (site / "acme_envs_fake").mkdir(parents=True)
-    (site / "acme_envs_fake" / "__init__.py").write_text(textwrap.dedent('''
+    (site / "acme_envs_fake" / "__init__.py").write_text(
+        textwrap.dedent("""
         from asyncrl.rollout.envs.gym import GymAdapter
 
         class Echo:
@@ -97,7 +98,8 @@ def test_a_third_partys_distribution_is_found_without_editing_the_project(tmp_pa
 
         def not_an_env(options):
             return Echo()
-    '''))
+    """)
+    )
     info = site / "acme_envs_fake-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-envs-fake\nVersion: 1.0\n")

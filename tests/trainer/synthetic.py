@@ -45,8 +45,7 @@ def make_samples(
     base: list[list[float]]
     if logprob_fn is not None:
         probes = [
-            _sample(f"p{i}", ids, m, [0.0] * len(ids), 0.0, [0] * len(ids))
-            for i, (ids, m, _) in enumerate(drafts)
+            _sample(f"p{i}", ids, m, [0.0] * len(ids), 0.0, [0] * len(ids)) for i, (ids, m, _) in enumerate(drafts)
         ]
         base = [t.tolist() for t in logprob_fn(probes)]
     else:

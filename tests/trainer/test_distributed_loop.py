@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM
 
 from asyncrl.controller.rundir import read_jsonl
 
-DRIVER = r'''
+DRIVER = r"""
 import json, sys
 from asyncrl.config import load_config
 from asyncrl.launch.local import train
@@ -33,7 +33,7 @@ cfg = load_config(None, sys.argv[1:])
 out = run_distributed(lambda: train(cfg), follower=Trainer.follower, backend="gloo", timeout_s=300)
 if out is not None:
     print("SUMMARY", json.dumps(out[1]))
-'''
+"""
 
 
 @pytest.mark.timeout(300)
@@ -114,7 +114,6 @@ def _run_two_ranks(target: Any, policy_dir: Any) -> dict:
 @pytest.mark.timeout(180)
 def test_ranks_started_without_torchrun(tiny_policy_dir) -> None:
     """Trainer ranks as child processes (explicit rank / world size / init method) train like one."""
-
 
     from asyncrl.config import AlgoConfig, TrainerConfig
     from asyncrl.models import load_policy

@@ -52,14 +52,11 @@ class Segments:
         ok = (cu[0] == 0) & (cu[-1] == n) & (lengths >= 0).all()
         if not bool(ok):
             raise ValueError(
-                f"cu_seqlens must start at 0, be non-decreasing and end at the token count {n}; "
-                f"got {cu.tolist()}"
+                f"cu_seqlens must start at 0, be non-decreasing and end at the token count {n}; got {cu.tolist()}"
             )
         self.num_seqs = int(lengths.numel())
         self.row_len = None
-        self.seg_ids = torch.repeat_interleave(
-            torch.arange(self.num_seqs, device=device), lengths, output_size=n
-        )
+        self.seg_ids = torch.repeat_interleave(torch.arange(self.num_seqs, device=device), lengths, output_size=n)
 
     def sum(self, x: Tensor) -> Tensor:
         """Per-sequence sum of a per-token tensor: ``[num_seqs]``."""

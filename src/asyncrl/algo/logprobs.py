@@ -121,9 +121,7 @@ def loglinear_prox_logp(
     valid = versions >= 0
     if loss_mask is not None:
         if loss_mask.shape != versions.shape:
-            raise ValueError(
-                f"loss_mask shape {tuple(loss_mask.shape)} != versions shape {tuple(versions.shape)}"
-            )
+            raise ValueError(f"loss_mask shape {tuple(loss_mask.shape)} != versions shape {tuple(versions.shape)}")
         valid = valid & (loss_mask != 0)
     if bool((valid & (versions >= current_version)).any()):
         newest = int(torch.where(valid, versions, -1).max())

@@ -237,9 +237,7 @@ def policy_loss(
             raise choice_error(loss_type, LossType, "loss_type")
 
     log_w = prox - behav
-    weight, dropped, capped = _behaviour_weight(
-        log_w, mask, behav_cap, behav_cap_mode, behav_cap_level, segments
-    )
+    weight, dropped, capped = _behaviour_weight(log_w, mask, behav_cap, behav_cap_mode, behav_cap_level, segments)
     external = mask & drop.to(torch.bool) if drop is not None else torch.zeros_like(mask)
     keep = mask & ~dropped & ~external
     per_token = torch.where(keep, weight * term, zero)

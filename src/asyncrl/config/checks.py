@@ -354,8 +354,14 @@ def validate_backend(cfg: Config) -> None:
          "interrupt_mode=keep (prefix caching is off there: no KV of old weights is reused)", r.prefix_reuse),
     ]  # fmt: skip
     greedy_eval = cfg.eval.greedy or cfg.eval.report_greedy
-    needs.append(("eval.greedy and eval.report_greedy", r.temperature == 1.0 or not greedy_eval, "=false with "
-                  f"rollout.temperature={r.temperature} (vLLM reports argmax log-probs at temperature 1)", True))
+    needs.append(
+        (
+            "eval.greedy and eval.report_greedy",
+            r.temperature == 1.0 or not greedy_eval,
+            f"=false with rollout.temperature={r.temperature} (vLLM reports argmax log-probs at temperature 1)",
+            True,
+        )
+    )
     for key, ok, wanted, got in needs:
         if not ok:
             raise ConfigError(f"rollout.backend=vllm needs {key}{wanted}, got {got!r}")

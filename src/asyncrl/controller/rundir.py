@@ -58,7 +58,6 @@ RUN_MARKERS = ("config.yaml", "metrics.jsonl", "trajectories.jsonl", "timeline.j
 _RUN_ID = re.compile(rb'"run_id": "([^"\\]*)"')
 
 
-
 def episode_entry(traj: Trajectory, rl_offset: float | None = None) -> dict[str, Any]:
     """A multi-turn episode's ledger fields: how it ended, and per turn its tokens, versions and tool use.
     ``rl_offset``: the run's RL time minus ``time.time()`` now; with it, a turn with tool calls whose step
@@ -66,9 +65,17 @@ def episode_entry(traj: Trajectory, rl_offset: float | None = None) -> dict[str,
     of ``timeline.jsonl``'s ``t``), what the report draws as episodes waiting on a tool."""
     turns = []
     for t in traj.turns:
-        turn = {"model_tokens": t.model_tokens, "env_tokens": t.env_tokens, "min_version": t.min_version,
-                "max_version": t.max_version, "tool_calls": list(t.tool_calls), "tool_errors": t.tool_errors,
-                "malformed": t.malformed, "tool_hits": t.tool_hits, "tool_latency_s": round(t.tool_latency_s, 4)}
+        turn = {
+            "model_tokens": t.model_tokens,
+            "env_tokens": t.env_tokens,
+            "min_version": t.min_version,
+            "max_version": t.max_version,
+            "tool_calls": list(t.tool_calls),
+            "tool_errors": t.tool_errors,
+            "malformed": t.malformed,
+            "tool_hits": t.tool_hits,
+            "tool_latency_s": round(t.tool_latency_s, 4),
+        }
         if rl_offset is not None and t.tool_calls and t.tool_started_at is not None:
             start = t.tool_started_at + rl_offset
             turn["tool_wait"] = [round(start, 4), round(start + t.tool_latency_s, 4)]
@@ -79,6 +86,7 @@ def episode_entry(traj: Trajectory, rl_offset: float | None = None) -> dict[str,
         "env_tokens": len(traj.loss_mask) - sum(traj.loss_mask),
         "turns": turns,
     }
+
 
 class RunDirError(Exception):
     """A run directory cannot be used as asked; the message says what to do instead."""

@@ -70,9 +70,7 @@ def gsm8k_prompt(question: str) -> str:
     return PROMPT_TEMPLATE.format(question=question.strip())
 
 
-def load_gsm8k(
-    path: str | os.PathLike[str] | None = None, *, limit: int | None = None
-) -> list[dict[str, Any]]:
+def load_gsm8k(path: str | os.PathLike[str] | None = None, *, limit: int | None = None) -> list[dict[str, Any]]:
     """Rows of a GSM8K JSONL file (default: ``default_data_dir() / "gsm8k_test.jsonl"``).
 
     Each row: ``id`` (``<file stem>-<line index>``), ``question``, ``answer`` (the final number as

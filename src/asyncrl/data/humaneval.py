@@ -48,9 +48,7 @@ def humaneval_test_program(row: dict[str, Any]) -> str:
     return f"{row['test'].rstrip()}\n\n\ncheck({row['entry_point']})\n"
 
 
-def load_humaneval(
-    path: str | os.PathLike[str] | None = None, *, limit: int | None = None
-) -> list[dict[str, Any]]:
+def load_humaneval(path: str | os.PathLike[str] | None = None, *, limit: int | None = None) -> list[dict[str, Any]]:
     """Rows of HumanEval (default: ``default_data_dir() / "HumanEval.jsonl.gz"``); ``.gz`` is
     decompressed. Raises ``DatasetError`` naming the line of a bad record."""
     file = Path(path) if path is not None else default_data_dir() / HUMANEVAL_FILE

@@ -131,9 +131,7 @@ class ServeAuth:
         return cls(new_api_key(), tempfile.mkdtemp(prefix="asyncrl-weights-"), True)
 
 
-async def _build_engines(
-    cfg: Config, model_dir: str, placement: RayPlacement, auth: ServeAuth | None
-) -> EnginePool:
+async def _build_engines(cfg: Config, model_dir: str, placement: RayPlacement, auth: ServeAuth | None) -> EnginePool:
     """The engine pool: actors (direct or as servers behind ``auth``) or, with
     ``launch.engine_urls``, servers that already run."""
     ray = _ray()

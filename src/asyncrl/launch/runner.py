@@ -121,9 +121,7 @@ def _new_default_run_dir() -> tuple[Path, RunLock]:
         lock.release()
 
 
-def prepare_run_dir(
-    cfg: Config, *, resume: bool, overwrite: bool, allow_change: tuple[str, ...] = ()
-) -> ClaimedRunDir:
+def prepare_run_dir(cfg: Config, *, resume: bool, overwrite: bool, allow_change: tuple[str, ...] = ()) -> ClaimedRunDir:
     """The run directory of this run (``run.run_dir`` or a new ``runs/<timestamp>``), locked for this
     process (``controller.run_lock``) and checked before anything is written to it or the warm start
     runs: a new run refuses a directory holding a run unless ``overwrite`` (moves the old run aside;
@@ -300,7 +298,10 @@ def _summary(
         "eval_after": after,
         **state.summary(),
         # what ended a run that was not stopped: its step count or its RL-time budget
-        "ended_by": None if state.stop_reason else "total_steps" if state.step >= cfg.controller.total_steps
+        "ended_by": None
+        if state.stop_reason
+        else "total_steps"
+        if state.step >= cfg.controller.total_steps
         else "max_rl_time_s",
         "max_staleness": cfg.controller.max_staleness,
         "engine_generated_tokens": generated,

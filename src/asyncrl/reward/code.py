@@ -412,9 +412,7 @@ def _classify(
         elif outcome is None and line.split(" ", 1)[0] in ("exc", "memory", "exit"):
             outcome = line
     if not ready:
-        raise SandboxError(
-            f"sandbox harness failed before the program ran (exit {exit_code}): {stderr[-500:]}"
-        )
+        raise SandboxError(f"sandbox harness failed before the program ran (exit {exit_code}): {stderr[-500:]}")
     if done and exit_code == 0:
         return "passed", ""
     signum = exit_code - 128 if exit_code is not None and exit_code > 128 else None

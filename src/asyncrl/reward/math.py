@@ -41,9 +41,7 @@ _NUMBER = re.compile(
 )
 _PLAIN_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 _THOUSANDS = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+)(?![\d,])")
-_NUMBER_WITH_WORDS = re.compile(
-    r"([-+]?\d+(?:\.\d+)?(?:/\d+)?)\s*(\\?%|percent)?\s*(?:[A-Za-z][A-Za-z.]*\s*)+", re.I
-)
+_NUMBER_WITH_WORDS = re.compile(r"([-+]?\d+(?:\.\d+)?(?:/\d+)?)\s*(\\?%|percent)?\s*(?:[A-Za-z][A-Za-z.]*\s*)+", re.I)
 
 
 def _matching_brace(text: str, open_at: int) -> int | None:

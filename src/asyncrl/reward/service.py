@@ -271,9 +271,7 @@ class RewardService:
         return replace(result, latency_s=latency)
 
     @staticmethod
-    def _key(
-        verifier: str, response: str, reference: str, prompt: str, row: dict | None, target: object
-    ) -> bytes:
+    def _key(verifier: str, response: str, reference: str, prompt: str, row: dict | None, target: object) -> bytes:
         h = hashlib.blake2b(digest_size=20)
         parts = [verifier, response, reference]
         if isinstance(target, (RemoteTarget, functools.partial)):
@@ -291,9 +289,7 @@ class RewardService:
             h.update(data)
         return h.digest()
 
-    async def _score_uncached(
-        self, verifier: str, target: WorkerFn | RemoteTarget, req: Request
-    ) -> RewardResult:
+    async def _score_uncached(self, verifier: str, target: WorkerFn | RemoteTarget, req: Request) -> RewardResult:
         attempt = 0
         while True:
             if isinstance(target, RemoteTarget):
@@ -328,9 +324,7 @@ class RewardService:
     async def _run_remote(self, target: RemoteTarget, req: Request) -> tuple[Any, ...]:
         client = self._clients.get(target.url)
         if client is None:
-            client = self._clients[target.url] = RemoteRewardClient(
-                target.url, timeout_s=self.remote_timeout_s
-            )
+            client = self._clients[target.url] = RemoteRewardClient(target.url, timeout_s=self.remote_timeout_s)
         try:
             reward, failure = await asyncio.wait_for(
                 client.score(req.response, req.reference, prompt=req.prompt, row=req.row),

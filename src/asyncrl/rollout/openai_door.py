@@ -84,7 +84,6 @@ def _session_id(req: Request) -> str:
     return session_id
 
 
-
 class ChatDoor:
     """The door's routes over ``engine`` (see the module docstring)."""
 

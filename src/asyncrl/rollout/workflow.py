@@ -26,6 +26,7 @@ from asyncrl.types import Completion, Group, Prompt, Trajectory
 ScoreFn = Callable[[Prompt, Completion], Awaitable[tuple[float, str | None]]]
 """(prompt, completion) -> (reward, failure reason or None)."""
 
+
 class Workflow(Protocol):
     """What the controller calls per admitted prompt (positionally), and all it knows of an episode:
     ``run_episode`` itself (single-turn RLVR), an ``agent.AgentWorkflow`` (multi-turn tool use), an

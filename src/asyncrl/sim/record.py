@@ -49,6 +49,7 @@ class SimulatorState(Protocol):
 
     def sync_engines(self, now: float) -> None: ...
 
+
 EXACT_ENGINES = 64
 """Up to this many engines, every timeline sample and step record brings all engines to its time."""
 

@@ -88,9 +88,7 @@ def broadcast_state_dict(
     Every other rank of ``group`` must call ``receive_state_dict`` with the same ``src``."""
     t0 = time.perf_counter()
     names = list(state)
-    meta = [
-        (n, tuple(state[n].shape), str(state[n].dtype), state[n].numel() * state[n].element_size()) for n in names
-    ]
+    meta = [(n, tuple(state[n].shape), str(state[n].dtype), state[n].numel() * state[n].element_size()) for n in names]
     box: list[Any] = [(meta, bucket_bytes)]
     dist.broadcast_object_list(box, src=src, group=group)
     total = 0
