@@ -111,7 +111,8 @@ class VLLMEngine:
         owns_model_dir: bool = False,
     ) -> None:
         """Load the Hugging Face checkpoint in ``model_dir`` into a vLLM engine with ``max_slots`` concurrent
-        sequences of at most ``max_seq_len`` tokens and ``kv_cache_gib`` GiB of KV cache. ``owns_model_dir``:
+        sequences of at most ``max_seq_len`` tokens (no more than the model's ``max_position_embeddings``) and
+        ``kv_cache_gib`` GiB of KV cache. ``owns_model_dir``:
         the directory is a scratch copy, removed by ``close``."""
         check_choice(interrupt_mode, InterruptMode, "interrupt_mode")
         if max_slots < 1 or max_seq_len < 2:
@@ -128,13 +129,14 @@ class VLLMEngine:
         self.vocab_size = int(config["vocab_size"])
         self._tied = bool(config.get("tie_word_embeddings", False))
         self.max_slots = max_slots
-        self.max_seq_len = max_seq_len
+        # vLLM refuses a context past the model's positions; a sequence there ends at that length
+        self.max_seq_len = min(max_seq_len, int(config.get("max_position_embeddings") or max_seq_len))
         self.interrupt_mode: InterruptMode = interrupt_mode
         args = AsyncEngineArgs(
             model=str(self.model_dir),
             dtype=dtype,
             seed=seed,
-            max_model_len=max_seq_len,
+            max_model_len=self.max_seq_len,
             max_num_seqs=max_slots,
             kv_cache_memory_bytes=int(kv_cache_gib * (1 << 30)),
             enforce_eager=True,
@@ -425,9 +427,12 @@ class VLLMEngine:
     def _check_update(self, path: Path, version: int) -> None:
         """Names and shapes of the update against the starting checkpoint's, before anything changes."""
         shapes = checkpoint_shapes(path)
-        unknown = [k for k in shapes if k not in self._shapes]
+        expected = dict(self._shapes)
+        if self._tied and "model.embed_tokens.weight" in expected:  # a trainer may export the tied head too
+            expected.setdefault("lm_head.weight", expected["model.embed_tokens.weight"])
+        unknown = [k for k in shapes if k not in expected]
         if unknown:
             raise KeyError(f"weight update v{version}: unknown parameter names {unknown[:5]}")
         for name, shape in shapes.items():
-            if shape != self._shapes[name]:
-                raise ValueError(f"weight update v{version}: {name} has shape {shape}, want {self._shapes[name]}")
+            if shape != expected[name]:
+                raise ValueError(f"weight update v{version}: {name} has shape {shape}, want {expected[name]}")
