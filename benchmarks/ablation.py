@@ -50,7 +50,7 @@ from typing import Any, Literal, get_args
 from asyncrl.config import ConfigError, load_config
 from asyncrl.results import write_with_plot
 from benchmarks import options
-from benchmarks.options import add_json, add_out, add_overrides, add_seeds, add_steps, parse_list
+from benchmarks.options import add_json, add_out, add_overrides, add_reanalyse, add_seeds, add_steps, parse_list
 from benchmarks.runs import print_table, resolve_run_dir, reusable_run
 from benchmarks.stats import t95 as t_quantile_975  # the one t table (bench/stats.py)
 
@@ -426,11 +426,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="read the finished arms of an interrupted invocation's run directory",
     )
-    parser.add_argument(
-        "--reanalyse",
-        metavar="FILE",
-        help="recompute a finished result file from its runs (nothing runs)",
-    )
+    add_reanalyse(parser)
 
 
 def run(args: argparse.Namespace) -> None:

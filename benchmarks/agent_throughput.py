@@ -34,7 +34,16 @@ from typing import Any
 from asyncrl.config import ConfigError, load_config
 from asyncrl.results import write_with_plot
 from benchmarks import options
-from benchmarks.options import add_json, add_out, add_overrides, add_seeds, add_steps, add_warmup, parse_list
+from benchmarks.options import (
+    add_json,
+    add_out,
+    add_overrides,
+    add_reanalyse,
+    add_seeds,
+    add_steps,
+    add_warmup,
+    parse_list,
+)
 from benchmarks.stats import mean_ci95
 
 __all__ = [
@@ -319,11 +328,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sync-setting", help="the synchronous setting, without probing (headline.SYNC_CANDIDATES)")
     parser.add_argument("--probe-steps", type=int, default=0, help="steps of each synchronous probe (0: --steps)")
     add_out(parser, "runs/bench-agent-throughput")
-    parser.add_argument(
-        "--reanalyse",
-        metavar="FILE",
-        help="recompute a finished result file from its runs (nothing runs)",
-    )
+    add_reanalyse(parser)
 
 
 def run(args: argparse.Namespace) -> None:

@@ -44,7 +44,16 @@ from asyncrl.data.workloads import WORKLOAD_ALIASES, WORKLOADS
 from asyncrl.results import write_with_plot
 from benchmarks import options
 from benchmarks.async_bench import workload_overrides
-from benchmarks.options import add_json, add_out, add_overrides, add_seeds, add_steps, add_warmup, parse_list
+from benchmarks.options import (
+    add_json,
+    add_out,
+    add_overrides,
+    add_reanalyse,
+    add_seeds,
+    add_steps,
+    add_warmup,
+    parse_list,
+)
 from benchmarks.runs import resolve_run_dir, run_and_measure
 from benchmarks.stats import accuracy_at, mean_ci95, time_to_target
 
@@ -432,11 +441,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="samples per held-out prompt when scoring snapshots (default: the runs' eval setting; --reevaluate: 8)",
     )  # fmt: skip
     add_out(parser, "runs/bench-headline")
-    parser.add_argument(
-        "--reanalyse",
-        metavar="FILE",
-        help="recompute a finished result file from its runs (nothing runs)",
-    )
+    add_reanalyse(parser)
     parser.add_argument(
         "--reevaluate", metavar="FILE", nargs="+",
         help="evaluate the snapshots of finished result files again (--samples-per-prompt), analysed together "

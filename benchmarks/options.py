@@ -21,6 +21,7 @@ from asyncrl.results import check_result_path
 __all__ = [
     "add_json",
     "add_out",
+    "add_reanalyse",
     "add_overrides",
     "add_seeds",
     "add_steps",
@@ -64,6 +65,13 @@ def add_warmup(parser: argparse.ArgumentParser, default: float = 60.0) -> None:
 def add_out(parser: argparse.ArgumentParser, default: str) -> None:
     """``--out DIR``: where the benchmark's run directories go (a fresh one per invocation)."""
     parser.add_argument("--out", default=default, help=f"where run directories go (default {default})")
+
+
+def add_reanalyse(parser: argparse.ArgumentParser) -> None:
+    """``--reanalyse FILE``: recompute a finished result file from its runs (nothing runs)."""
+    parser.add_argument(
+        "--reanalyse", metavar="FILE", help="recompute a finished result file from its runs (nothing runs)"
+    )
 
 
 def add_steps(parser: argparse.ArgumentParser, help: str = "training steps per run (default: the config's)") -> None:

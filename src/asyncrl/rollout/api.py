@@ -94,3 +94,20 @@ def refuse_on_sample_done(engine: object, on_sample_done: SampleDone | None) -> 
             f"{type(engine).__name__} answers a group at once (reports_each_sample is False); "
             "it takes no on_sample_done (generate_group reports each sample when the call returns)"
         )
+
+
+def check_prompt_ids(input_ids: Sequence[int], *, max_seq_len: int, vocab_size: int) -> list[int]:
+    """The prompt of a ``generate`` call as a list of ints, or a ``ValueError`` saying what is wrong with it
+    (not ints, empty, no room left in ``max_seq_len``, an id outside ``[0, vocab_size)``): the check every
+    in-process engine makes before it queues anything."""
+    try:
+        prompt = [int(t) for t in input_ids]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"input_ids must be a sequence of ints: {e}") from None
+    if not prompt:
+        raise ValueError("input_ids is empty")
+    if len(prompt) >= max_seq_len:
+        raise ValueError(f"prompt has {len(prompt)} tokens; max_seq_len={max_seq_len} leaves no room")
+    if min(prompt) < 0 or max(prompt) >= vocab_size:
+        raise ValueError(f"input_ids must lie in [0, vocab_size={vocab_size})")
+    return prompt

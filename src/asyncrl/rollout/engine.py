@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from asyncrl.choices import InterruptMode, check_choice
+from asyncrl.rollout.api import check_prompt_ids
 from asyncrl.rollout.kv_forward import SlotKVForward
 from asyncrl.rollout.requests import Request, post, post_call
 from asyncrl.rollout.sampling import SamplingParams, SlotParams, sample
@@ -155,7 +156,7 @@ class LocalEngine:
         (``stop``/``length``) or were aborted by a weight update (``abort``, partial output).
         ``on_sample_done(i)`` is called on this event loop as soon as sample ``i`` finishes with
         ``stop``/``length`` (not for aborted ones), before the whole group returns."""
-        prompt = self._check_prompt(input_ids)
+        prompt = check_prompt_ids(input_ids, max_seq_len=self.max_seq_len, vocab_size=self.vocab_size)
         if not isinstance(n, int) or not 1 <= n <= self.max_slots:
             raise ValueError(f"n must be an int in [1, max_slots={self.max_slots}], got {n!r}")
         self.start()
@@ -238,19 +239,6 @@ class LocalEngine:
         self._fail_all(RuntimeError("LocalEngine closed"))
 
     # ------------------------------------------------------------------------------ submission helpers
-    def _check_prompt(self, input_ids: Sequence[int]) -> list[int]:
-        try:
-            prompt = [int(t) for t in input_ids]
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"input_ids must be a sequence of ints: {e}") from None
-        if not prompt:
-            raise ValueError("input_ids is empty")
-        if len(prompt) >= self.max_seq_len:
-            raise ValueError(f"prompt has {len(prompt)} tokens; max_seq_len={self.max_seq_len} leaves no room")
-        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
-            raise ValueError(f"input_ids must lie in [0, vocab_size={self.vocab_size})")
-        return prompt
-
     async def _control(self, fn: Callable[[], Any]) -> Any:
         loop = asyncio.get_running_loop()
         future = loop.create_future()

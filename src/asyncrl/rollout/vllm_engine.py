@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.choices import InterruptMode, check_choice
-from asyncrl.rollout.api import SampleDone
+from asyncrl.rollout.api import SampleDone, check_prompt_ids
 from asyncrl.rollout.sampling import SEED_MOD, SamplingParams
 from asyncrl.types import Completion, FinishReason, WeightUpdate
 
@@ -186,7 +186,7 @@ class VLLMEngine:
         ``abort`` mode (``abort``, partial output); ``on_sample_done(i)`` as sample ``i`` ends with
         ``stop``/``length``."""
         self.start()
-        prompt = self._check_prompt(input_ids)
+        prompt = check_prompt_ids(input_ids, max_seq_len=self.max_seq_len, vocab_size=self.vocab_size)
         if not isinstance(n, int) or not 1 <= n <= self.max_slots:
             raise ValueError(f"n must be an int in [1, max_slots={self.max_slots}], got {n!r}")
         self._check_sampling(sampling)
@@ -279,19 +279,6 @@ class VLLMEngine:
                 if not self._version_sent:
                     await self._llm.update_weight_version(str(self._version))
                     self._version_sent = True
-
-    def _check_prompt(self, input_ids: Sequence[int]) -> list[int]:
-        try:
-            prompt = [int(t) for t in input_ids]
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"input_ids must be a sequence of ints: {e}") from None
-        if not prompt:
-            raise ValueError("input_ids is empty")
-        if len(prompt) >= self.max_seq_len:
-            raise ValueError(f"prompt has {len(prompt)} tokens; max_seq_len={self.max_seq_len} leaves no room")
-        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
-            raise ValueError(f"input_ids must lie in [0, vocab_size={self.vocab_size})")
-        return prompt
 
     @staticmethod
     def _check_sampling(sampling: SamplingParams) -> None:
