@@ -46,7 +46,7 @@ CALCULATOR_DEMO_FORMAT = 1
 """Bump when the calculator demonstrations change (system message, tool schema, conversation)."""
 
 
-_TASK_FIELDS_ADDED = {"calculator_max_digits": 0}
+_TASK_FIELDS_ADDED = {"calculator_max_digits": 0, "datasets": None}
 """TaskConfig fields added after caches were keyed, with their defaults: hashed only when set otherwise, so
 that every existing config keeps its key (and its cached warm start)."""
 
