@@ -1,4 +1,4 @@
-"""``asyncrl bench agent-throughput``: the analysis (η = 4 / η = 0 ratios paired by seed, their mean and
+"""``python -m benchmarks agent-throughput``: the analysis (η = 4 / η = 0 ratios paired by seed, their mean and
 95% interval, the seeds at 2x, each arm's throughput and tool-wait share), a run's tool waits from its
 ledger and timeline, the plot, the command line's checks, and a tiny run of the whole bench."""
 

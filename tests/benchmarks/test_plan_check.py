@@ -1,4 +1,4 @@
-"""``asyncrl bench plan-check``'s choice of settings and its analysis, on fake plans and fake runs."""
+"""``python -m benchmarks plan-check``'s choice of settings and its analysis, on fake plans and fake runs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``asyncrl bench prefix-reuse``: the scripted workload through the real engine, both arms, one seed."""
+"""``python -m benchmarks prefix-reuse``: the scripted workload through the real engine, both arms, one seed."""
 
 from __future__ import annotations
 

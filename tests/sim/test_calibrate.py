@@ -1,4 +1,4 @@
-"""``asyncrl bench profile``: the fits recover known costs; this machine's profile comes from the
+"""``python -m benchmarks profile``: the fits recover known costs; this machine's profile comes from the
 committed measurements and matches the shipped one."""
 
 from __future__ import annotations

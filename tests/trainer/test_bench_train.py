@@ -1,4 +1,4 @@
-"""``asyncrl bench train`` (``benchmarks.train``): structure of the rows and ratios on a small run."""
+"""``python -m benchmarks train`` (``benchmarks.train``): structure of the rows and ratios on a small run."""
 
 from __future__ import annotations
 

@@ -232,8 +232,8 @@ class ControllerConfig:
     """groups | samples: what a running group weighs under the high-water mark. ``groups``: all of it
     until its last sample ends. ``samples``: only its samples still generating (the mark is
     high_water_batches * batch_size * group_size samples), so groups that wait for one long sample
-    do not keep the engine half empty: for generation-bound, long-tailed workloads (``asyncrl bench
-    async --workload long``). Per-sample completion comes from ``LocalEngine``; with other engines a
+    do not keep the engine half empty: for generation-bound, long-tailed workloads (``python -m
+    benchmarks async --workload long``). Per-sample completion comes from ``LocalEngine``; with other engines a
     group's samples are counted done when the engine returns the group, as with ``groups``."""
     stragglers: StragglerPolicy = "drop"
     """drop | wait: what happens to a group that may finish after the last step allowed to train it

@@ -159,8 +159,8 @@ def machine_profile(
     files = sorted({r["_file"] for r in rows})
     run_names = ", ".join(str(r) for r in runs)
     sources = [
-        Source("engine.decode_*", "measured", f"docs/results/{DECODE_FILE} ({len(decode['rows'])} rows of `asyncrl "
-               f"bench decode`, one torch thread) fitted on relative error; worst row off by {worst:.0%}"),
+        Source("engine.decode_*", "measured", f"docs/results/{DECODE_FILE} ({len(decode['rows'])} rows of `python -m "
+               f"benchmarks decode`, one torch thread) fitted on relative error; worst row off by {worst:.0%}"),
         Source("trainer.base_s, trainer.per_token_s", "measured",
                f"per-step train_step_s against trained_tokens of {run_names} (the runs' workload only: "
                "a token of a long sequence costs more than one of a short one)" if from_runs else
