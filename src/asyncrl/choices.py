@@ -52,9 +52,10 @@ ArithmeticForm = Literal["chain", "repeat"]
 """``task.form``: the problem forms of the synthetic arithmetic task (``data.synthetic``)."""
 
 # rollout / controller
-RolloutBackend = Literal["local", "vllm"]
+RolloutBackend = Literal["local", "vllm", "sglang"]
 """``rollout.backend``: the engine behind ``rollout.api.RolloutEngine`` (``launch.stages.build_engine``): ``local``
-(``rollout.engine.LocalEngine``) or ``vllm`` (``rollout.vllm_engine.VLLMEngine``, vLLM's ``AsyncLLM``)."""
+(``rollout.engine.LocalEngine``), ``vllm`` (``rollout.vllm_engine.VLLMEngine``, vLLM's ``AsyncLLM``) or ``sglang``
+(``rollout.sglang_engine.SGLangEngine``, a client of running SGLang servers)."""
 InterruptMode = Literal["abort", "keep"]
 """``rollout.interrupt_mode``: what an in-flight weight update does to running requests (``LocalEngine``)."""
 HighWaterUnit = Literal["groups", "samples"]
