@@ -24,6 +24,7 @@ def test_defaults_are_off() -> None:
         (["algo.kl_estimator=k4"], "algo.kl_estimator: 'k4' is not one of k1, k2, k3"),
         (["algo.loss_type=reinforce"], "algo.loss_type: 'reinforce' is not one of ppo, gspo, cispo, pg"),
         (["algo.loss_type=pg", "algo.dual_clip=3"], "algo.dual_clip does not apply to algo.loss_type=pg"),
+        (["algo.behav_weight=false"], "algo.behav_weight=false leaves the behaviour weight out, so algo.behav_cap=5.0"),
         (["controller.fixed_lag=-1"], "controller.fixed_lag must be >= 0"),
         (["controller.fixed_lag=8"], "controller.fixed_lag=8 needs controller.max_staleness >= 8"),
         (["controller.fixed_lag=1", "trainer.weight_transport=safetensors"], "trainer.weight_transport=tensors"),
@@ -39,3 +40,11 @@ def test_valid_settings_load() -> None:
     cfg = load_config(None, ["algo.loss_type=pg", "algo.behav_cap=null",
                              "controller.fixed_lag=4", "algo.m2_threshold=0.04", "algo.kl_coef=0.01"])  # fmt: skip
     assert cfg.controller.fixed_lag == 4 and cfg.algo.loss_type == "pg" and cfg.algo.behav_cap is None
+
+
+def test_objective_arms_load() -> None:
+    """The arms of ``python -m benchmarks objectives``: no behaviour weight, and the weight with no cap."""
+    a = load_config(None, ["algo.behav_weight=false", "algo.behav_cap=null"]).algo
+    assert (a.behav_weight, a.behav_cap, a.prox_mode) == (False, None, "recompute")
+    assert Config().algo.behav_weight is True
+    assert load_config(None, ["algo.behav_cap=null"]).algo.behav_weight is True

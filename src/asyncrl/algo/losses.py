@@ -1,9 +1,9 @@
 """Policy and value losses (DESIGN §5): the decoupled PPO objective and its variants.
 
 This module owns :func:`policy_loss` (decoupled PPO, GSPO, CISPO, the uncorrected policy
-gradient; behaviour-weight capping; externally chosen token drops (:mod:`asyncrl.algo.corrections`);
-dual clip; explicit aggregation with a global denominator) and :func:`value_loss` (the clipped
-critic loss). Per-token log-prob utilities live in :mod:`asyncrl.algo.logprobs` and are
+gradient; the behaviour weight, capped, uncapped or left out; externally chosen token drops
+(:mod:`asyncrl.algo.corrections`); dual clip; explicit aggregation with a global denominator) and
+:func:`value_loss` (the clipped critic loss). Per-token log-prob utilities live in :mod:`asyncrl.algo.logprobs` and are
 re-exported here (:func:`kl_penalty`, :func:`entropy_from_logits`, :func:`loglinear_prox_logp`),
 aggregation in :mod:`asyncrl.algo.aggregation` (:func:`aggregate_loss`).
 
@@ -94,6 +94,7 @@ def policy_loss(
     eps_clip_high: float | None = None,
     dual_clip: float | None = None,
     behav_cap: float | None,
+    behav_weight: bool = True,
     behav_cap_mode: BehavCapMode = "mask",
     behav_cap_level: BehavCapLevel = "token",
     aggregation: Aggregation = "token_mean",
@@ -138,7 +139,9 @@ def policy_loss(
 
     Behaviour weight ``w`` (never silently dropped: with ``behav_cap=None`` it is applied
     uncapped; ``behav_cap`` has no default, so every caller says which: a run passes
-    ``algo.behav_cap``). ``behav_cap=C`` with ``behav_cap_mode`` / ``behav_cap_level``:
+    ``algo.behav_cap``). ``behav_weight=False`` leaves it out on purpose: ``loss_t = term`` (w ≡ 1),
+    a clip around π_prox only (AReaL with ``rejection_sampling=None``); ``behav_cap`` must then be
+    None (a cap acts on the weight). ``behav_cap=C`` with ``behav_cap_mode`` / ``behav_cap_level``:
 
     - ``mask``/``token``: tokens with ``w > C`` contribute 0.
     - ``mask``/``sequence``: sequences whose geometric-mean weight
@@ -166,7 +169,12 @@ def policy_loss(
     moment of the raw w), ``log_behav_weight_sq_mean`` (mean of ``(log w)²``, M2PO's statistic),
     ``dropped_frac`` (tokens dropped by ``drop``), ``approx_kl_prox`` /
     ``approx_kl_behav`` (k3 estimates ``(ρ - 1) - log ρ`` with ``ρ = π_θ/π_prox`` resp.
-    ``π_θ/π_behav``, token means).
+    ``π_θ/π_behav``, token means). After the cap, what the gradient sees (over the same loss
+    tokens, the *applied* weight ``a_t`` being the weight that multiplies token t's term: the
+    clamped w, 1 with ``behav_weight=False``, and 0 for a token dropped by the cap or ``drop``):
+    ``applied_weight_mean``, ``applied_weight_sq_mean`` (E[a²], beside the raw E[w²]),
+    ``applied_weight_max``, and ``applied_clip_frac`` (tokens that still contribute and whose
+    clipped branch is active).
     """
     shape = logp.shape
     for name, t in (("prox_logp", prox_logp), ("behav_logp", behav_logp), ("loss_mask", loss_mask)):
@@ -192,6 +200,8 @@ def policy_loss(
         raise ValueError(f"drop shape {tuple(drop.shape)} != logp shape {tuple(shape)}")
     if behav_cap is not None and not behav_cap > 0.0:
         raise ValueError(f"behav_cap must be > 0, got {behav_cap}")
+    if not behav_weight and behav_cap is not None:
+        raise ValueError("behav_cap acts on the behaviour weight: with behav_weight=False pass behav_cap=None")
     check_denominator(denominator)
 
     dtype = _float_dtype(logp)
@@ -208,7 +218,7 @@ def policy_loss(
         cu_seqlens is not None
         or loss_type == "gspo"
         or aggregation != "token_mean"
-        or (behav_cap is not None and behav_cap_level == "sequence")
+        or (behav_weight and behav_cap is not None and behav_cap_level == "sequence")
     )
     segments = Segments(shape, device, cu_seqlens) if needs_segments else None
 
@@ -237,7 +247,10 @@ def policy_loss(
             raise choice_error(loss_type, LossType, "loss_type")
 
     log_w = prox - behav
-    weight, dropped, capped = _behaviour_weight(log_w, mask, behav_cap, behav_cap_mode, behav_cap_level, segments)
+    if behav_weight:
+        weight, dropped, capped = _behaviour_weight(log_w, mask, behav_cap, behav_cap_mode, behav_cap_level, segments)
+    else:
+        weight, dropped, capped = torch.ones_like(log_w), torch.zeros_like(mask), torch.zeros_like(mask)
     external = mask & drop.to(torch.bool) if drop is not None else torch.zeros_like(mask)
     keep = mask & ~dropped & ~external
     per_token = torch.where(keep, weight * term, zero)
@@ -250,22 +263,29 @@ def policy_loss(
         def mean(x: Tensor) -> Tensor:
             return torch.where(mask, x.to(dtype), zero).sum() / n_f
 
+        def largest(x: Tensor) -> Tensor:
+            return torch.where(mask, x, zero).amax() if x.numel() else zero
+
         raw_w = log_w.exp()
-        r_det = ratio.detach()
+        applied = torch.where(keep, weight.detach(), zero)
         rho = lp.detach() - behav
         stats = [
             n.to(dtype),
             mean(clip_active),
             mean(dual_active),
-            mean(r_det),
+            mean(ratio.detach()),
             mean(raw_w),
-            torch.where(mask, raw_w, zero).amax() if raw_w.numel() else zero,
+            largest(raw_w),
             mean(capped),
             mean(torch.expm1(log_ratio.detach()) - log_ratio.detach()),
             mean(torch.expm1(rho) - rho),
             mean(raw_w.square()),
             mean(log_w.square()),
             mean(external),
+            mean(applied),
+            mean(applied.square()),
+            largest(applied),
+            mean(keep & clip_active),
         ]
         values = torch.stack(stats).tolist()
     keys = (
@@ -281,6 +301,10 @@ def policy_loss(
         "behav_weight_sq_mean",
         "log_behav_weight_sq_mean",
         "dropped_frac",
+        "applied_weight_mean",
+        "applied_weight_sq_mean",
+        "applied_weight_max",
+        "applied_clip_frac",
     )
     return loss, dict(zip(keys, values, strict=True))
 

@@ -294,6 +294,11 @@ def validate_algo(cfg: Config) -> None:
             f"algo.m2_threshold needs algo.prox_mode=recompute (the mask is computed from the recomputed "
             f"proximal log-probs), got prox_mode={a.prox_mode}"
         )
+    if not a.behav_weight and a.behav_cap is not None:
+        raise ConfigError(
+            f"algo.behav_weight=false leaves the behaviour weight out, so algo.behav_cap={a.behav_cap} has nothing "
+            f"to cap: set algo.behav_cap=null"
+        )
     if a.overlong_buffer < 0 or a.overlong_buffer > cfg.rollout.max_new_tokens:
         raise ConfigError(
             f"algo.overlong_buffer must be in [0, rollout.max_new_tokens={cfg.rollout.max_new_tokens}] (0: off), "

@@ -51,8 +51,11 @@ class AlgoConfig:
     """ε_high, the upper clip bound's (DAPO's clip-higher); null: ``eps_clip``."""
     dual_clip: float | None = None
     """Dual clip c > 1: for negative advantages the loss term is at most ``-c·A`` (ppo, gspo); null: off."""
+    behav_weight: bool = True
+    """Multiply each token's term by the behaviour weight w = π_prox/π_behav (decoupled PPO); false:
+    leave it out, a clip around π_prox only (AReaL's ``rejection_sampling=None``; needs behav_cap=null)."""
     behav_cap: float | None = 5.0
-    """Cap C on the behaviour weight w = π_prox/π_behav (null: uncapped)."""
+    """Cap C on the behaviour weight w = π_prox/π_behav (null: uncapped, the AReaL paper's setting)."""
     behav_cap_mode: BehavCapMode = "mask"
     """mask (drop what is over the cap: masked importance sampling) | clamp (min(w, C): truncated
     importance sampling)."""

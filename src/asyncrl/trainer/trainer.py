@@ -472,6 +472,7 @@ class Trainer(TrainerStateMixin):
             eps_clip_high=self.algo.eps_clip_high,
             dual_clip=self.algo.dual_clip,
             behav_cap=self.algo.behav_cap,
+            behav_weight=self.algo.behav_weight,
             behav_cap_mode=self.algo.behav_cap_mode,
             behav_cap_level=self.algo.behav_cap_level,
             aggregation=self.algo.aggregation,
