@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
@@ -37,7 +37,7 @@ from asyncrl.auth import ApiKeyAuth, check_bind, peer_name
 from asyncrl.web.checks import HTTPError, dumps, parse_json
 from asyncrl.web.connection import Connection
 
-__all__ = ["JsonServer", "Request", "Route"]
+__all__ = ["JsonServer", "Request", "Route", "Stream"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,17 @@ class Request:
     def json(self) -> Any:
         """The body as JSON (None when empty); 400 when malformed."""
         return parse_json(self.body)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A handler's 200 answer sent piece by piece, as ``chunks`` yields them, through aiohttp's
+    ``StreamResponse`` (server-sent events: ``text/event-stream``). Once the first piece is out the status
+    is sent: an error raised by ``chunks`` afterwards is logged and ends the connection, and a client that
+    goes away stops the iteration (``chunks`` is closed)."""
+
+    chunks: AsyncGenerator[bytes, None]
+    content_type: str = "text/event-stream"
 
 
 Handler = Callable[[Request], Awaitable[Any]]
@@ -221,9 +232,31 @@ class JsonServer:
                 request.method.upper(), request.rel_url.raw_path, request.headers, request[_BODY], _peer(request),
                 _framed(request), dict(request.match_info),
             )  # fmt: skip
-            return self.answer(200, await handler(req))
+            payload = await handler(req)
+            if isinstance(payload, Stream):
+                return await self._stream(request, payload)
+            return self.answer(200, payload)
 
         return handle
+
+    async def _stream(self, request: web.Request, stream: Stream) -> web.StreamResponse:
+        """``stream`` written as it comes (see :class:`Stream`), counted as a 200."""
+        headers = {"Content-Type": stream.content_type, "Cache-Control": "no-cache"}
+        resp = web.StreamResponse(status=200, headers=headers)
+        await resp.prepare(request)
+        self.count(200)
+        try:
+            async for chunk in stream.chunks:
+                await resp.write(chunk)
+            await resp.write_eof()
+        except ConnectionError:
+            resp.force_close()  # the client went away
+        except Exception:
+            log.exception("%s: %s %s failed while streaming", self.name, request.method, request.rel_url.raw_path)
+            resp.force_close()
+        finally:
+            await stream.chunks.aclose()
+        return resp
 
     # ------------------------------------------------------------------ middlewares
     @web.middleware
