@@ -70,8 +70,9 @@ WorkflowName = Literal["single_turn", "agent", "openai_agent"]
 ``pkg.module:function`` with ``rollout.workflow.run_episode``'s signature."""
 
 # agent (multi-turn episodes)
-ToolFormat = Literal["hermes", "tag", "json"]
-"""``agent.tool_format``: how tool calls are written in a model turn (``rollout.tools.parse_tool_calls``)."""
+ToolFormat = Literal["hermes", "tag", "json", "qwen3", "qwen3_coder", "mistral", "deepseek_v3", "deepseek_r1"]
+"""``agent.tool_format``: how tool calls (and, for ``qwen3`` and ``deepseek_r1``, the ``<think>`` reasoning) are
+written in a model turn, by model family (``rollout.tools.parse_tool_calls``; docs/agent.md lists them)."""
 ToolLatencyDist = Literal["none", "lognormal"]
 """``agent.tool_latency``: the simulated wait of a tool call (``rollout.envs.latency.ToolLatency``)."""
 

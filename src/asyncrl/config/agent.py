@@ -17,7 +17,9 @@ class AgentConfig:
     """Multi-turn episodes with tools (``rollout.workflow=agent``; ``rollout.agent``)."""
 
     tool_format: ToolFormat = "hermes"
-    """hermes (``<tool_call>{json}</tool_call>``) | tag (``<calc>expr</calc>``) | json (a bare object)."""
+    """The call format of the model's family: hermes (``<tool_call>{json}</tool_call>``) | tag (``<calc>expr</calc>``)
+    | json (Llama 3.x, a bare object) | qwen3 (hermes + ``<think>`` reasoning) | qwen3_coder (XML) | mistral
+    (``[TOOL_CALLS][...]``) | deepseek_v3 | deepseek_r1 (deepseek_v3 + reasoning); docs/agent.md shows each."""
     env: str = "calculator"
     """The environment of each episode, found through the registry (``rollout.envs.registry``, docs/agent.md
     "Environments"): a registered name (built in: calculator, which scores the answer itself | python, the
