@@ -36,6 +36,7 @@ from asyncrl.controller.rundir import RunDir, RunDirError, claim_run_dir, defaul
 from asyncrl.controller.state import ControllerState
 from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
 from asyncrl.launch import RunStopped
+from asyncrl.launch.memory import fits_line, require_memory_fits
 from asyncrl.launch.stages import build_evaluator, build_workflow
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.sampling import SamplingParams
@@ -127,7 +128,11 @@ def prepare_run_dir(cfg: Config, *, resume: bool, overwrite: bool, allow_change:
     runs: a new run refuses a directory holding a run unless ``overwrite`` (moves the old run aside;
     ``controller.rundir.claim_run_dir``); a resume needs one run there, refuses config changes it was not
     asked for, a torn jsonl file and starting over a run that trained (``controller.resume_guard``), and
-    picks the checkpoint it restores (``controller.resume.resume_checkpoint``)."""
+    picks the checkpoint it restores (``controller.resume.resume_checkpoint``). First of all, a run whose
+    estimated memory exceeds a device's is refused (``launch.memory.require_memory_fits``)."""
+    check = require_memory_fits(cfg)
+    if check is not None:
+        print("memory: " + "; ".join(fits_line(v) for v in check.verdicts))
     if cfg.run.run_dir:
         run_dir = Path(cfg.run.run_dir)
         lock = _lock(run_dir)
