@@ -3,7 +3,9 @@
 Owns the ``plan`` sub-parser, the translation of its flags into a ``PlanRequest``, the report of a ``Plan``
 (the recommendation with its ``asyncrl train`` overrides, the full table, the JSON that ``python -m benchmarks
 plan-check`` reads) and the trade-off plot (predicted throughput against mean staleness, the frontier and
-the recommendation marked). Imports nothing heavy at import time.
+the recommendation marked), and the memory estimate of the recommended run (``launch.memory``: what ``asyncrl
+train`` checks at start) for ``--model`` against ``--device-memory-gib`` or this machine's memory. Imports
+nothing heavy at import time.
 """
 
 from __future__ import annotations
@@ -49,6 +51,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the plan (recommendation, overrides, every candidate) here")
     p.add_argument("--plot", help="write the throughput / staleness trade-off plot (PNG) here")
+    p.add_argument(
+        "--model", help="local Hugging Face model directory the memory estimate is for (default: the tiny default)"
+    )
+    p.add_argument(
+        "--device-memory-gib", type=finite_float,
+        help="memory of each device for the memory estimate (default: read here: CUDA's free memory, or this "
+        "machine's available RAM)",
+    )  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -90,7 +100,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(f"plan: {exc}") from exc
     payload = {"command_line": command_line(args), **plan_payload(result)}
+    if args.model:
+        payload["train_command"] += " " + shlex.join(["--model", args.model])
+    payload["memory"] = memory_payload(payload, args.model, args.device_memory_gib)
     print_plan(payload)
+    print_memory(payload["memory"])
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
@@ -104,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
 def command_line(args: argparse.Namespace) -> str:
     """The ``asyncrl plan`` command that reproduces a plan (every search flag spelled out)."""
     flags = ["profile", "workload", "devices", "max_staleness", "target", "max_mean_staleness", "etas", "marks",
-             "modes", "splits", "refine_splits", "confirm", "steps", "seed"]  # fmt: skip
+             "modes", "splits", "refine_splits", "confirm", "steps", "seed", "model", "device_memory_gib"]  # fmt: skip
     words = ["asyncrl", "plan"]
     for name in flags:
         value = getattr(args, name)
@@ -139,6 +153,43 @@ def plan_payload(p: Any) -> dict[str, Any]:
         "recommended": rec, "train_command": shlex.join(train),
         "best_throughput": rows[0], "confirm_steps": rows[0]["steps"], "candidates": rows,
     }  # fmt: skip
+
+
+def memory_payload(d: dict[str, Any], model: str | None, device_memory_gib: float | None) -> dict[str, Any]:
+    """The memory estimate (``launch.memory``) of the recommended ``asyncrl train`` command: its config (the
+    workload's file and overrides, the recommendation's) with ``model`` (default: the tiny default), against
+    ``device_memory_gib`` per device (default: what this machine reports)."""
+    from asyncrl.config import load_config
+    from asyncrl.launch.memory import check_memory, describe, estimate_memory, model_shape
+
+    w, rec = d["workload"], d["recommended"]
+    planned = {o.split("=", 1)[0] for o in rec["overrides"]}
+    sets = [o for o in w["config_overrides"] if o.split("=", 1)[0] not in planned] + rec["overrides"]
+    if model:
+        sets.append(f"model.path={model}")
+    cfg = load_config(w["config_file"] or None, sets)
+    shape = model_shape(cfg)
+    if shape is None:
+        raise ConfigError(f"plan: --model {model} has no readable config.json")
+    given = None if device_memory_gib is None else (int(device_memory_gib * 2**30), "--device-memory-gib")
+    check = check_memory(estimate_memory(cfg, shape), (lambda _device: given) if given else None)
+    return {
+        "model": model or "the tiny default", "params": shape.params,
+        "devices": [
+            {"device": v.need.device, "role": v.need.role, "count": v.need.count, "total_bytes": v.need.total,
+             "available_bytes": v.available, "source": v.source, "fits": v.fits,
+             "parts": [{"name": p.name, "bytes": p.bytes, "formula": p.formula} for p in v.need.parts]}
+            for v in check.verdicts
+        ],
+        "notes": list(check.estimate.notes), "lines": describe(check),
+    }  # fmt: skip
+
+
+def print_memory(m: dict[str, Any]) -> None:
+    print(f"\nmemory of the recommended run ({m['model']}, {m['params']:,} parameters; asyncrl train refuses a run "
+          "that does not fit):")  # fmt: skip
+    for line in m["lines"]:
+        print("  " + line)
 
 
 def print_plan(d: dict[str, Any]) -> None:
