@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "async": ("async_bench", "whole runs at max_staleness 0..8 on the named workloads (steady-state throughput)"),
     "interrupt": ("interrupt", "in-flight weight updates (abort, keep) against draining the engine"),
     "ablation": ("ablation", "objectives x lags x learning rates x seeds under controlled staleness"),
+    "objectives": ("objectives", "objectives each at its own best step size, under controlled lag and bounded eta"),
     "headline": ("headline", "time to a target accuracy: asynchronous arms against the best synchronous one"),
     "prefix-reuse": ("prefix_reuse", "prefill tokens per multi-turn episode, prefix reuse off and on"),
     "adaptive": ("adaptive", "controller.adaptive against fixed max_staleness, real runs or simulated"),

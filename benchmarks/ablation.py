@@ -17,6 +17,10 @@ objective), so that load drift over the sweep hits every arm alike. Objectives:
 - ``decoupled``: decoupled PPO, the proximal policy recomputed (``algo.prox_mode=recompute``);
 - ``loglinear``: the proximal policy approximated from the stored versions (no extra forward);
 - ``naive``: naive PPO, the behaviour policy as the clip centre (``algo.prox_mode=behav``);
+- ``decoupled_uncapped``: decoupled PPO with the behaviour weight uncapped (``algo.behav_cap=null``: the
+  AReaL paper's setting);
+- ``prox_clip``: the clip around the recomputed π_prox and no behaviour weight at all
+  (``algo.behav_weight=false``, ``behav_cap=null``: AReaL's ``rejection_sampling=None``);
 - ``uncorrected``: the plain policy gradient ``-A·logp`` on the stale samples: no ratio, no clip,
   no cap (``algo.loss_type=pg``, ``prox_mode=behav``, ``behav_cap=null``);
 - ``seq_tis`` / ``seq_mis``: decoupled PPO with sequence-level truncated / masked importance
@@ -64,6 +68,7 @@ __all__ = [
     "PLOTTED",
     "reanalyse",
     "run",
+    "run_arm",
     "run_ablation",
     "STALENESS_MODES",
     "StalenessMode",
@@ -79,6 +84,8 @@ OBJECTIVES: dict[str, list[str]] = {
     "decoupled": ["algo.prox_mode=recompute"],
     "loglinear": ["algo.prox_mode=loglinear"],
     "naive": ["algo.prox_mode=behav"],
+    "decoupled_uncapped": ["algo.prox_mode=recompute", "algo.behav_cap=null"],
+    "prox_clip": ["algo.prox_mode=recompute", "algo.behav_weight=false", "algo.behav_cap=null"],
     "uncorrected": ["algo.loss_type=pg", "algo.prox_mode=behav", "algo.behav_cap=null"],
     "seq_tis": ["algo.prox_mode=recompute", "algo.behav_cap=2.0", "algo.behav_cap_level=sequence",
                 "algo.behav_cap_mode=clamp"],
@@ -96,8 +103,10 @@ STEP_STATS = (
     "behav_weight_mean", "behav_weight_sq_mean", "log_behav_weight_sq_mean", "behav_weight_max",
     "behav_capped_frac", "dropped_frac", "version_gap_masked_frac", "m2_masked_frac", "clip_frac",
     "approx_kl_prox", "approx_kl_behav", "grad_norm",
+    "applied_weight_mean", "applied_weight_sq_mean", "applied_weight_max", "applied_clip_frac",
 )  # fmt: skip
-"""Per-step trainer metrics averaged over a run (``*_max``: the largest); absent ones are skipped."""
+"""Per-step trainer metrics averaged over a run (``*_max``: the largest); absent ones are skipped. ``applied_*``:
+the behaviour weight after the cap, the factor the gradient really sees (``algo.losses.policy_loss``)."""
 
 CURVE_KEYS = ("reward", "response_len", "approx_kl_behav", "behav_weight_sq_mean", "clip_frac", "dropped_frac")
 """Per-step metrics kept whole in each row (``curves``), to show *when* an arm drifts or collapses."""
@@ -170,7 +179,7 @@ def _row(run_dir: Path, collapse_fraction: float) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _run(overrides: list[str], run_dir: Path, collapse_fraction: float, reuse: Path | None) -> dict[str, Any]:
+def run_arm(overrides: list[str], run_dir: Path, collapse_fraction: float, reuse: Path | None) -> dict[str, Any]:
     """One training run's row (``_row``); with ``reuse``, a finished run of the same arm under that
     directory (same name, same config: ``runs.reusable_run``) is read instead of trained again."""
     from asyncrl.config import load_config
@@ -343,7 +352,7 @@ def run_ablation(
                     prefix = "bounded-" if staleness == "bounded" else ""
                     run_dir = out / f"{prefix}s{seed}-lr{lr:g}-lag{lag}-{objective}"
                     row = {"objective": objective, "lag": lag, "lr": lr, "seed": seed}
-                    row.update(_run(arm, run_dir, collapse_fraction, Path(reuse) if reuse else None))
+                    row.update(run_arm(arm, run_dir, collapse_fraction, Path(reuse) if reuse else None))
                     rows.append(row)
     keys = ["objective", "lag", "lr", "seed", "accuracy_before", "accuracy_after", "collapsed",
             "behav_weight_mean", "behav_weight_sq_mean", "clip_frac", "dropped_frac", "rl_wall_s"]  # fmt: skip

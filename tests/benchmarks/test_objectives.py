@@ -1,0 +1,121 @@
+"""``python -m benchmarks objectives``: its plan, step-size choice and paired tables on fake runs (no training).
+
+``run_arm`` is replaced by a fake whose final accuracy is a known function of (objective, step size, lag, seed),
+so the tuning choice, the comparison cells and the paired differences can be checked against hand values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import objectives as bench
+from benchmarks.__main__ import build_parser, main
+from benchmarks.objectives import Cell, Plan
+
+PLAN = Plan(objectives=("decoupled", "naive", "prox_clip"), lrs=(5e-5, 1e-4, 2e-4), shared_lr=1e-4, lags=(2, 8),
+            etas=(4,), seeds=(0, 1, 2), tune_seeds=(0, 1), tune_lag=0, steps=3)  # fmt: skip
+
+BEST = {"decoupled": 1e-4, "naive": 2e-4, "prox_clip": 5e-5}
+
+
+def _accuracy(objective: str, lr: float, lag: int, seed: int) -> float:
+    """The fake's final accuracy: each objective peaks at its ``BEST`` step size; staleness costs decoupled more."""
+    peak = 0.6 - 1000 * abs(lr - BEST[objective])
+    cost = {"decoupled": 0.02, "naive": 0.01, "prox_clip": 0.015}[objective] * lag
+    return peak - cost + 0.01 * seed
+
+
+def test_tuning_cells_cover_the_grid_at_the_tuning_lag() -> None:
+    cells = bench.tune_cells(PLAN)
+    assert len(cells) == 3 * 3 * 2 and len(set(cells)) == len(cells)
+    assert {(c.staleness, c.lag) for c in cells} == {("fixed", 0)}
+    assert [c.seed for c in cells[:9]] == [0] * 9  # seed-major
+
+
+def test_comparison_cells_share_a_run_where_the_rules_agree() -> None:
+    cells = bench.compare_cells(PLAN, BEST)
+    # decoupled's best is the shared step size: one run per condition; the others two
+    per_seed_condition = 1 + 2 + 2
+    assert len(cells) == len(PLAN.seeds) * 3 * per_seed_condition
+    assert Cell("naive", "bounded", 4, 2e-4, 1) in cells and Cell("naive", "bounded", 4, 1e-4, 1) in cells
+    assert not any(c.lag == 0 for c in cells)  # the shared step size is in the grid: its lag-0 runs exist
+    off_grid = Plan(**{**PLAN.__dict__, "shared_lr": 3e-4})
+    extra = [c for c in bench.compare_cells(off_grid, BEST) if c.lag == 0]
+    assert len(extra) == 3 * 3 and {c.lr for c in extra} == {3e-4}
+    done = set(cells[:4])
+    assert bench.compare_cells(PLAN, BEST, done) == cells[4:]
+
+
+def test_best_step_size_is_the_highest_mean_and_ties_go_to_the_smaller() -> None:
+    table = [
+        {"objective": "a", "lr": 1e-4, "accuracy_after_mean": 0.5},
+        {"objective": "a", "lr": 2e-4, "accuracy_after_mean": 0.7},
+        {"objective": "b", "lr": 1e-4, "accuracy_after_mean": 0.6},
+        {"objective": "b", "lr": 5e-5, "accuracy_after_mean": 0.6},
+        {"objective": "b", "lr": 2e-4, "accuracy_after_mean": None},
+    ]
+    assert bench.best_lrs(table) == {"a": 2e-4, "b": 5e-5}
+    with pytest.raises(ValueError, match="no finished tuning run for c"):
+        bench.best_lrs([{"objective": "c", "lr": 1e-4, "accuracy_after_mean": None}])
+
+
+def test_the_cost_is_printed_from_the_plan() -> None:
+    line = bench.budget_line(PLAN)
+    n_tune, n_compare = 18, len(PLAN.seeds) * 3 * 3 * 2  # the bound: every best off the shared step size
+    assert f"{n_tune} tuning runs + at most {n_compare} comparison runs" in line
+    hours = bench.estimate_seconds(n_tune + n_compare, 3) / 3600
+    assert f"about {hours:.1f} h" in line
+    assert bench.estimate_seconds(2, 10) == pytest.approx(2 * (bench.SECONDS_PER_RUN + 10 * bench.SECONDS_PER_STEP))
+
+
+def test_whole_bench_on_fake_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+
+    def fake_run_arm(overrides: list[str], run_dir: Path, collapse_fraction: float, reuse: Any) -> dict[str, Any]:
+        calls.append(overrides)
+        cell = next(c for c in [*bench.tune_cells(PLAN), *bench.compare_cells(PLAN, BEST)] if c.name == run_dir.name)
+        return {"accuracy_before": 0.3, "accuracy_after": _accuracy(cell.objective, cell.lr, cell.lag, cell.seed),
+                "collapsed": False, "applied_weight_sq_mean": 1.5, "behav_weight_sq_mean": 9.0, "wall_s": 1.0,
+                "curves": {"reward": [0.1], "clip_frac": [0.2]}}  # fmt: skip
+
+    monkeypatch.setattr(bench, "run_arm", fake_run_arm)
+    out = tmp_path / "objectives.json"
+    payload = bench.run_objectives(str(out), PLAN, out_dir=str(tmp_path / "runs"))
+    assert payload["best_lrs"] == BEST
+    assert len(payload["rows"]) == 18 + len(bench.compare_cells(PLAN, BEST)) == len(calls)
+    bounded = [c for c in calls if "controller.fixed_lag=null" in c]
+    assert bounded and all("controller.high_water_batches=0" in c for c in bounded)
+    assert all("trainer.ppo_minibatches=4" in c for c in calls)
+    row = payload["rows"][0]
+    assert {"objective", "staleness", "lag", "lr", "seed", "phase", "accuracy_before", "accuracy_after"} <= set(row)
+    assert row["curves"] == {"reward": [0.1]}
+    by = {(p["lr_rule"], p["staleness"], p["lag"], p["objective"]): p for p in payload["paired"]}
+    own = by[("own", "fixed", 8, "naive")]  # each at its best: the peaks cancel, the lag costs differ
+    assert own["minus_reference_mean"] == pytest.approx((0.02 - 0.01) * 8)
+    assert own["minus_reference_per_seed"] == pytest.approx([0.08] * 3) and own["excludes_zero"] is True
+    shared = by[("shared", "bounded", 4, "prox_clip")]  # both at 1e-4: prox_clip is 0.05 off its peak
+    assert shared["minus_reference_mean"] == pytest.approx(-1000 * 5e-5 + (0.02 - 0.015) * 4)
+    assert shared["lr"] == shared["reference_lr"] == 1e-4
+    cmp = {(c["lr_rule"], c["staleness"], c["lag"], c["objective"]): c for c in payload["comparison"]}
+    assert cmp[("own", "fixed", 0, "naive")]["n"] == 2  # lag 0: the tuning seeds
+    assert cmp[("own", "fixed", 2, "naive")]["applied_weight_sq_mean"] == pytest.approx(1.5)
+    written = json.loads(out.read_text())
+    assert written["paired"] == payload["paired"] and len(written["rows"]) == len(payload["rows"])
+
+
+def test_options_and_their_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser("objectives").parse_args(["--short", "--lags", "2,4", "--etas", ""])
+    plan = bench.plan_from_args(args, config_lr=1e-4)
+    assert plan.lags == (2, 4) and plan.etas == () and plan.seeds == (0, 1) and plan.shared_lr == bench.SHORT.shared_lr
+    full = bench.plan_from_args(build_parser("objectives").parse_args([]), config_lr=1e-4)
+    assert full == bench.DEFAULTS
+    assert len(full.lrs) >= 4 and min(full.lrs) == 2.5e-5 and max(full.lrs) == 2e-4
+    assert full.steps >= 150 and len(full.seeds) >= 5 and full.lags == (2, 4, 8) and full.etas == (4, 8)
+    assert main(["objectives", "--plan-only", "--short"]) == 0
+    assert "tuning runs" in capsys.readouterr().out
+    assert main(["objectives", "--plan-only", "--objectives", "naive,bogus"]) == 2
+    assert "unknown objective(s) ['bogus']" in capsys.readouterr().err
+    assert main(["objectives", "--plan-only", "--lrs", "0,1e-4"]) == 2
