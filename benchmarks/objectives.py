@@ -87,6 +87,8 @@ class Plan:
     tune_seeds: tuple[int, ...]
     tune_lag: int
     steps: int
+    cost: tuple[float, float] = (SECONDS_PER_RUN, SECONDS_PER_STEP)
+    """Seconds of one run (a fixed part, a part per step) in the printed estimate: ``SECONDS_PER_*`` by default."""
 
 
 DEFAULTS = Plan(
@@ -98,12 +100,13 @@ DEFAULTS = Plan(
 
 SHORT = Plan(
     objectives=DEFAULTS.objectives, lrs=(5e-5, 2e-4), shared_lr=2e-4, lags=(2,), etas=(4,), seeds=(0, 1),
-    tune_seeds=(0, 1), tune_lag=0, steps=4,
+    tune_seeds=(0, 1), tune_lag=0, steps=4, cost=(4.6, 1.5),
 )  # fmt: skip
-"""``--short``: the whole pipeline in a few minutes (its numbers say nothing about the objectives)."""
+"""``--short``: the whole pipeline in a few minutes (its numbers say nothing about the objectives); its cost model
+measured on one such run (10.6 s for 4 steps, the trainer in process)."""
 
 SHORT_OVERRIDES = ["task.eval_size=32", "eval.samples_per_prompt=1", "eval.report_greedy=false",
-                   "controller.batch_size=8"]  # fmt: skip
+                   "controller.batch_size=8", "controller.trainer_process=false"]  # fmt: skip
 """``--short``'s smaller runs (before the user's ``--set``)."""
 
 
@@ -153,9 +156,10 @@ def compare_cells(plan: Plan, best: dict[str, float], done: set[Cell] | None = N
     return out
 
 
-def estimate_seconds(n_runs: int, steps: int) -> float:
-    """Wall seconds of ``n_runs`` runs of ``steps`` steps each, one after the other (``SECONDS_PER_*``)."""
-    return n_runs * (SECONDS_PER_RUN + steps * SECONDS_PER_STEP)
+def estimate_seconds(n_runs: int, steps: int, cost: tuple[float, float] = Plan.cost) -> float:
+    """Wall seconds of ``n_runs`` runs of ``steps`` steps each, one after the other (``cost``: seconds per run, per
+    step; by default ``SECONDS_PER_*``)."""
+    return n_runs * (cost[0] + steps * cost[1])
 
 
 def budget_line(plan: Plan) -> str:
@@ -164,11 +168,12 @@ def budget_line(plan: Plan) -> str:
     n_tune = len(tune_cells(plan))
     worst = {o: -1.0 for o in plan.objectives}  # a step size no grid holds: the most runs
     n_compare = len(compare_cells(plan, worst, set(tune_cells(plan))))
-    hours = estimate_seconds(n_tune + n_compare, plan.steps) / 3600
+    hours = estimate_seconds(n_tune + n_compare, plan.steps, plan.cost) / 3600
     return (
         f"bench objectives: {n_tune} tuning runs + at most {n_compare} comparison runs of {plan.steps} steps, about "
-        f"{hours:.1f} h of wall time on the shared 2-core box ({2 * hours:.1f} core-hours; "
-        f"{SECONDS_PER_RUN:g} s + {SECONDS_PER_STEP:g} s/step per run)"
+        f"{hours:.1f} h ({60 * hours:.0f} min) of wall time on the shared 2-core box, one run after the other "
+        f"({2 * hours:.1f} core-hours; "
+        f"{plan.cost[0]:g} s + {plan.cost[1]:g} s/step per run)"
     )
 
 
@@ -393,7 +398,7 @@ def plan_from_args(args: argparse.Namespace, config_lr: float) -> Plan:
         lags=parse_list(args.lags, int, base.lags, "--lags"), etas=etas, seeds=seeds,
         tune_seeds=parse_list(args.tune_seeds, int, seeds, "--tune-seeds"),
         tune_lag=base.tune_lag if args.tune_lag is None else args.tune_lag,
-        steps=args.steps if args.steps is not None else base.steps,
+        steps=args.steps if args.steps is not None else base.steps, cost=base.cost,
     )  # fmt: skip
     if not plan.lrs or min(plan.lrs) <= 0 or plan.shared_lr <= 0:
         raise ConfigError("--lrs and --shared-lr must be > 0")
