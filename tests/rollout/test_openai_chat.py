@@ -12,11 +12,11 @@ from asyncrl.rollout.openai_chat import (
     completion_response,
     models_response,
     normalized,
-    parse_chat_request,
     same_message,
     template_messages,
     tool_tags,
 )
+from asyncrl.rollout.openai_request import parse_chat_request
 from asyncrl.rollout.tools import parse_tool_calls
 from asyncrl.web import HTTPError
 from tests.rollout.chat_templates import qwen_tokenizer
@@ -48,13 +48,16 @@ def test_a_full_request_is_read(tok) -> None:
     assert req.logprobs and req.tools == (TOOL,)
     assert req.stop_ids == tuple(tok.encode("</tool_call>", add_special_tokens=False))
     assert _parse(tok, max_completion_tokens=5).max_tokens == 5
-    assert _parse(tok, tools=[TOOL], tool_choice="none").tools == ()
+    none = _parse(tok, tools=[TOOL], tool_choice="none")  # the tools stay rendered; calls are not read
+    assert none.tools == (TOOL,) and none.tool_choice == "none"
 
 
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
-        ({"stream": True}, "stream"),
+        ({"stream_options": {"include_usage": True}}, "only allowed with stream=true"),
+        ({"stream": True, "stream_options": {"include_usage": 1}}, "include_usage"),
+        ({"stream": "yes"}, "'stream' must be a bool"),
         ({"temperature": 3}, "temperature"),
         ({"temperature": "hot"}, "temperature"),
         ({"top_p": 0}, "top_p"),
@@ -65,9 +68,14 @@ def test_a_full_request_is_read(tok) -> None:
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice='required' needs tools"),
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "search"}}}, "not one of"),
+        ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice must be"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]}, "strict=true"),
+        ({"top_logprobs": 3, "logprobs": True}, "the engine returns the sampled token's log-prob"),
+        ({"functions": []}, "deprecated by OpenAI: use tools"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"functions": []}, "unsupported fields"),
+        ({"functionz": []}, "unsupported fields"),
         ({"tools": [{"type": "web"}]}, r"tools\[0\]"),
         ({"messages": []}, "messages"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "role"),

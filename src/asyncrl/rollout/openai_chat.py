@@ -1,23 +1,20 @@
-"""OpenAI's chat-completions shapes: request validation into ``ChatRequest``, and the reply.
+"""OpenAI's chat-completions shapes on the reply side, and the messages a session compares.
 
-Owns what the OpenAI-compatible door (``rollout.openai_door``) accepts and answers, and nothing of
-sessions or engines:
+Owns what the OpenAI-compatible door (``rollout.openai_door``) answers, and nothing of sessions, engines or
+request fields (``rollout.openai_request``):
 
-- ``parse_chat_request(body, ...)``: a ``POST /v1/chat/completions`` body (``messages``, ``tools``,
-  ``tool_choice`` auto|none, ``temperature``, ``top_p``, ``max_tokens``/``max_completion_tokens``,
-  ``stop`` (strings that are one token each), ``n``, ``seed``, ``logprobs``, ``model``) validated into a
-  ``ChatRequest``; anything malformed, unknown or unsupported (``stream``, images, ``top_logprobs``,
-  penalties, a lone surrogate in any string, a tool schema whose ``required``/``properties`` are not a
-  list/an object) raises ``HTTPError(400)`` with the reason, and so does a request whose messages and
-  tools hold more than ``max_chars`` characters (checked before anything is tokenised);
-- ``template_messages``: the request's messages as the chat template takes them (an assistant
-  message's ``tool_calls`` written back into its text in the call format, ``developer`` as ``system``);
-- ``normalized``: a message reduced to what identifies it (role, text, calls), so that a client
-  sending back the assistant message it received (an ``openai`` pydantic object, or a dict it built)
-  is recognised whatever extra fields it adds;
+- ``normalized``: a message reduced to what identifies it (role, text, calls), so that a client sending back
+  the assistant message it received (an ``openai`` pydantic object, or a dict it built) is recognised
+  whatever extra fields it adds; ``same_message`` compares two;
+- ``template_messages``: messages as the chat template takes them (an assistant message's ``tool_calls``
+  written back into its text in the call format, ``developer`` as ``system``);
 - ``assistant_reply``: a model turn's text as OpenAI's ``message`` (``content`` and ``tool_calls``
   ``[{id, type: function, function {name, arguments}}]``) and its ``finish_reason``
-  (``stop | length | tool_calls``); ``completion_response`` and ``models_response``: the envelopes.
+  (``stop | length | tool_calls``); ``completion_response`` and ``models_response``: the envelopes;
+- ``TokenBytes`` and ``token_logprobs``: the ``logprobs`` object, each token with its raw ``bytes`` (a
+  token that is part of a UTF-8 character is its own bytes, not U+FFFD's);
+- streaming: ``text_pieces`` (the text each token adds), ``choice_deltas`` (a finished reply as the
+  ``delta`` objects of the ``chat.completion.chunk`` events), ``chunk_response`` and ``sse`` (one event).
 
 Tool calls are parsed by ``rollout.tools`` (``hermes``, ``tag``: a tool's tag is its function name
 and the body fills its first required parameter, ``json``).
@@ -32,56 +29,34 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
 from asyncrl.rollout.envs.base import Message
 from asyncrl.rollout.tools import HERMES_CLOSE, HERMES_OPEN, ParsedTurn, ToolCall, ToolFormat, format_tool_call
-from asyncrl.web import HTTPError, is_int, is_num
+from asyncrl.web import HTTPError
 
 __all__ = [
-    "ChatRequest",
     "Reply",
+    "TokenBytes",
     "assistant_reply",
+    "choice_deltas",
+    "chunk_response",
     "completion_response",
     "models_response",
     "normalized",
-    "parse_chat_request",
-    "request_chars",
+    "same_message",
+    "sse",
     "template_messages",
+    "text_pieces",
+    "token_logprobs",
     "tool_tags",
 ]
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-_IGNORED = {"user", "metadata", "store", "parallel_tool_calls", "service_tier"}
-_NEUTRAL: dict[str, Any] = {"frequency_penalty": 0, "presence_penalty": 0, "top_logprobs": 0}
-_SAMPLING = {"temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "n", "seed", "logprobs"}
-_SUPPORTED = {"messages", "tools", "tool_choice", "stream", "response_format", "model"}
-_SUPPORTED |= _SAMPLING | _IGNORED | set(_NEUTRAL)
-MAX_STOP_CHARS = 256
-"""The longest ``stop`` string read (a stop string must be one token)."""
 
 
 def _bad(msg: str) -> HTTPError:
     return HTTPError(400, msg)
-
-
-@dataclass(frozen=True)
-class ChatRequest:
-    """A validated chat-completions body."""
-
-    messages: tuple[dict[str, Any], ...]
-    """The conversation, each message ``normalized``."""
-    tools: tuple[dict[str, Any], ...]
-    """The ``tools`` array as given (``{"type": "function", "function": {...}}``), for the template."""
-    model: str
-    """The ``model`` asked for; empty when the request names none."""
-    max_tokens: int | None
-    """Tokens of the reply (the stop token counts); None: the server's or the session's cap."""
-    temperature: float
-    top_p: float
-    stop_ids: tuple[int, ...]
-    """The ``stop`` strings as token ids (each string one token)."""
-    n: int
-    seed: int | None
-    logprobs: bool
 
 
 def _text(content: Any, where: str) -> str:
@@ -188,139 +163,6 @@ def template_messages(
     return tuple(out)
 
 
-def _tools(raw: Any) -> tuple[dict[str, Any], ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise _bad("'tools' must be a list")
-    for i, tool in enumerate(raw):
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if (
-            not isinstance(tool, dict)
-            or tool.get("type", "function") != "function"
-            or not isinstance(fn, dict)
-            or not isinstance(fn.get("name"), str)
-        ):
-            raise _bad(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}")
-        params = fn.get("parameters")
-        if params is None:
-            continue
-        if not isinstance(params, dict):
-            raise _bad(f"tools[{i}].function.parameters must be a JSON schema object")
-        required = params.get("required")
-        if required is not None and (not isinstance(required, list) or not all(isinstance(r, str) for r in required)):
-            raise _bad(f"tools[{i}].function.parameters.required must be a list of parameter names")
-        if params.get("properties") is not None and not isinstance(params["properties"], dict):
-            raise _bad(f"tools[{i}].function.parameters.properties must be an object")
-    return tuple(raw)
-
-
-def _check_unicode(body: dict[str, Any]) -> None:
-    """400 for a lone surrogate (which JSON escapes can carry and no tokenizer encodes) in any string of ``body``."""
-    stack: list[tuple[Any, str]] = [(body, "body")]
-    while stack:
-        value, where = stack.pop()
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise _bad(f"{where} is not valid Unicode: a lone surrogate at character {e.start}") from None
-        elif isinstance(value, dict):
-            stack += [(k, f"{where}: a key") for k in value]
-            stack += [(v, f"{where}.{k}" if str(k).isidentifier() else where) for k, v in value.items()]
-        elif isinstance(value, list):
-            stack += [(v, f"{where}[{i}]") for i, v in enumerate(value)]
-
-
-def request_chars(messages: tuple[dict[str, Any], ...], tools: tuple[dict[str, Any], ...]) -> int:
-    """The characters a request gives the chat template: message text, tool-call arguments, the tools' JSON."""
-    total = len(json.dumps(tools)) if tools else 0
-    for m in messages:
-        calls = m.get("tool_calls", ())
-        total += len(m["content"]) + sum(len(c["name"]) + len(json.dumps(c["arguments"])) for c in calls)
-    return total
-
-
-def _stop_ids(raw: Any, tokenizer: Any) -> tuple[int, ...]:
-    stops = [raw] if isinstance(raw, str) else (raw or [])
-    if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
-        raise _bad("'stop' must be a non-empty string or a list of at most 4 of them")
-    ids = []
-    for s in stops:
-        if len(s) > MAX_STOP_CHARS:
-            raise _bad(f"a stop string of {len(s)} characters; only single-token stops (at most {MAX_STOP_CHARS} "
-                       "characters) are supported")  # fmt: skip
-        enc = tokenizer.encode(s, add_special_tokens=False)
-        if len(enc) != 1:
-            raise _bad(f"stop {s!r} is {len(enc)} tokens in this tokenizer; only single-token stops are supported")
-        ids.append(int(enc[0]))
-    return tuple(ids)
-
-
-def _check_options(body: dict[str, Any]) -> None:
-    unknown = sorted(set(body) - _SUPPORTED)
-    if unknown:
-        raise _bad(f"unsupported fields {unknown}; supported: {sorted(_SUPPORTED)}")
-    if body.get("stream"):
-        raise _bad("stream=true is not supported by this server")
-    for key, neutral in _NEUTRAL.items():
-        if body.get(key) not in (None, neutral):
-            raise _bad(f"{key}={body[key]!r} is not supported (only {neutral!r})")
-    fmt = body.get("response_format")
-    if fmt not in (None, {"type": "text"}):
-        raise _bad("response_format: only {'type': 'text'} is supported")
-    if body.get("tool_choice") not in (None, "auto", "none"):
-        raise _bad("tool_choice: only 'auto' and 'none' are supported")
-
-
-def parse_chat_request(body: Any, *, tokenizer: Any, max_slots: int, max_chars: int | None = None) -> ChatRequest:
-    """Validate a chat-completions body (see the module docstring). Raises ``HTTPError`` (400).
-
-    ``max_chars``: the most characters of message text and tools (``request_chars``); None: unbounded."""
-    if not isinstance(body, dict):
-        raise _bad("request body must be a JSON object")
-    _check_options(body)
-    _check_unicode(body)
-    raw = body.get("messages")
-    if not isinstance(raw, list) or not raw:
-        raise _bad("'messages' must be a non-empty list")
-    messages = tuple(normalized(m, f"messages[{i}]") for i, m in enumerate(raw))
-    tools = _tools(body.get("tools"))
-    if max_chars is not None:
-        chars = request_chars(messages, tools)
-        if chars > max_chars:
-            raise _bad(f"the messages and tools hold {chars} characters; this server reads at most {max_chars} "
-                       "per request (max_request_chars)")  # fmt: skip
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (not is_int(max_tokens) or max_tokens < 1):
-        raise _bad("max_tokens must be an int >= 1")
-    temperature = body.get("temperature", 1.0)
-    if temperature is None:
-        temperature = 1.0
-    if not is_num(temperature) or not 0 <= temperature <= 2:
-        raise _bad("temperature must be a number in [0, 2]")
-    top_p = 1.0 if body.get("top_p") is None else body["top_p"]
-    if not is_num(top_p) or not 0 < top_p <= 1:
-        raise _bad("top_p must be a number in (0, 1]")
-    n = 1 if body.get("n") is None else body["n"]
-    if not is_int(n) or not 1 <= n <= max_slots:
-        raise _bad(f"n must be an int in [1, {max_slots}]")
-    seed = body.get("seed")
-    if seed is not None and not is_int(seed):
-        raise _bad("seed must be an int")
-    logprobs = bool(body.get("logprobs") or False)
-    if body.get("tool_choice") == "none":
-        tools = ()
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise _bad("'model' must be a string")
-    return ChatRequest(
-        messages=messages, tools=tools, model=model if isinstance(model, str) else "", max_tokens=max_tokens,
-        temperature=float(temperature), top_p=float(top_p), stop_ids=_stop_ids(body.get("stop"), tokenizer),
-        n=n, seed=None if seed is None else seed % (1 << 31), logprobs=logprobs,
-    )  # fmt: skip
-
-
 # ------------------------------------------------------------------------------------ the reply
 @dataclass(frozen=True)
 class Reply:
@@ -340,14 +182,22 @@ def _without_calls(text: str, fmt: ToolFormat, tags: dict[str, tuple[str, str]])
             pattern = "|".join(f"<{re.escape(t)}>.*?</{re.escape(t)}>" for t in tags)
         case "json":
             return ""
+        case _:  # a family format: the parser's own
+            return text
     return re.sub(pattern, "", text, flags=re.DOTALL).strip()
 
 
 def assistant_reply(
-    text: str, parsed: ParsedTurn, truncated: bool, fmt: ToolFormat, tags: dict[str, tuple[str, str]]
+    text: str,
+    parsed: ParsedTurn,
+    truncated: bool,
+    fmt: ToolFormat,
+    tags: dict[str, tuple[str, str]],
+    max_calls: int | None = None,
 ) -> Reply:
     """A model turn's text (without its end-of-turn token) as OpenAI's message. Well-formed calls
-    become ``tool_calls`` (and leave the content); a turn with malformed calls is all content."""
+    become ``tool_calls`` (and leave the content), the first ``max_calls`` of them when it is set
+    (``parallel_tool_calls=false``: 1); a turn with malformed calls is all content."""
     if not parsed.calls or parsed.errors:
         return Reply({"role": "assistant", "content": text}, "length" if truncated else "stop")
     calls = [
@@ -356,7 +206,7 @@ def assistant_reply(
             "type": "function",
             "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
         }
-        for c in parsed.calls
+        for c in parsed.calls[:max_calls]
     ]
     content = _without_calls(text, fmt, tags) or None
     return Reply(
@@ -364,13 +214,67 @@ def assistant_reply(
     )
 
 
-def token_logprobs(tokenizer: Any, ids: tuple[int, ...], logprobs: tuple[float, ...]) -> dict[str, Any]:
-    """OpenAI's ``logprobs`` object of a choice (no alternatives: ``top_logprobs`` is empty)."""
-    content = []
-    for t, lp in zip(ids, logprobs, strict=True):
-        token = tokenizer.decode([t], skip_special_tokens=False)
-        content.append({"token": token, "logprob": lp, "bytes": list(token.encode("utf-8")), "top_logprobs": []})
+class TokenBytes:
+    """Each token's raw bytes, as OpenAI's ``bytes`` field gives them: a token that holds part of a UTF-8
+    character (a byte-level BPE piece, a ``<0xE2>`` byte-fallback token) is its own byte(s), never the
+    three bytes of U+FFFD that decoding it alone yields. Read from the tokenizer's decoder: ``ByteLevel``
+    (GPT-2's byte-to-character table), ``ByteFallback`` and ``Metaspace``/``Replace`` of ``▁``; an added
+    token is its text; any other token its decoded text."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        spec = json.loads(backend.decoder.__getstate__()) if backend is not None and backend.decoder else {}
+        kinds = [d.get("type") for d in spec.get("decoders", [spec])]
+        self.byte_level = "ByteLevel" in kinds
+        self.byte_fallback = "ByteFallback" in kinds
+        replaces = [d.get("pattern", {}).get("String") for d in spec.get("decoders", []) if d.get("type") == "Replace"]
+        self.metaspace = "Metaspace" in kinds or "\u2581" in replaces
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        self.added = {int(i): str(t.content) for i, t in added.items()}
+        self._byte_of = {c: b for b, c in bytes_to_unicode().items()} if self.byte_level else {}
+
+    def __call__(self, token_id: int) -> bytes:
+        if token_id in self.added:
+            return self.added[token_id].encode("utf-8")
+        piece = self.tokenizer.convert_ids_to_tokens(int(token_id))
+        if isinstance(piece, str):
+            if self.byte_level and all(c in self._byte_of for c in piece):
+                return bytes(self._byte_of[c] for c in piece)
+            if self.byte_fallback and (m := _BYTE_TOKEN.fullmatch(piece)) is not None:
+                return bytes([int(m.group(1), 16)])
+            if self.metaspace:
+                return piece.replace("\u2581", " ").encode("utf-8")
+        return self.tokenizer.decode([int(token_id)], skip_special_tokens=False).encode("utf-8")
+
+    def entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        """OpenAI's log-prob entry of one token (no alternatives: ``top_logprobs`` is empty)."""
+        token = self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
+        return {"token": token, "logprob": logprob, "bytes": list(self(token_id)), "top_logprobs": []}
+
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def token_logprobs(token_bytes: TokenBytes, ids: tuple[int, ...], logprobs: tuple[float, ...]) -> dict[str, Any]:
+    """OpenAI's ``logprobs`` object of a choice."""
+    content = [token_bytes.entry(t, lp) for t, lp in zip(ids, logprobs, strict=True)]
     return {"content": content, "refusal": None}
+
+
+def text_pieces(tokenizer: Any, ids: tuple[int, ...]) -> list[str]:
+    """The text each token adds to ``decode(ids)``, in order (they join to it): a token that ends inside a
+    character adds nothing until the character is complete."""
+    full = tokenizer.decode(list(ids), skip_special_tokens=False)
+    pieces, shown = [], ""
+    for k in range(1, len(ids) + 1):
+        text = tokenizer.decode(list(ids[:k]), skip_special_tokens=False) if k < len(ids) else full
+        if k < len(ids) and (text.endswith("\ufffd") or not full.startswith(text) or not text.startswith(shown)):
+            pieces.append("")
+            continue
+        pieces.append(text[len(shown) :])
+        shown = text
+    return pieces
 
 
 def completion_response(
@@ -395,3 +299,44 @@ def completion_response(
 def models_response(model: str) -> dict[str, Any]:
     """``GET /v1/models``: the one model this server serves."""
     return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "asyncrl"}]}
+
+
+# ------------------------------------------------------------------------------------ streaming
+def chunk_response(
+    chunk_id: str, created: int, model: str, choices: list[dict[str, Any]], usage: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """One ``chat.completion.chunk``; ``usage``: the last chunk's (``stream_options.include_usage``)."""
+    chunk = {"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model,
+             "system_fingerprint": None, "choices": choices}  # fmt: skip
+    if usage is not None:
+        chunk["usage"] = usage
+    return chunk
+
+
+def choice_deltas(
+    index: int, reply: Reply, pieces: list[tuple[str, list[dict[str, Any]]]], logprobs: bool
+) -> list[dict[str, Any]]:
+    """The streamed choices (``delta`` objects) of one finished reply, in order: the role; a text reply piece by
+    piece (``pieces``: (text, its tokens' log-prob entries), one a token: ``text_pieces``); a reply with calls,
+    its content then one call per chunk (the turn's log-probs with the content); the ``finish_reason``. Joined
+    by a client they are ``reply.message``, and their log-probs (when ``logprobs``) those of the whole turn."""
+
+    def delta(d: dict[str, Any], lps: list[dict[str, Any]], finish: str | None = None) -> dict[str, Any]:
+        logs = {"content": lps, "refusal": None} if logprobs else None
+        return {"index": index, "delta": d, "logprobs": logs, "finish_reason": finish}
+
+    out = [delta({"role": "assistant", "content": ""}, [])]
+    calls = reply.message.get("tool_calls")
+    if calls is None:
+        out += [delta({"content": text}, lps) for text, lps in pieces]
+    else:
+        out.append(delta({"content": reply.message["content"] or ""}, [e for _, lps in pieces for e in lps]))
+        out += [delta({"tool_calls": [{"index": k, **call}]}, []) for k, call in enumerate(calls)]
+    out.append(delta({}, [], finish=reply.finish_reason))
+    return out
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    """One server-sent event (``data: <json>``, or ``data: [DONE]``)."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {data}\n\n".encode()

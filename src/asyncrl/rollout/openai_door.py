@@ -42,9 +42,10 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from asyncrl.auth import ApiKeyAuth
@@ -52,20 +53,26 @@ from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.chat import ChatRenderer
 from asyncrl.rollout.interruptible import generate_group
 from asyncrl.rollout.openai_chat import (
-    ChatRequest,
+    Reply,
+    TokenBytes,
     assistant_reply,
+    choice_deltas,
+    chunk_response,
     completion_response,
     models_response,
-    parse_chat_request,
+    sse,
     template_messages,
+    text_pieces,
     token_logprobs,
     tool_tags,
 )
+from asyncrl.rollout.openai_request import ChatRequest, parse_chat_request
 from asyncrl.rollout.openai_session import ChatSession, SessionStore
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.rollout.tools import ToolFormat, parse_tool_calls
+from asyncrl.rollout.tools import HERMES_CLOSE, HERMES_OPEN, ParsedTurn, ToolFormat, parse_tool_calls
 from asyncrl.types import Completion, ModelSegment
 from asyncrl.web import HTTPError, JsonServer, Request, Route, is_finite
+from asyncrl.web.server import Stream
 
 __all__ = ["ChatDoor", "DoorServer", "MAX_REQUEST_CHARS", "SESSION_ID"]
 
@@ -128,6 +135,7 @@ class ChatDoor:
         self._renderer: ChatRenderer | None = None
         self._end_of_turn_ids = end_of_turn_ids
         self._worker: ThreadPoolExecutor | None = None
+        self._token_bytes: TokenBytes | None = None
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the door's one worker thread (validation, rendering, tokenising): the event loop
@@ -208,11 +216,20 @@ class ChatDoor:
             body, tokenizer=self.tokenizer, max_slots=self.max_slots, max_chars=self.max_request_chars
         )
 
-    async def chat(self, body: Any, session_id: str | None) -> dict[str, Any]:
+    async def chat(self, body: Any, session_id: str | None) -> dict[str, Any] | Stream:
+        """A completion (recorded in ``session_id`` when given): OpenAI's JSON, or its events with ``stream``."""
         req = await self.off_loop(self._parse, body)
         self.check_model(req.model)
         if session_id is None:
-            return await self._unrecorded(req)
+            answer = await self._unrecorded(req)
+        else:
+            answer = await self._recorded(req, session_id)
+        if req.stream:
+            return Stream(_events(await self.off_loop(self._stream_events, req, answer)))
+        choices = [self._choice(i, t, req.logprobs) for i, t in enumerate(answer.turns)]
+        return completion_response(req.model or self.model_name, choices, answer.prompt_tokens, answer.produced)
+
+    async def _recorded(self, req: ChatRequest, session_id: str) -> _Answer:
         session = self.store.find_open(session_id)
         if session is None:
             if not self.open_sessions_on_call:
@@ -223,43 +240,71 @@ class ChatDoor:
         session.busy = True
         self.store.touch(session)
         try:
-            plan = await self.off_loop(session.plan, req)
-            sampling = self._sampling(req, session.sampling, len(plan.input_ids), plan.budget)
+            tools = session.tools if session.segments else req.tools
+            lead, lead_ids = await self.off_loop(self._forced, req, tools)
+            plan = await self.off_loop(session.plan, req, lead_ids)
+            sampling = self._sampling(req, session.sampling, len(plan.input_ids), plan.budget, tools)
             (c,) = await generate_group(self.engine, plan.input_ids, sampling, 1)
         finally:
             session.busy = False
             self.store.touch(session)
         seg = ModelSegment(c.output_ids, c.behav_logprobs, c.versions, c.finish_reason, c.num_interruptions)
-        tags = tool_tags(req.tools)
-        text, closed_by = self._turn_text(c, sampling)
-        parsed = parse_tool_calls(self.tool_format, text, tags)
-        reply = assistant_reply(text, parsed, c.finish_reason == "length", self.tool_format, tags)
-        session.record(req, plan, seg, reply, text, parsed, closed_by)
-        return completion_response(
-            req.model or self.model_name,
-            [self._choice(0, reply, c, req.logprobs)],
-            len(plan.input_ids),
-            len(seg.token_ids),
-        )
+        turn = self._turn(req, c, sampling, lead, parse=bool(req.tools) and req.tool_choice != "none", tools=tools)
+        session.record(req, plan, seg, turn.reply, turn.text, turn.parsed, turn.closed_by)
+        return _Answer([turn], len(plan.input_ids), len(seg.token_ids))
 
-    async def _unrecorded(self, req: ChatRequest) -> dict[str, Any]:
+    async def _unrecorded(self, req: ChatRequest) -> _Answer:
         tags = tool_tags(req.tools)
         messages = template_messages(req.messages, self.tool_format, tags)
-        ids = await self.off_loop(self.renderer.opening_ids, messages, req.tools)
-        sampling = self._sampling(req, None, len(ids), 1 << 30)
+        lead, lead_ids = await self.off_loop(self._forced, req, req.tools)
+        ids = (*await self.off_loop(self.renderer.opening_ids, messages, req.tools), *lead_ids)
+        sampling = self._sampling(req, None, len(ids), 1 << 30, req.tools)
         completions = await generate_group(self.engine, ids, sampling, req.n)
-        choices = []
-        for i, c in enumerate(completions):
-            text, _ = self._turn_text(c, sampling)
-            parsed = parse_tool_calls(self.tool_format, text, tags)
-            reply = assistant_reply(text, parsed, c.finish_reason == "length", self.tool_format, tags)
-            choices.append(self._choice(i, reply, c, req.logprobs))
-        produced = sum(len(c.output_ids) for c in completions)
-        return completion_response(req.model or self.model_name, choices, len(ids), produced)
+        parse = bool(req.tools) and req.tool_choice != "none"
+        turns = [self._turn(req, c, sampling, lead, parse=parse, tools=req.tools) for c in completions]
+        return _Answer(turns, len(ids), sum(len(c.output_ids) for c in completions))
 
-    def _sampling(self, req: ChatRequest, own: SamplingParams | None, prompt_len: int, budget: int) -> SamplingParams:
+    def _forced(self, req: ChatRequest, tools: tuple[dict[str, Any], ...]) -> tuple[str, tuple[int, ...]]:
+        """The opening of a call written for the model under ``tool_choice`` ``required`` or a named tool (text,
+        ids; environment tokens of the record), else nothing; 400 where the format cannot force one."""
+        if req.tool_choice != "required":
+            return "", ()
+        names = [t["function"]["name"] for t in tools]
+        name = req.forced_tool or (names[0] if len(names) == 1 else None)
+        if name is not None and name not in names:
+            raise HTTPError(400, f"tool_choice names {name!r}, which is not one of this session's tools {names}")
+        match self.tool_format:
+            case "hermes":
+                text = f'{HERMES_OPEN}{{"name": "{name}", "arguments": ' if name else f'{HERMES_OPEN}{{"name": "'
+            case "json":
+                text = f'{{"name": "{name}", "parameters": ' if name else '{"name": "'
+            case "tag" if name is not None:
+                text = f"<{name}>"
+            case _:
+                raise HTTPError(400, f"tool_choice='required' or a named tool: this server cannot make the model call "
+                                     f"a tool in the {self.tool_format!r} format" + (" with several tools (name one)"
+                                     if self.tool_format == "tag" else ""))  # fmt: skip
+        return text, self.renderer.encode(text)
+
+    def _close_ids(self, tools: tuple[dict[str, Any], ...]) -> tuple[int, ...]:
+        """The tokens that close a call, where a close is one token (``parallel_tool_calls=false`` stops there)."""
+        match self.tool_format:
+            case "hermes":
+                closes = [HERMES_CLOSE]
+            case "tag":
+                closes = [f"</{t['function']['name']}>" for t in tools]
+            case _:
+                closes = []
+        ids = [self.tokenizer.encode(c, add_special_tokens=False) for c in closes]
+        return tuple(int(i[0]) for i in ids if len(i) == 1)
+
+    def _sampling(
+        self, req: ChatRequest, own: SamplingParams | None, prompt_len: int, budget: int,
+        tools: tuple[dict[str, Any], ...] = (),
+    ) -> SamplingParams:  # fmt: skip
         """The call's sampling: the session's (a workflow's) or the request's, within every budget. A
-        session's own ``max_new_tokens`` is a cap: a request's larger ``max_tokens`` is lowered to it."""
+        session's own ``max_new_tokens`` is a cap: a request's larger ``max_tokens`` is lowered to it;
+        ``parallel_tool_calls=false`` adds the one-token closes of a call to the stops."""
         cap = req.max_tokens or (own.max_new_tokens if own is not None else self.default_max_tokens)
         if own is not None:
             cap = min(cap, own.max_new_tokens)
@@ -270,9 +315,9 @@ class ChatDoor:
                     400, f"the conversation is {prompt_len} tokens; the engine's context is {self.max_seq_len}"
                 )
             cap = min(cap, room)
-        stops = tuple(
-            dict.fromkeys((*self.renderer.end_of_turn_ids, *req.stop_ids, *(own.stop_token_ids if own else ())))
-        )
+        closes = () if req.parallel_tool_calls or not req.tools or req.tool_choice == "none" else self._close_ids(tools)
+        own_stops = own.stop_token_ids if own else ()
+        stops = tuple(dict.fromkeys((*self.renderer.end_of_turn_ids, *req.stop_ids, *own_stops, *closes)))
         if own is not None:
             return replace(own, max_new_tokens=min(cap, budget), stop_token_ids=stops)
         return SamplingParams(
@@ -280,22 +325,82 @@ class ChatDoor:
             greedy=req.temperature == 0, stop_token_ids=stops, seed=req.seed,
         )  # fmt: skip
 
-    def _turn_text(self, c: Completion, sampling: SamplingParams) -> tuple[str, int | None]:
-        """(the turn's text without the stop token it ended at, that token when it ends a turn)."""
+    def _turn(
+        self, req: ChatRequest, c: Completion, sampling: SamplingParams, lead: str, *, parse: bool,
+        tools: tuple[dict[str, Any], ...],
+    ) -> _Turn:  # fmt: skip
+        """One finished completion as the reply: its text (``lead``, the forced opening, then the model's text
+        without the stop token it ended at, unless that token closes a call), calls parsed when ``parse``."""
         ids = c.output_ids
+        closes = set(self._close_ids(tools)) if not req.parallel_tool_calls else set()
         stopped = c.finish_reason == "stop" and bool(ids) and ids[-1] in sampling.stop_token_ids
-        own = ids[:-1] if stopped else ids
+        own = ids[:-1] if stopped and ids[-1] not in closes else ids
         closed_by = ids[-1] if stopped and ids[-1] in self.renderer.end_of_turn_ids else None
-        return self.tokenizer.decode(list(own), skip_special_tokens=False), closed_by
+        text = lead + self.tokenizer.decode(list(own), skip_special_tokens=False)
+        tags = tool_tags(tools)
+        parsed = parse_tool_calls(self.tool_format, text, tags) if parse else ParsedTurn()
+        max_calls = None if req.parallel_tool_calls else 1
+        reply = assistant_reply(text, parsed, c.finish_reason == "length", self.tool_format, tags, max_calls)
+        return _Turn(reply, text, parsed, closed_by, lead, own, c.behav_logprobs[: len(own)])
 
-    def _choice(self, index: int, reply: Any, c: Completion, logprobs: bool) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": index, "message": reply.message, "finish_reason": reply.finish_reason}
-        if logprobs:
-            n = len(c.output_ids) - int(c.finish_reason == "stop")
-            choice["logprobs"] = token_logprobs(self.tokenizer, c.output_ids[:n], c.behav_logprobs[:n])
-        else:
-            choice["logprobs"] = None
+    @property
+    def token_bytes(self) -> TokenBytes:
+        if self._token_bytes is None or self._token_bytes.tokenizer is not self.tokenizer:
+            self._token_bytes = TokenBytes(self.tokenizer)
+        return self._token_bytes
+
+    def _choice(self, index: int, turn: _Turn, logprobs: bool) -> dict[str, Any]:
+        choice: dict[str, Any] = {
+            "index": index,
+            "message": turn.reply.message,
+            "finish_reason": turn.reply.finish_reason,
+        }
+        choice["logprobs"] = token_logprobs(self.token_bytes, turn.ids, turn.logprobs) if logprobs else None
         return choice
+
+    def _stream_events(self, req: ChatRequest, answer: _Answer) -> list[bytes]:
+        """The answer as server-sent events (``chat.completion.chunk``; the usage chunk; ``[DONE]``)."""
+        chunk_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model or self.model_name
+        usage = {"usage": None} if req.include_usage else {}
+        events = []
+        for i, turn in enumerate(answer.turns):
+            entries = [self.token_bytes.entry(t, lp) for t, lp in zip(turn.ids, turn.logprobs, strict=True)]
+            pieces = [(turn.lead, [])] if turn.lead else []
+            pieces += [(p, [e]) for p, e in zip(text_pieces(self.tokenizer, turn.ids), entries, strict=True)]
+            for delta in choice_deltas(i, turn.reply, pieces, req.logprobs):
+                events.append(sse(chunk_response(chunk_id, created, model, [delta]) | usage))
+        if req.include_usage:
+            tokens = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.produced,
+                      "total_tokens": answer.prompt_tokens + answer.produced}  # fmt: skip
+            events.append(sse(chunk_response(chunk_id, created, model, [], tokens)))
+        return [*events, sse("[DONE]")]
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """One choice: the reply and what it was read from."""
+
+    reply: Reply
+    text: str
+    parsed: ParsedTurn
+    closed_by: int | None
+    lead: str
+    """The call's opening the door wrote for the model (``tool_choice`` required or named), else empty."""
+    ids: tuple[int, ...]
+    """The model's tokens of the text (without the stop token it ended at)."""
+    logprobs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class _Answer:
+    turns: list[_Turn]
+    prompt_tokens: int
+    produced: int
+
+
+async def _events(events: list[bytes]) -> AsyncGenerator[bytes, None]:
+    for event in events:
+        yield event
 
 
 def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:

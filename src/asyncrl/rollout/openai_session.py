@@ -36,7 +36,8 @@ from typing import Any
 from asyncrl.rollout.agent import turn_record
 from asyncrl.rollout.chat import ChatRenderer
 from asyncrl.rollout.envs.base import Message
-from asyncrl.rollout.openai_chat import ChatRequest, Reply, normalized, same_message, template_messages, tool_tags
+from asyncrl.rollout.openai_chat import Reply, normalized, same_message, template_messages, tool_tags
+from asyncrl.rollout.openai_request import ChatRequest
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.tools import ParsedTurn, ToolFormat
 from asyncrl.types import EnvKind, EnvSegment, EpisodeEnd, ModelSegment, Segment, Trajectory, TurnRecord
@@ -96,29 +97,35 @@ class ChatSession:
     def used(self) -> int:
         return len(self.ids) - len(self.prompt_ids)
 
-    def plan(self, req: ChatRequest) -> TurnPlan:
+    def plan(self, req: ChatRequest, lead_ids: tuple[int, ...] = ()) -> TurnPlan:
         """The ids this call generates from; 400 when it does not extend the recorded conversation (the door
-        calls it on open sessions only: ``SessionStore.end`` takes an ended one out of ``open``)."""
+        calls it on open sessions only: ``SessionStore.end`` takes an ended one out of ``open``). ``lead_ids``:
+        what the door writes for the model after the glue (the opening of a call it must make), environment
+        tokens like the glue."""
         if req.n != 1:
             raise HTTPError(400, "a session records one conversation: n must be 1")
         arrived_at = time.monotonic()
-        messages = template_messages(req.messages, self.tool_format, tool_tags(req.tools))
         if not self.segments:
-            opening = self.renderer.opening_ids(messages, req.tools)
-            return TurnPlan(opening, (), messages, self._budget(0), arrived_at)
+            messages = template_messages(req.messages, self.tool_format, tool_tags(req.tools))
+            opening = (*self.renderer.opening_ids(messages, req.tools), *lead_ids)
+            return TurnPlan(opening, (), messages, self._budget(len(lead_ids)), arrived_at)
         prev = self.conversation
         if len(req.messages) < len(prev) or not all(
             same_message(a, b) for a, b in zip(req.messages, prev, strict=False)
         ):
             raise HTTPError(400, self._divergence(req.messages))
-        if req.tools != self.tools:
-            raise HTTPError(400, f"session {self.session_id}: the tools changed between calls of one session")
+        if req.tools and req.tools != self.tools:
+            raise HTTPError(400, f"session {self.session_id}: the tools changed between calls. A session's tools are "
+                                 "in its opening, recorded as the model saw them: a call may send them again or "
+                                 "none (a final answer: its calls are not read), not others; start another "
+                                 "session for other tools")  # fmt: skip
         new = req.messages[len(prev) :]
         if any(m["role"] == "assistant" for m in new):
             raise HTTPError(400, f"session {self.session_id}: new messages may not hold an assistant turn the "
                                  "model did not write (start another session for another conversation)")  # fmt: skip
-        new_messages = messages[len(prev) :]
+        new_messages = template_messages(new, self.tool_format, tool_tags(self.tools))
         env = self.renderer.env_ids(self.history, new_messages, self.tools, self.last_closed_by)
+        env = (*env, *lead_ids)
         budget = self._budget(len(env))
         return TurnPlan((*self.ids, *env), env, new_messages, budget, arrived_at)
 
