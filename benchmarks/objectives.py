@@ -132,24 +132,20 @@ def tune_cells(plan: Plan) -> list[Cell]:
 
 
 def _conditions(plan: Plan) -> list[tuple[StalenessMode, int]]:
-    return [*(("fixed", k) for k in plan.lags), *(("bounded", eta) for eta in plan.etas)]
+    """The conditions compared: the tuning lag first (the baseline), then the controlled lags, then the bounds η."""
+    fixed = [("fixed", k) for k in (plan.tune_lag, *plan.lags)]
+    return list(dict.fromkeys([*fixed, *(("bounded", eta) for eta in plan.etas)]))
 
 
 def compare_cells(plan: Plan, best: dict[str, float], done: set[Cell] | None = None) -> list[Cell]:
     """The comparison phase: each objective at its best step size and at the shared one (one run where they are
-    equal), under every condition, and at the tuning lag for the shared step size when the grid lacks it (the
-    baseline of the shared rule); seed-major; cells in ``done`` are not repeated."""
+    equal), under every condition, the tuning lag included (its tuning runs, passed in ``done``, are not made
+    again: what remains there is a shared step size off the grid and seeds beyond the tuning seeds); seed-major."""
     out: list[Cell] = []
-    conditions = _conditions(plan)
-    if plan.shared_lr not in plan.lrs:
-        conditions = [("fixed", plan.tune_lag), *conditions]
     for seed in plan.seeds:
-        for staleness, lag in conditions:
+        for staleness, lag in _conditions(plan):
             for objective in plan.objectives:
-                lrs = [best[objective], plan.shared_lr]
-                if (staleness, lag) == ("fixed", plan.tune_lag):
-                    lrs = [plan.shared_lr]
-                for lr in dict.fromkeys(lrs):
+                for lr in dict.fromkeys([best[objective], plan.shared_lr]):
                     cell = Cell(objective, staleness, lag, lr, seed)
                     if cell not in (done or set()) and cell not in out:
                         out.append(cell)
@@ -166,7 +162,8 @@ def budget_line(plan: Plan) -> str:
     """The plan's size and cost, before any run: the comparison's count is an upper bound (every objective's best
     step size different from the shared one)."""
     n_tune = len(tune_cells(plan))
-    worst = {o: -1.0 for o in plan.objectives}  # a step size no grid holds: the most runs
+    other = next((lr for lr in plan.lrs if lr != plan.shared_lr), plan.shared_lr)
+    worst = dict.fromkeys(plan.objectives, other)  # every best off the shared step size: the most runs
     n_compare = len(compare_cells(plan, worst, set(tune_cells(plan))))
     hours = estimate_seconds(n_tune + n_compare, plan.steps, plan.cost) / 3600
     return (
@@ -211,7 +208,7 @@ def comparison(rows: list[dict[str, Any]], plan: Plan, best: dict[str, float]) -
     index = {(r["objective"], r["staleness"], r["lag"], r["lr"], r["seed"]): r for r in rows}
     out = []
     for rule in ("own", "shared"):
-        for staleness, lag in [("fixed", plan.tune_lag), *_conditions(plan)]:
+        for staleness, lag in _conditions(plan):
             for objective in plan.objectives:
                 lr = _lr_of(rule, objective, best, plan)
                 cell = [index[k] for s in plan.seeds if (k := (objective, staleness, lag, lr, s)) in index]
@@ -235,7 +232,7 @@ def paired(rows: list[dict[str, Any]], plan: Plan, best: dict[str, float]) -> li
     index = {(r["objective"], r["staleness"], r["lag"], r["lr"], r["seed"]): r["accuracy_after"] for r in rows}
     out = []
     for rule in ("own", "shared"):
-        for staleness, lag in [("fixed", plan.tune_lag), *_conditions(plan)]:
+        for staleness, lag in _conditions(plan):
             ref_lr = _lr_of(rule, REFERENCE, best, plan)
             for objective in plan.objectives:
                 if objective == REFERENCE:

@@ -36,17 +36,18 @@ def test_tuning_cells_cover_the_grid_at_the_tuning_lag() -> None:
 
 
 def test_comparison_cells_share_a_run_where_the_rules_agree() -> None:
-    cells = bench.compare_cells(PLAN, BEST)
+    tuned = set(bench.tune_cells(PLAN))
+    cells = bench.compare_cells(PLAN, BEST, tuned)
     # decoupled's best is the shared step size: one run per condition; the others two
     per_seed_condition = 1 + 2 + 2
-    assert len(cells) == len(PLAN.seeds) * 3 * per_seed_condition
+    assert len(cells) == len(PLAN.seeds) * 3 * per_seed_condition + per_seed_condition  # lag 0: seed 2 only
     assert Cell("naive", "bounded", 4, 2e-4, 1) in cells and Cell("naive", "bounded", 4, 1e-4, 1) in cells
-    assert not any(c.lag == 0 for c in cells)  # the shared step size is in the grid: its lag-0 runs exist
+    assert {c.seed for c in cells if c.lag == 0} == {2}  # seeds 0-1 ran there while tuning
+    assert not tuned & set(cells)
     off_grid = Plan(**{**PLAN.__dict__, "shared_lr": 3e-4})
-    extra = [c for c in bench.compare_cells(off_grid, BEST) if c.lag == 0]
-    assert len(extra) == 3 * 3 and {c.lr for c in extra} == {3e-4}
-    done = set(cells[:4])
-    assert bench.compare_cells(PLAN, BEST, done) == cells[4:]
+    extra = [c for c in bench.compare_cells(off_grid, BEST, tuned) if c.lag == 0 and c.seed < 2]
+    assert len(extra) == 3 * 2 and {c.lr for c in extra} == {3e-4}
+    assert bench.compare_cells(PLAN, BEST, tuned | set(cells[:4])) == cells[4:]
 
 
 def test_best_step_size_is_the_highest_mean_and_ties_go_to_the_smaller() -> None:
@@ -64,7 +65,7 @@ def test_best_step_size_is_the_highest_mean_and_ties_go_to_the_smaller() -> None
 
 def test_the_cost_is_printed_from_the_plan() -> None:
     line = bench.budget_line(PLAN)
-    n_tune, n_compare = 18, len(PLAN.seeds) * 3 * 3 * 2  # the bound: every best off the shared step size
+    n_tune, n_compare = 18, (len(PLAN.seeds) * 3 + 1) * 3 * 2  # the bound: every best off the shared step size
     assert f"{n_tune} tuning runs + at most {n_compare} comparison runs" in line
     hours = bench.estimate_seconds(n_tune + n_compare, 3) / 3600
     assert f"about {hours:.1f} h" in line
@@ -73,10 +74,13 @@ def test_the_cost_is_printed_from_the_plan() -> None:
 
 def test_whole_bench_on_fake_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[str]] = []
+    seen: list[str] = []
 
     def fake_run_arm(overrides: list[str], run_dir: Path, collapse_fraction: float, reuse: Any) -> dict[str, Any]:
         calls.append(overrides)
         cell = next(c for c in [*bench.tune_cells(PLAN), *bench.compare_cells(PLAN, BEST)] if c.name == run_dir.name)
+        assert run_dir.name not in {Path(d).name for d in seen}
+        seen.append(str(run_dir))
         return {"accuracy_before": 0.3, "accuracy_after": _accuracy(cell.objective, cell.lr, cell.lag, cell.seed),
                 "collapsed": False, "applied_weight_sq_mean": 1.5, "behav_weight_sq_mean": 9.0, "wall_s": 1.0,
                 "curves": {"reward": [0.1], "clip_frac": [0.2]}}  # fmt: skip
@@ -85,7 +89,8 @@ def test_whole_bench_on_fake_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     out = tmp_path / "objectives.json"
     payload = bench.run_objectives(str(out), PLAN, out_dir=str(tmp_path / "runs"))
     assert payload["best_lrs"] == BEST
-    assert len(payload["rows"]) == 18 + len(bench.compare_cells(PLAN, BEST)) == len(calls)
+    tuned = set(bench.tune_cells(PLAN))
+    assert len(payload["rows"]) == 18 + len(bench.compare_cells(PLAN, BEST, tuned)) == len(calls)
     bounded = [c for c in calls if "controller.fixed_lag=null" in c]
     assert bounded and all("controller.high_water_batches=0" in c for c in bounded)
     assert all("trainer.ppo_minibatches=4" in c for c in calls)
@@ -100,7 +105,8 @@ def test_whole_bench_on_fake_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert shared["minus_reference_mean"] == pytest.approx(-1000 * 5e-5 + (0.02 - 0.015) * 4)
     assert shared["lr"] == shared["reference_lr"] == 1e-4
     cmp = {(c["lr_rule"], c["staleness"], c["lag"], c["objective"]): c for c in payload["comparison"]}
-    assert cmp[("own", "fixed", 0, "naive")]["n"] == 2  # lag 0: the tuning seeds
+    assert cmp[("own", "fixed", 0, "naive")]["n"] == 3  # lag 0: the tuning seeds and seed 2
+    assert len(payload["comparison"]) == 2 * 4 * 3  # rules x conditions (lag 0, 2, 8, eta 4) x objectives
     assert cmp[("own", "fixed", 2, "naive")]["applied_weight_sq_mean"] == pytest.approx(1.5)
     written = json.loads(out.read_text())
     assert written["paired"] == payload["paired"] and len(written["rows"]) == len(payload["rows"])
