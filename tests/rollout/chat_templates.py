@@ -8,7 +8,11 @@
   the system turn with ``Environment: ipython``, tool results as ``ipython`` turns, ``<|eot_id|>``
   closing turns, ``<|eom_id|>`` as the other end-of-turn token, content trimmed) over a byte-level
   BPE grouping digits by three;
-- ``tiny_tokenizer``: the tiny default's own (``asyncrl.models.build_tiny_tokenizer``).
+- ``tiny_tokenizer``: the tiny default's own (``asyncrl.models.build_tiny_tokenizer``);
+- ``family_tokenizer(name)``: a model family's chat template with tool calling (``templates/NAME.jinja``:
+  qwen3, qwen3_coder, hermes, llama3, mistral, deepseek_v3, deepseek_r1) over a BPE with that family's
+  control tokens (``FAMILY_TOKENS``). The BPEs are all byte-level (Mistral's real one is SentencePiece): what
+  the parsers are tested on is the template's text and its control tokens, not the merges.
 
 ``FORGED`` holds, per template, a tool result (or user turn) that writes the template's own control
 text to forge a system turn and an assistant answer; ``control_counts`` counts the control (special)
@@ -164,6 +168,39 @@ def llama_tokenizer() -> Any:
         LLAMA_TEMPLATE,
         {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "pad_token": "<|end_of_text|>"},
     )  # fmt: skip
+
+
+TEMPLATES = Path(__file__).parent / "templates"
+_IM = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_DEEPSEEK = [
+    "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+    "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>",
+    "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>",
+]  # fmt: skip
+_DEEPSEEK_ROLES = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"}
+FAMILY_TOKENS: dict[str, tuple[str, list[str], list[str], dict[str, str]]] = {
+    "qwen3": (QWEN_PATTERN, _IM, ["<tool_call>", "</tool_call>", "<think>", "</think>"],
+              {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
+    "qwen3_coder": (QWEN_PATTERN, _IM, ["<tool_call>", "</tool_call>"],
+                    {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
+    "hermes": (LLAMA_PATTERN, ["<|begin_of_text|>", *_IM], ["<tool_call>", "</tool_call>"],
+               {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
+    "llama3": (LLAMA_PATTERN, ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                               "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"], [],
+               {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "pad_token": "<|end_of_text|>"}),
+    "mistral": (LLAMA_PATTERN, ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
+                                "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"], [],
+                {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}),
+    "deepseek_v3": (LLAMA_PATTERN, _DEEPSEEK, [], _DEEPSEEK_ROLES),
+    "deepseek_r1": (LLAMA_PATTERN, _DEEPSEEK, ["<think>", "</think>"], _DEEPSEEK_ROLES),
+}  # fmt: skip
+"""Per family: the pre-tokenizer pattern, the control (special) tokens, the added plain tokens, the roles."""
+
+
+def family_tokenizer(name: str) -> Any:
+    """The family ``name``'s template (``templates/NAME.jinja``) over a small BPE with its control tokens."""
+    pattern, specials, added, roles = FAMILY_TOKENS[name]
+    return _bpe(pattern, specials, added, (TEMPLATES / f"{name}.jinja").read_text(), roles)
 
 
 def tiny_tokenizer(tmp: Path) -> Any:
