@@ -46,7 +46,7 @@ __all__ = [
 # model / task
 DType = Literal["float32", "bfloat16", "float16"]
 """``model.dtype``: the dtype weights are loaded in (``models.load_policy``)."""
-TaskName = Literal["arithmetic", "calculator", "gsm8k", "humaneval", "jsonl", "reasoning_gym"]
+TaskName = Literal["arithmetic", "calculator", "gsm8k", "humaneval", "jsonl", "reasoning_gym", "verifiers"]
 """``task.name``: the prompt source (``data.prompts.build_task``)."""
 ArithmeticForm = Literal["chain", "repeat"]
 """``task.form``: the problem forms of the synthetic arithmetic task (``data.synthetic``)."""

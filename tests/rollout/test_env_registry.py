@@ -72,7 +72,11 @@ def secret_of(prompt_id: str, run_seed: int = 0) -> int:
 
 def test_the_projects_environments_are_entry_points_of_its_pyproject() -> None:
     table = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"][GROUP]
-    assert table == {"calculator": "asyncrl.rollout.envs.calculator:make", "python": "asyncrl.rollout.envs.python:make"}
+    assert table == {
+        "calculator": "asyncrl.rollout.envs.calculator:make",
+        "python": "asyncrl.rollout.envs.python:make",
+        "verifiers": "asyncrl.rollout.envs.verifiers:make",
+    }
     assert {k: registered()[k] for k in table} == table  # the installed metadata holds them (pip install -e .)
     assert isinstance(env_maker("calculator", EnvOptions(tool_timeout_s=2.0))(), ToolEnv)
     python = env_maker("python", EnvOptions(code_runner=lambda code: "ran"))()

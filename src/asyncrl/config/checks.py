@@ -418,7 +418,8 @@ def validate_workflow(cfg: Config) -> None:
 
 def validate_task(cfg: Config) -> None:
     """``task.name=reasoning_gym`` and ``task.verifier=reasoning_gym`` go together (the verifier scores with
-    the entry the task puts in each prompt); the task needs ``task.datasets``."""
+    the entry the task puts in each prompt); the task needs ``task.datasets``. ``task.name=verifiers`` (a
+    verifiers taskset, ``task.datasets``) goes with ``rollout.workflow=agent agent.env=verifiers``."""
     task = cfg.task
     if task.name == "reasoning_gym" and not task.datasets:
         raise ConfigError("task.name=reasoning_gym needs task.datasets=NAME[,NAME...] (reasoning-gym dataset names)")
@@ -428,6 +429,14 @@ def validate_task(cfg: Config) -> None:
         )
     if task.verifier == "reasoning_gym" and task.name != "reasoning_gym":
         raise ConfigError(f"task.verifier=reasoning_gym needs task.name=reasoning_gym, got task.name={task.name}")
+    if task.name == "verifiers" and not task.datasets:
+        raise ConfigError("task.name=verifiers needs task.datasets=<verifiers taskset id> (an installed module)")
+    if task.name == "verifiers" and (cfg.rollout.workflow != "agent" or cfg.agent.env != "verifiers"):
+        raise ConfigError(
+            "task.name=verifiers is played and scored by its tasks: set rollout.workflow=agent agent.env=verifiers"
+        )
+    if cfg.agent.env == "verifiers" and cfg.rollout.workflow == "agent" and task.name != "verifiers":
+        raise ConfigError(f"agent.env=verifiers plays task.name=verifiers prompts, got task.name={task.name}")
 
 
 def validate(cfg: Config) -> Config:

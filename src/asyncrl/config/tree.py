@@ -56,8 +56,8 @@ class TaskConfig:
     name: TaskName = "arithmetic"
     """arithmetic (synthetic, embedded default) | gsm8k | humaneval (../shared/data or task.path) |
     jsonl (task.path: rows with `prompt`, `answer`, optional `id`) | reasoning_gym (task.datasets, generated
-    with task.seed). Set task.verifier to match (math for gsm8k, code for humaneval, reasoning_gym for
-    reasoning_gym)."""
+    with task.seed) | verifiers (task.datasets: a verifiers taskset id, played by agent.env=verifiers). Set
+    task.verifier to match (math for gsm8k, code for humaneval, reasoning_gym for reasoning_gym)."""
     seed: int = 1234
     """Seed of the synthetic generator and of the train/held-out split."""
     train_size: int = 20000
@@ -81,7 +81,8 @@ class TaskConfig:
     datasets: str | None = None
     """task.name=reasoning_gym: the reasoning-gym dataset(s), comma-separated (e.g. ``basic_arithmetic`` or
     ``chain_sum,basic_arithmetic``: drawn with equal weights), each at its default configuration;
-    ``train_size`` + ``eval_size`` entries generated with task.seed (data.reasoning_gym)."""
+    ``train_size`` + ``eval_size`` entries generated with task.seed (data.reasoning_gym). task.name=verifiers:
+    the verifiers taskset id (an installed module exporting one ``vf.Taskset``; data.verifiers)."""
     calculator_max_digits: int = 0
     """Calculator: most decimal digits of any operand (0: the built-in ranges, 2-7 digits by problem
     kind; 3 gives products like 483*57, still beyond a tiny model's mental arithmetic, with shorter
