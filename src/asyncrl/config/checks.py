@@ -20,6 +20,7 @@ import types
 import typing
 from dataclasses import fields, is_dataclass
 from typing import Any, get_args
+from urllib.parse import urlparse
 
 from asyncrl.choices import WorkflowName
 from asyncrl.config.parse import ConfigError, check_choices
@@ -338,8 +339,10 @@ def validate_fixed_lag(cfg: Config) -> None:
 
 def validate_backend(cfg: Config) -> None:
     """``rollout.backend=vllm``: vLLM importable, and the settings its engine serves exactly (the refusals of
-    ``rollout.vllm_engine.VLLMEngine``, said at load time)."""
+    ``rollout.vllm_engine.VLLMEngine``, said at load time); ``sglang``: ``_validate_sglang``."""
     r = cfg.rollout
+    if r.backend == "sglang":
+        _validate_sglang(cfg)
     if r.backend != "vllm":
         return
     import importlib.util
@@ -370,6 +373,35 @@ def validate_backend(cfg: Config) -> None:
     for key, ok, wanted, got in needs:
         if not ok:
             raise ConfigError(f"rollout.backend=vllm needs {key}{wanted}, got {got!r}")
+
+
+def _validate_sglang(cfg: Config) -> None:
+    """``rollout.backend=sglang``: server URLs, weights exported to disk (the servers load them from there), the
+    local launcher, and no greedy evaluation at a temperature other than 1 (``rollout.sglang_engine``)."""
+    r = cfg.rollout
+    urls = [u.strip() for u in r.sglang_urls.split(",") if u.strip()]
+    if not urls:
+        raise ConfigError(
+            "rollout.backend=sglang needs rollout.sglang_urls (the servers' http://host:port, comma-separated)"
+        )
+    for url in urls:
+        parsed = urlparse(url if "://" in url else f"http://{url}")
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ConfigError(f"rollout.sglang_urls: {url!r} is not an http://host:port URL")
+    greedy_eval = cfg.eval.greedy or cfg.eval.report_greedy
+    needs = [
+        ("trainer.weight_transport", cfg.trainer.weight_transport == "safetensors", "=safetensors (the servers load "
+         "each version from trainer.weight_export_dir)", cfg.trainer.weight_transport),
+        ("launch.kind", cfg.launch.kind == "local", "=local (the SGLang clients run in the launcher's process)",
+         cfg.launch.kind),
+        ("launch.engine_urls", not cfg.launch.engine_urls, " empty (the servers are rollout.sglang_urls)",
+         cfg.launch.engine_urls),
+        ("eval.greedy and eval.report_greedy", r.temperature == 1.0 or not greedy_eval, f"=false with "
+         f"rollout.temperature={r.temperature} (SGLang reports argmax log-probs at temperature 1)", True),
+    ]  # fmt: skip
+    for key, ok, wanted, got in needs:
+        if not ok:
+            raise ConfigError(f"rollout.backend=sglang needs {key}{wanted}, got {got!r}")
 
 
 def validate_launch(cfg: Config) -> None:

@@ -188,9 +188,13 @@ class RolloutConfig:
     """Engine concurrency (decode slots)."""
     backend: RolloutBackend = "local"
     """local (the project's engine) | vllm (vLLM's AsyncLLM in process: ``make vllm-env``, then run from
-    ``.venv-vllm``; the local launcher; top_p=1, top_k=0; ``rollout.vllm_engine``). The same contract either way:
-    token ids in and out, behaviour log-probs of the tempered distribution, per-token versions stamped by
-    the engine, in-flight updates in ``interrupt_mode``."""
+    ``.venv-vllm``; the local launcher; top_p=1, top_k=0; ``rollout.vllm_engine``) | sglang (running SGLang
+    servers at ``rollout.sglang_urls``; weights through trainer.weight_export_dir, which they must read;
+    ``rollout.sglang_engine``). The same contract every way: token ids in and out, behaviour log-probs of the
+    tempered distribution, per-token versions stamped by the engine, in-flight updates in ``interrupt_mode``."""
+    sglang_urls: str = ""
+    """backend=sglang: the SGLang servers (``python -m sglang.launch_server``), comma-separated
+    ``http://host:port``; requests go to the one with the fewest tokens in flight."""
     interrupt_mode: InterruptMode = "abort"
     """abort (AReaL: stop, re-prefill under new weights) | keep (swap weights, keep KV cache)."""
     prefix_reuse: bool = False

@@ -8,7 +8,7 @@ Whoever runs a stage builds it here, so a setting reaches every copy of the stag
 ``load_model(cfg, dir)``       policy + tokenizer on ``model.device`` (or a stage's own) in ``model.dtype``
 ``engine_max_seq_len(cfg)``    an engine's context: the longest prompt plus the longest training or
                                evaluation response (or agent episode, ``agent.max_tokens``)
-``build_engine(...)``          ``rollout.backend``: ``LocalEngine`` | ``VLLMEngine`` (slots, context, mode)
+``build_engine(...)``          ``rollout.backend``: ``LocalEngine`` | ``VLLMEngine`` | SGLang clients
 ``build_remote_pool(urls)``    an ``EnginePool`` of ``RemoteEngine`` clients of running servers
 ``build_trainer(...)``         ``Trainer`` (trainer and algo settings, sampling temperature, total steps)
 ``build_reward_service(cfg)``  the ``RewardService`` (workers, timeout, retries)
@@ -138,7 +138,8 @@ def build_engine(cfg: Config, model: Any, tokenizer: Any, *, device: str | None 
     ``local``: the ``LocalEngine`` of ``model`` (and ``rollout.prefix_reuse``) on ``device`` (default
     ``model.device``: the engine's tensors go where its weights are). ``vllm``: a ``VLLMEngine`` over a scratch
     copy of ``model`` and ``tokenizer`` saved as a Hugging Face checkpoint (so it starts from exactly these
-    weights; removed at ``close``), in ``model.dtype``, seeded with ``run.seed``."""
+    weights; removed at ``close``), in ``model.dtype``, seeded with ``run.seed``. ``sglang``: clients of the running
+    SGLang servers of ``rollout.sglang_urls``, which start from ``model``'s weights (``_build_sglang``)."""
     match cfg.rollout.backend:
         case "local":
             from asyncrl.rollout.engine import LocalEngine
@@ -169,8 +170,40 @@ def build_engine(cfg: Config, model: Any, tokenizer: Any, *, device: str | None 
                 seed=cfg.run.seed,
                 owns_model_dir=True,
             )
+        case "sglang":
+            return _build_sglang(cfg, model)
         case other:
             raise choice_error(other, RolloutBackend, "rollout.backend")
+
+
+def _build_sglang(cfg: Config, model: Any) -> RolloutEngine:
+    """``SGLangEngine`` clients of ``rollout.sglang_urls`` (an ``EnginePool`` of them for several), each loading
+    ``model``'s weights, saved under ``trainer.weight_export_dir``, before its first request."""
+    import tempfile
+
+    from asyncrl.rollout.sglang_engine import SGLangEngine
+
+    urls = [u.strip() for u in cfg.rollout.sglang_urls.split(",") if u.strip()]
+    root = Path(cfg.trainer.weight_export_dir or tempfile.gettempdir())
+    root.mkdir(parents=True, exist_ok=True)
+    initial = Path(tempfile.mkdtemp(prefix="asyncrl-sglang-initial-", dir=root))
+    model.save_pretrained(str(initial), safe_serialization=True)
+    engines = [
+        SGLangEngine(
+            url,
+            vocab_size=int(model.config.vocab_size),
+            max_seq_len=engine_max_seq_len(cfg),
+            interrupt_mode=cfg.rollout.interrupt_mode,
+            initial_weights=initial,
+            owns_initial_weights=i == 0,
+        )
+        for i, url in enumerate(urls)
+    ]
+    if len(engines) == 1:
+        return engines[0]
+    from asyncrl.rollout.pool import EnginePool
+
+    return EnginePool(engines, max_restarts=0)
 
 
 def build_remote_pool(urls: str) -> EnginePool:

