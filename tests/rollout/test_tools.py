@@ -165,6 +165,9 @@ def test_llama_calls_separated_by_semicolons_and_mistral_ids() -> None:
     assert parse_tool_calls("json", text).calls == (ToolCall("a", {"x": 1}), ToolCall("b"))
     mistral = parse_tool_calls("mistral", 'Sure.[TOOL_CALLS] [{"name": "a", "arguments": {}, "id": "abcdefghi"}]')
     assert mistral.calls[0].id == "abcdefghi" and mistral.content == "Sure."
+    later = parse_tool_calls("mistral", '[TOOL_CALLS]a[ARGS]{"x": 1}[TOOL_CALLS]b{}')  # v11+ tokenizers
+    assert later.calls == (ToolCall("a", {"x": 1}), ToolCall("b")) and later.errors == ()
+    assert "not valid JSON" in parse_tool_calls("mistral", '[TOOL_CALLS]a[ARGS]{"x": 1} and').errors[0]
     made = format_tool_call("mistral", ToolCall("a", {"x": 1}))
     assert made == format_tool_call("mistral", ToolCall("a", {"x": 1}))  # the derived id is the same each time
     (call,) = parse_tool_calls("mistral", made).calls
