@@ -86,7 +86,7 @@ class ChatBody:
     metadata: Annotated[dict | None, Door("ignored", "nothing is stored")] = None
     modalities: Annotated[Any, Spec('null or ["text"]', lambda v: v == ["text"]),
                           Door("supported", '["text"] only; audio output is a 400')] = None  # fmt: skip
-    moderation: Annotated[Any, _neutral(), Door("refused", "no moderation here")] = None
+    moderation: Annotated[Any, _neutral(), Door("refused", "no moderation is run on input or output")] = None
     n: Annotated[int | None, Door("supported", "choices of an unrecorded call (at most the engine's slots); 1 in "
                                   "a session (one conversation)")] = None  # fmt: skip
     parallel_tool_calls: Annotated[bool | None, Door("supported", "false: at most one call per turn (the turn "
@@ -106,7 +106,7 @@ class ChatBody:
     seed: Annotated[int | None, Door("supported", "the sampler's seed" + _SESSION)] = None
     service_tier: Annotated[str | None, Door("ignored", "one tier")] = None
     stop: Annotated[Any, Door("supported", f"up to 4 strings of one token each (at most {MAX_STOP_CHARS} "
-                              "characters); a longer one is a 400")] = None  # fmt: skip
+                              "characters); a string of several tokens is a 400")] = None  # fmt: skip
     store: Annotated[bool | None, Door("ignored", "nothing is stored for OpenAI's tools (a session is recorded "
                                        "for training whatever this says)")] = None  # fmt: skip
     stream: Annotated[bool | None, Door("supported", "server-sent events: chat.completion.chunk objects with "
