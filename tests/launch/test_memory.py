@@ -155,3 +155,13 @@ def test_kv_formula_matches_the_engine_check() -> None:
         layers=shape.layers, slots=6, kv_heads=shape.kv_heads, max_seq_len=seq, head_dim=shape.head_dim,
         dtype=torch.float32,
     )  # fmt: skip
+
+
+def test_engines_elsewhere_are_not_counted(tiny: Path) -> None:
+    cfg = load_config(overrides=["launch.engine_urls=http://127.0.0.1:1"])
+    shape = model_shape(cfg, tiny)
+    assert shape is not None
+    estimate = estimate_memory(cfg, shape)
+    names = set(_parts(estimate.devices[0]))
+    assert "engine weights" not in names and "engine KV cache" not in names and "trainer parameters" in names
+    assert any("servers elsewhere" in note for note in estimate.notes)

@@ -247,11 +247,17 @@ def _times(parts: tuple[MemoryPart, ...], n: int) -> tuple[MemoryPart, ...]:
 def estimate_memory(cfg: Config, shape: ModelShape) -> MemoryEstimate:
     """The parts each device of this run holds (see the module docstring for the placement)."""
     ranks = trainer_ranks(cfg)
-    engine = () if cfg.launch.engine_urls else _engine_parts(cfg, shape)
+    remote = bool(cfg.launch.engine_urls) or cfg.rollout.backend not in ("local", "vllm")
+    engine = () if remote else _engine_parts(cfg, shape)
     trainer = _trainer_parts(cfg, shape, ranks)
     notes = ["activations beyond one micro-batch's logits, and the allocator's slack, are not counted"]
-    if cfg.launch.engine_urls:
-        notes.append("launch.engine_urls: the engines are servers elsewhere, their memory not counted")
+    if remote:
+        urls = " with launch.engine_urls" if cfg.launch.engine_urls else ""
+        notes.append(f"rollout.backend={cfg.rollout.backend}{urls}: the engines are servers elsewhere, their memory "
+                     "not counted")  # fmt: skip
+    if cfg.rollout.backend == "vllm" and cfg.model.device.startswith("cuda"):
+        notes.append("vLLM asks at start for its gpu_memory_utilization (0.9 by default) of the GPU's total memory "
+                     "free, whatever else the estimate counts there")  # fmt: skip
     if cfg.launch.kind != "ray":
         role = "engine + trainer" + (f" (rank 0 of {ranks})" if ranks > 1 else "")
         return MemoryEstimate((DeviceNeed(cfg.model.device, role, engine + trainer),), tuple(notes))
