@@ -121,6 +121,7 @@ class FakeSGLang:
         self.running: dict[str, _Req] = {}
         self.calls: list[tuple[str, Any]] = []
         self.loaded: list[str] = []
+        self.tokens_by_version: dict[str, int] = {}
         self._changed = asyncio.Condition()
 
     def app(self) -> web.Application:
@@ -220,6 +221,7 @@ class FakeSGLang:
                         tok = j
                         break
             req.output.append(tok)
+            self.tokens_by_version[self.version] = self.tokens_by_version.get(self.version, 0) + 1
             req.logprobs.append(lps[tok])
             if tok in stops:
                 return {"type": "stop", "matched": tok}

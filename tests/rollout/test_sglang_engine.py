@@ -9,12 +9,13 @@ answer exactly the shapes of SGLang's source (sglang 0.5.23) and refuse any othe
   ``generate_group``) and ``keep`` mode (one request spans both versions, from SGLang's ``weight_versions``);
 - refusals: greedy at T != 1, in-process tensors, a bad update (before any pause), keep mode without spans;
 - ``build_engine`` with ``rollout.backend=sglang``: the starting weights loaded, versions across an update;
-  the config's refusals.
+  a short ``train`` whose ledger passes; the config's refusals.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ import torch
 from aiohttp import web
 
 from asyncrl.config import ConfigError, load_config
+from asyncrl.controller.ledger_checks import check_ledger
+from asyncrl.launch.local import train
 from asyncrl.launch.stages import build_engine
 from asyncrl.models import load_policy
 from asyncrl.rollout.api import RolloutEngine
@@ -291,3 +294,35 @@ def test_config_refusals(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not an http"):
         sglang_config("ftp://h:1", tmp_path)
     assert sglang_config("http://a:1,http://b:2", tmp_path).rollout.sglang_urls == "http://a:1,http://b:2"
+
+
+def test_a_short_train_run_against_the_fake_server(tmp_path: Path, tiny_policy_dir: Path) -> None:
+    """``asyncrl train`` with ``rollout.backend=sglang`` (the local launcher, in-flight updates in ``abort`` mode)
+    against the fake server, run in a thread of its own: it trains its steps, the server decodes under the
+    starting weights and each exported version, and the ledger passes."""
+    model, _ = load_policy(tiny_policy_dir)
+    server = FakeSGLang(int(model.config.vocab_size), step_s=0.002)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(server.app())
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    steps, run_dir = 2, tmp_path / "run"
+    try:
+        cfg = sglang_config(url, tmp_path, f"model.path={tiny_policy_dir}", f"run.run_dir={run_dir}",
+                            "run.progress=false", "rollout.group_size=2", "rollout.max_new_tokens=12",
+                            "eval.max_new_tokens=4", "task.eval_size=2", "controller.batch_size=2",
+                            f"controller.total_steps={steps}", "controller.trainer_process=false",
+                            "algo.filter_equal_rewards=false")  # fmt: skip
+        _, summary = train(cfg)
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+    assert summary["steps"] == steps
+    report = check_ledger(run_dir, ended=True, total_steps=steps)
+    assert report.ok, report
+    assert len(server.loaded) >= 2 and Path(server.loaded[0]).name.startswith("asyncrl-sglang-initial-")
+    assert server.tokens_by_version.get("0", 0) > 0 and server.tokens_by_version.get("1", 0) > 0
