@@ -17,12 +17,13 @@ Imports ``auth`` only, so that both ``rollout`` and ``reward`` may use it (DESIG
 from asyncrl.web.checks import HTTPError, is_finite, is_int, is_num, parse_json
 from asyncrl.web.client import JsonClient
 from asyncrl.web.schema import SchemaError, Spec, parse_body
-from asyncrl.web.server import JsonServer, Request, Route
+from asyncrl.web.server import JsonServer, RawBody, Request, Route
 
 __all__ = [
     "HTTPError",
     "JsonClient",
     "JsonServer",
+    "RawBody",
     "Request",
     "Route",
     "SchemaError",

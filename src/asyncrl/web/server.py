@@ -37,7 +37,7 @@ from asyncrl.auth import ApiKeyAuth, check_bind, peer_name
 from asyncrl.web.checks import HTTPError, dumps, parse_json
 from asyncrl.web.connection import Connection
 
-__all__ = ["JsonServer", "Request", "Route", "Stream"]
+__all__ = ["JsonServer", "RawBody", "Request", "Route", "Stream"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,14 @@ class Request:
 
 
 @dataclass(frozen=True)
+class RawBody:
+    """A handler's 200 answer that is not JSON (e.g. a protobuf message), sent as it is."""
+
+    body: bytes
+    content_type: str
+
+
+@dataclass(frozen=True)
 class Stream:
     """A handler's 200 answer sent piece by piece, as ``chunks`` yields them, through aiohttp's
     ``StreamResponse`` (server-sent events: ``text/event-stream``). Once the first piece is out the status
@@ -87,7 +95,8 @@ class Stream:
 
 
 Handler = Callable[[Request], Awaitable[Any]]
-"""A route's handler: the payload of a 200, or raises (see the module docstring)."""
+"""A route's handler: the payload of a 200 (JSON, or a :class:`RawBody`), or raises (see the module
+docstring)."""
 
 
 @dataclass(frozen=True)
@@ -124,8 +133,12 @@ class JsonServer:
         idle_timeout_s: float,
         backlog: int = 4096,
         not_found: NotFound | None = None,
+        key_header: str | None = None,
     ) -> None:
+        """``key_header``: a header that may carry the bare key instead of ``Authorization: Bearer``
+        (the Tinker client's ``X-API-Key``)."""
         self.name = name
+        self.key_header = key_header
         self.routes = tuple(routes)
         self.error_body = error_body
         self.auth = auth
@@ -235,6 +248,9 @@ class JsonServer:
             payload = await handler(req)
             if isinstance(payload, Stream):
                 return await self._stream(request, payload)
+            if isinstance(payload, RawBody):
+                self.count(200)
+                return web.Response(body=payload.body, status=200, content_type=payload.content_type)
             return self.answer(200, payload)
 
         return handle
@@ -289,6 +305,8 @@ class JsonServer:
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
         """The API key, before anything is read: 401 (the connection closed after it)."""
         authorization = request.headers.get("Authorization")
+        if authorization is None and self.key_header is not None and request.headers.get(self.key_header):
+            authorization = f"Bearer {request.headers[self.key_header]}"
         if not self.auth.allows(request.method.upper(), request.rel_url.raw_path, authorization, _peer(request)):
             raise HTTPError(401, UNAUTHORIZED, close=True)
         return await handler(request)
