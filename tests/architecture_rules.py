@@ -44,7 +44,10 @@ LAYERS: dict[str, frozenset[str]] = {
     # measures a simulated run with controller.throughput's definition and sizes the named workloads of
     # data.workloads; nothing below imports it
     "sim": BASE | {"controller", "data", "results"},
-    "cli": BASE | STAGES | {"controller", "launch", "sim", "results"},
+    # the Tinker-compatible training service (docs/tinker.md): the trainer's LoRA, algo's losses and rollout's
+    # engine behind the client's REST paths; like launch it composes stages, and only the CLI imports it
+    "service": BASE | {"algo", "rollout", "trainer"},
+    "cli": BASE | STAGES | {"controller", "launch", "sim", "results", "service"},
 }
 
 OUTSIDE_THE_PRODUCT = frozenset({"benchmarks", "tests", "scripts"})
