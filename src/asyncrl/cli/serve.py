@@ -1,5 +1,5 @@
-"""``asyncrl serve engine|reward``: an engine (SGLang-native subset and the OpenAI-compatible door) or
-the reward service over HTTP."""
+"""``asyncrl serve engine|reward|training``: an engine (SGLang-native subset and the OpenAI-compatible door),
+the reward service, or the Tinker-compatible training service (docs/tinker.md) over HTTP."""
 
 from __future__ import annotations
 
@@ -14,14 +14,19 @@ from asyncrl.config.parse import finite_float
 def add_parser(sub: Any) -> None:
     """Register ``asyncrl serve``."""
     p = sub.add_parser(
-        "serve", help="serve an engine (SGLang-native subset) or the reward service over HTTP",
-        description="Serve an engine (SGLang-native subset) or the reward service over HTTP. Loopback by default; "
+        "serve", help="serve an engine, the reward service or a Tinker-compatible training service over HTTP",
+        description="Serve an engine (SGLang-native subset), the reward service, or a Tinker-compatible training "
+        "service (point the official tinker client's base_url at it: docs/tinker.md) over HTTP. Loopback by default; "
         "beyond loopback an API key is required (a bearer token; prefer $ASYNCRL_API_KEY or --api-key-file to "
         "--api-key, which other users can read in the process list). There is no TLS: use a trusted network or "
         "a TLS proxy. Threat model: docs/security.md.",
     )  # fmt: skip
-    p.add_argument("what", choices=["engine", "reward"])
-    p.add_argument("--model", help="engine: local Hugging Face model directory")
+    p.add_argument("what", choices=["engine", "reward", "training"])
+    p.add_argument("--model", help="engine, training: local Hugging Face model directory (training: the base model)")
+    p.add_argument(
+        "--model-name", help="training: the name clients pass as base_model (default: the --model path as given)"
+    )
+    p.add_argument("--root", default="tinker_runs", help="training: directory of training runs and checkpoints")
     p.add_argument("--host", default="127.0.0.1", help="bind address (loopback by default; others need an API key)")
     p.add_argument("--api-key", help="bearer token clients must send (default: $ASYNCRL_API_KEY; see docs/security.md)")
     p.add_argument("--api-key-file", help="read the API key from the first line of this file")
@@ -29,7 +34,9 @@ def add_parser(sub: Any) -> None:
         "--weights-root", help="engine: the only directory /update_weights_from_disk may load from (the trainer's "
         "trainer.weight_export_dir); without it, weight updates from disk are refused",
     )  # fmt: skip
-    p.add_argument("--port", type=int, default=None, help="engine default 30000; reward default: any free port")
+    p.add_argument(
+        "--port", type=int, default=None, help="engine default 30000; training 8000; reward default: any free port"
+    )
     p.add_argument("--max-slots", type=int, default=RolloutConfig.max_slots)
     p.add_argument(
         "--max-seq-len", type=int, default=RolloutConfig.max_prompt_len + RolloutConfig.max_new_tokens,
@@ -73,6 +80,18 @@ def run(args: argparse.Namespace) -> int:
 
             serve_reward(args.host, args.port if args.port is not None else 0, num_workers=args.workers,
                          timeout_s=args.timeout, api_key=api_key)  # fmt: skip
+        case "training":
+            if not args.model:
+                raise ConfigError("asyncrl serve training needs --model DIR (the base model clients train)")
+            if api_key and not api_key.startswith("tml-"):
+                raise ConfigError("the tinker client only sends API keys that begin with 'tml-': choose such a key")
+            from asyncrl.service import EngineSpec, serve_training
+
+            serve_training(
+                {args.model_name or args.model: args.model}, args.root, args.host,
+                args.port if args.port is not None else 8000, api_key=api_key,
+                engine=EngineSpec(max_slots=args.max_slots, max_seq_len=args.max_seq_len, device=args.device),
+            )  # fmt: skip
         case other:
             raise ConfigError(f"unknown server {other!r}")
     return 0

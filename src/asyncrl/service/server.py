@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.auth import ApiKeyAuth, check_bind
+from asyncrl.models import ModelDirError
 from asyncrl.service.core import TrainingService
 from asyncrl.service.routes import error_body, not_found, routes
 from asyncrl.service.sampling import EngineSpec
@@ -87,7 +88,7 @@ def serve_training(
     check_bind(host, bool(api_key), "training service")
     for name, directory in models.items():
         if not (Path(directory) / "config.json").is_file():
-            raise FileNotFoundError(f"base model {name}: {directory} is not a Hugging Face model directory")
+            raise ModelDirError(f"base model {name}: {directory} has no config.json (not a Hugging Face model)")
     server = TrainingServer(models, root, api_key=api_key, engine=engine)
 
     async def main() -> None:
