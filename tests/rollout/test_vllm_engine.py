@@ -3,7 +3,8 @@
 Run in ``.venv-vllm`` (``make vllm-test``); skipped where ``vllm`` is not importable (``make test`` in ``.venv``).
 On the tiny random-init policy (vocab 100, no early stops, so samples run their whole budget):
 - the Protocol (``tests.protocol_check``);
-- greedy ids equal to ``LocalEngine``'s on the same weights and prompts, and their log-probs;
+- greedy ids equal to ``LocalEngine``'s on the same weights and prompts, and their log-probs; the same against
+  transformers' own ``generate`` (``output_logits``);
 - sampled behaviour log-probs (temperature 1 and 0.7) against the project's teacher-forced recomputation
   (``log_softmax(model(ids).logits / T)``, what the trainer does): max abs diff <= ``LOGPROB_TOL``;
 - versions across an in-flight update in ``abort`` mode (resubmitted by ``generate_group``; tokens after the
@@ -155,6 +156,32 @@ def test_greedy_equals_local_engine(engine: VLLMEngine, tiny_dir: Path, run: Run
         "max_abs_logprob_diff": diff, "wall_s_both_engines": round(elapsed, 1),
     }  # fmt: skip
     assert diff <= LOGPROB_TOL
+
+
+def test_greedy_equals_transformers_generate(engine: VLLMEngine, tiny_dir: Path, run: Run) -> None:
+    """Greedy ids and log-probs against transformers' own ``generate`` (no EOS stop: the raw logits of each
+    step, ``output_logits``), beside the project's engine above."""
+    from transformers import GenerationConfig
+
+    model = _policy(tiny_dir)
+    n = 24
+    v = [c for p in PROMPTS for c in run(engine.generate(p, SamplingParams(max_new_tokens=n, greedy=True), 1))]
+    gen = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    worst = 0.0
+    for prompt, c in zip(PROMPTS, v, strict=True):
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([prompt]), generation_config=gen, output_logits=True, return_dict_in_generate=True
+            )
+        ids = out.sequences[0, len(prompt) :].tolist()
+        assert list(c.output_ids) == ids
+        lp = [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(out.logits, ids, strict=True)]
+        worst = max(worst, _max_diff(c.behav_logprobs, lp))
+    RESULTS["greedy_vs_transformers_generate"] = {
+        "prompts": len(PROMPTS), "tokens": sum(len(c.output_ids) for c in v), "ids_equal": True,
+        "max_abs_logprob_diff": worst,
+    }  # fmt: skip
+    assert worst <= LOGPROB_TOL
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
