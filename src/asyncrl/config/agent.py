@@ -23,9 +23,11 @@ class AgentConfig:
     env: str = "calculator"
     """The environment of each episode, found through the registry (``rollout.envs.registry``, docs/agent.md
     "Environments"): a registered name (built in: calculator, which scores the answer itself | python, the
-    sandbox, reward: ``task.verifier``; a third party's: an ``asyncrl.environments`` entry point) |
-    ``gym:<id or pkg.module:Class>`` (a Gymnasium env with text observations and actions) |
-    ``pkg.module:make`` (a maker taking ``EnvOptions``, returning an ``Environment``)."""
+    sandbox, reward: ``task.verifier`` | verifiers, the tasks of task.name=verifiers; a third party's: an
+    ``asyncrl.environments`` entry point) | ``gym:<id or pkg.module:Class>`` (a Gymnasium env with text
+    observations and actions) | ``skyrl:<id or pkg.module:Class>`` (a skyrl-gym text env) |
+    ``openenv:<url>[#field]`` (an OpenEnv server) | ``pkg.module:make`` (a maker taking ``EnvOptions``,
+    returning an ``Environment``)."""
     max_turns: int = 4
     """Model turns per episode."""
     max_tokens: int = 256

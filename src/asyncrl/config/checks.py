@@ -32,7 +32,7 @@ __all__ = [
 ]  # fmt: skip
 
 _WORKFLOW_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
-_ENV_NAME = re.compile(r"[A-Za-z_][\w.-]*|gym:\S+")
+_ENV_NAME = re.compile(r"[A-Za-z_][\w.-]*|(gym|skyrl|openenv):\S+")
 """``agent.env``'s form: a registered name or ``gym:...`` (or ``pkg.module:make``, ``_WORKFLOW_SPEC``); whether
 the name is registered is known where the environment is built (``rollout.envs.registry``)."""
 _GREATER = ">"
@@ -438,7 +438,7 @@ def validate_workflow(cfg: Config) -> None:
     env = cfg.agent.env
     if not (_ENV_NAME.fullmatch(env) or _WORKFLOW_SPEC.fullmatch(env)):
         raise ConfigError(
-            f"agent.env must be a registered environment name, gym:<id or pkg.module:Class> or pkg.module:make, "
+            f"agent.env must be a registered environment name, gym:..., skyrl:..., openenv:... or pkg.module:make, "
             f"got {env!r}"
         )
     if cfg.agent.tool_latency != "none" and name != "agent":

@@ -8,6 +8,8 @@ Owns the lookup from the config's ``agent.env`` to a maker of one episode's ``En
   ``name = "pkg.module:make"``), so adding an environment never edits this project;
 - ``gym:<id or pkg.module:Class>``: a Gymnasium environment with text observations and actions, through
   ``envs.gym.make_gymnasium`` (``gymnasium.make(id)``, or the class instantiated with no arguments);
+- ``skyrl:<id or pkg.module:Class>``: a skyrl-gym text environment, through ``envs.skyrl.make_skyrl``;
+- ``openenv:<url or pkg.module:Class>``: an OpenEnv HTTP environment, through ``envs.openenv.make_openenv``;
 - ``pkg.module:make``: a maker imported directly, without registering it.
 
 A maker is called once per episode as ``make(options: EnvOptions)`` and returns an ``Environment``
@@ -25,7 +27,7 @@ from importlib.metadata import EntryPoint, entry_points
 
 from asyncrl.rollout.envs.base import Environment, EnvOptions
 
-__all__ = ["GROUP", "EnvMaker", "env_maker", "registered"]
+__all__ = ["GROUP", "PREFIXES", "EnvMaker", "env_maker", "registered"]
 
 GROUP = "asyncrl.environments"
 """The entry-point group environments are registered under."""
@@ -48,19 +50,42 @@ def registered() -> dict[str, str]:
     return {name: next(iter(values)) for name, values in sorted(found.items())}
 
 
+PREFIXES = ("gym:<id or pkg.module:Class>", "skyrl:<id or pkg.module:Class>", "openenv:<url or pkg.module:Class>")
+"""The adapters selected by a prefix (the module docstring)."""
+
+
 def _choices(names: dict[str, str]) -> str:
-    return ", ".join([*names, "gym:<id or pkg.module:Class>", "pkg.module:make"])
+    return ", ".join([*names, *PREFIXES, "pkg.module:make"])
+
+
+def _prefixed(spec: str) -> EnvMaker | None:
+    """The maker of an adapter selected by a prefix (``gym:``, ``skyrl:``, ``openenv:``); None for other specs."""
+    kind, _, target = spec.partition(":")
+    match kind:
+        case "gym":
+            from asyncrl.rollout.envs.gym import make_gymnasium
+
+            if not target:
+                raise ValueError("agent.env=gym: needs a Gymnasium id or pkg.module:Class, e.g. gym:mypkg.envs:Guess")
+            return lambda options: make_gymnasium(target, options)
+        case "skyrl":
+            from asyncrl.rollout.envs.skyrl import make_skyrl
+
+            make_skyrl(target, EnvOptions())  # an unknown id or class: refused here, in one line
+            return lambda options: make_skyrl(target, options)
+        case "openenv":
+            from asyncrl.rollout.envs.openenv import make_openenv
+
+            return lambda options: make_openenv(target, options)
+        case _:
+            return None
 
 
 def _load(spec: str) -> EnvMaker:
     """The maker ``spec`` names (see the module docstring)."""
-    if spec.startswith("gym:"):
-        from asyncrl.rollout.envs.gym import make_gymnasium
-
-        target = spec.removeprefix("gym:")
-        if not target:
-            raise ValueError("agent.env=gym: needs a Gymnasium id or pkg.module:Class, e.g. gym:mypkg.envs:Guess")
-        return lambda options: make_gymnasium(target, options)
+    prefixed = _prefixed(spec)
+    if prefixed is not None:
+        return prefixed
     names = registered()
     if spec in names:
         value = names[spec]
