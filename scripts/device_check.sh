@@ -8,7 +8,7 @@
 #
 # Python: $ASYNCRL_PYTHON, else .venv-vllm (vLLM's part runs) when it exists, else .venv (vLLM's part is
 # skipped with its reason). On a GPU machine use an environment with the CUDA builds of torch and vllm
-# (docs/engine.md, "On a GPU").
+# (docs/gpu.md).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [ -n "${ASYNCRL_PYTHON:-}" ]; then
