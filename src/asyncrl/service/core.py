@@ -73,13 +73,22 @@ class TrainingService:
                                      "heartbeat": time.time()}  # fmt: skip
         return session_id
 
-    def heartbeat(self, session_id: str) -> None:
-        self._session(session_id)["heartbeat"] = time.time()
+    def heartbeat(self, session_id: str) -> bool:
+        """Keep a session alive; False when it has finished (the client then stops its heartbeats)."""
+        session = self._session(session_id, finished_ok=True)
+        session["heartbeat"] = time.time()
+        return "finished" not in session
 
-    def _session(self, session_id: str) -> dict[str, Any]:
+    def finish(self, session_id: str, reason: Any) -> None:
+        """``ServiceClient.close``: the session takes no new models or sampling sessions (first reason wins)."""
+        self._session(session_id, finished_ok=True).setdefault("finished", reason)
+
+    def _session(self, session_id: str, *, finished_ok: bool = False) -> dict[str, Any]:
         session = self.sessions.get(session_id)
         if session is None:
             raise KeyError(f"no session {session_id!r} (sessions do not outlive a restart: create a new client)")
+        if "finished" in session and not finished_ok:
+            raise ValueError(f"session {session_id} has finished")
         return session
 
     def model(self, model_id: str) -> ModelRecord:

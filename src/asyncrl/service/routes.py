@@ -139,7 +139,8 @@ def _create_session(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]
 
 def _heartbeat(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
     async def handle(req: Request) -> Any:
-        svc.heartbeat(parse_body(HeartbeatBody, req.json()).session_id)
+        if not svc.heartbeat(parse_body(HeartbeatBody, req.json()).session_id):
+            raise HTTPError(410, "the session has finished")
         return {"type": "session_heartbeat"}
 
     return handle
@@ -147,8 +148,8 @@ def _heartbeat(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
 
 def _finish(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
     async def handle(req: Request) -> Any:
-        parse_body(FinishSessionBody, req.json() or {})
-        svc.heartbeat(req.params["session_id"])
+        body = parse_body(FinishSessionBody, req.json() or {})
+        svc.finish(req.params["session_id"], body.reason)
         return None
 
     return handle
