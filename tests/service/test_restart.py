@@ -61,3 +61,35 @@ def test_restart_and_resume_from_the_services_checkpoint(tiny_policy_dir: Path, 
         weights_only = sc.create_training_client_from_state(path).result()
         np.testing.assert_allclose(_logprobs(weights_only), before, atol=1e-6)
         sc.close("success").result()
+
+
+def _call(url: str, path: str, body: dict) -> dict:
+    import httpx
+
+    answer = httpx.post(f"{url}/api/v1/{path}", json=body, headers={"X-API-Key": API_KEY}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def _result(url: str, future: dict) -> dict:
+    while True:
+        out = _call(url, "retrieve_future", {"request_id": future["request_id"]})
+        if out.get("type") != "try_again":
+            return out
+
+
+def test_full_fine_tuning_where_the_request_has_no_lora_config(tiny_policy_dir: Path, tmp_path: Path) -> None:
+    """The client's LoRA helpers always send a rank; a bare ``create_model`` trains every weight."""
+    with start_service(tiny_policy_dir, tmp_path / "root") as srv:
+        session = _call(srv.url, "create_session", {"tags": [], "sdk_version": "raw"})["session_id"]
+        made = _result(srv.url, _call(srv.url, "create_model", {"session_id": session, "model_seq_id": 0,
+                                                                "base_model": BASE}))  # fmt: skip
+        saved = _result(srv.url, _call(srv.url, "save_weights", {"model_id": made["model_id"], "path": "init"}))
+        sc = tinker.ServiceClient(base_url=srv.url, api_key=API_KEY)
+        tc = sc.create_training_client_from_state_with_optimizer(saved["path"]).result()
+        info = tc.get_info()
+        assert info.is_lora is False and info.lora_rank is None
+        first = tc.forward([_datum()], "cross_entropy").result().metrics["loss:sum"]
+        _step(tc)
+        assert tc.forward([_datum()], "cross_entropy").result().metrics["loss:sum"] < first
+        sc.close("success").result()

@@ -101,3 +101,35 @@ def test_a_cookbook_rl_loop_advances_versions_and_returns_logprobs(service, clie
     trained = tc.forward([_rl_datum(prompt, seq, 0.0)], "importance_sampling").result()
     trainer_lp = trained.loss_fn_outputs[0]["logprobs"].to_numpy()[len(prompt) - 1 :]
     np.testing.assert_allclose(trainer_lp, np.asarray(seq.logprobs), atol=1e-4)
+
+
+def test_a_named_sampler_checkpoint_keeps_its_version_while_training_goes_on(service, client) -> None:
+    tc = client.create_lora_training_client(base_model=BASE, rank=4, seed=5).result()
+    tokenizer = tc.get_tokenizer()
+    train, _ = make_splits(2, 1, 1)
+    sft = [_sft_datum(tokenizer, train[0].question, teacher_solution(train[0], random.Random(2), 0.0))]
+    tc.forward_backward(sft, "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    path = tc.save_weights_for_sampler("v1").result().path
+    assert path == f"tinker://{tc.model_id}/sampler_weights/v1"
+    prompt = list(render_prompt(tokenizer, train[0].question))
+    seq = (
+        client.create_sampling_client(model_path=path)
+        .result()
+        .sample(types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=8, seed=0))
+        .result()
+        .sequences[0]
+    )
+    at_v1 = tc.forward([_rl_datum(prompt, seq, 0.0)], "importance_sampling").result()
+    tc.forward_backward(sft, "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    tc.save_weights_and_get_sampling_client().result()  # the live engine moves on to version 2
+    assert service.server.service.engines.live_version(tc.model_id) == 2
+    again = client.create_sampling_client(model_path=path).result()
+    assert again.get_base_model() == BASE
+    seq2 = again.sample(types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=8, seed=0))
+    seq2 = seq2.result().sequences[0]
+    assert list(seq2.tokens) == list(seq.tokens)  # same seed, same (version 1) weights: a snapshot engine
+    np.testing.assert_allclose(np.asarray(seq2.logprobs), np.asarray(seq.logprobs), atol=1e-5)
+    lp_v1 = at_v1.loss_fn_outputs[0]["logprobs"].to_numpy()[len(prompt) - 1 :]
+    np.testing.assert_allclose(lp_v1, np.asarray(seq.logprobs), atol=1e-4)
