@@ -240,3 +240,39 @@ def test_token_bytes_are_the_tokens_raw_bytes(name, tmp_path) -> None:
     assert "".join(pieces) == t.decode(list(ids)) and "\ufffd" not in "".join(pieces)
     eos = t.eos_token_id
     assert token_bytes(eos) == t.convert_ids_to_tokens(eos).encode()  # a special token: its text
+
+
+def test_the_engine_server_streams(load_tiny) -> None:
+    """``asyncrl serve engine``'s door streams over its own HTTP stack: ``text/event-stream``, the chunks, the usage
+    chunk and ``[DONE]``; a streamed session call is recorded like a plain one."""
+    import urllib.request
+
+    from asyncrl.rollout.engine import LocalEngine
+    from asyncrl.rollout.server import ServerThread
+
+    model, t = load_tiny()
+    engine = LocalEngine(model, t, max_slots=4, max_seq_len=256)
+    ask = {"messages": [{"role": "user", "content": "1+2"}], "max_tokens": 6, "seed": 2, "logprobs": True,
+           "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    try:
+        with ServerThread(engine, api_key="k", eos_ids=(t.eos_token_id,), model_path="tiny") as srv:
+            req = urllib.request.Request(f"{srv.url}/sessions/st-1/v1/chat/completions", json.dumps(ask).encode(),
+                                         {"Authorization": "Bearer k", "Content-Type": "application/json"})  # fmt: skip
+            with urllib.request.urlopen(req, timeout=60) as r:
+                kind, raw = r.headers["Content-Type"], r.read().decode()
+            record = json.loads(urllib.request.urlopen(urllib.request.Request(
+                f"{srv.url}/sessions/st-1", headers={"Authorization": "Bearer k"}), timeout=60).read())  # fmt: skip
+    finally:
+        engine.close()
+    assert kind.startswith("text/event-stream")
+    events = [e.removeprefix("data: ") for e in raw.split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    usage = chunks[-1]["usage"]
+    assert chunks[-1]["choices"] == [] and all(c["usage"] is None for c in chunks[:-1])
+    entries = [e for c in chunks[:-1] for e in (c["choices"][0]["logprobs"] or {}).get("content", [])]
+    assert usage["completion_tokens"] == len(record["response_ids"]) and usage["prompt_tokens"] == len(
+        record["prompt_ids"]
+    )
+    assert [e["logprob"] for e in entries] == record["behav_logprobs"][: len(entries)]
+    assert len(entries) in (len(record["response_ids"]), len(record["response_ids"]) - 1)  # the end token not shown

@@ -21,6 +21,18 @@ at its budget: ``max_tokens`` (in a session opened with sampling, never more tha
 ``max_new_tokens``: a larger request is lowered to it), the session's tokens left, the engine's context.
 In a session opened with sampling (a training workflow's), that sampling governs (temperature, top-p,
 top-k, seed) whatever the request says: the behaviour log-probs are then those the trainer expects.
+Every request field is read as ``rollout.openai_request.FIELDS`` says. For agent code:
+
+- ``stream``: the answer is server-sent events (``web.Stream``: ``chat.completion.chunk`` deltas token by
+  token, calls, the ``finish_reason``, the usage chunk of ``stream_options.include_usage``, ``[DONE]``),
+  built from the finished turn (the engine answers whole turns); the record is the same either way;
+- ``tool_choice`` ``required`` or a named tool: the door cannot constrain decoding, so it writes the
+  call's opening for the model (``_forced``: ``hermes``, ``json``, a named ``tag``; else 400), recorded as
+  environment tokens; ``none`` (or a later call of a session without ``tools``): calls are not read, the
+  tools stay rendered as the recorded opening holds them;
+- ``parallel_tool_calls=false``: a call's close that is one token stops the turn; at most one call is
+  returned;
+- ``logprobs``: each model token's behaviour log-prob with its raw ``bytes`` (``openai_chat.TokenBytes``).
 
 What a client cannot do here (docs/security.md):
 
