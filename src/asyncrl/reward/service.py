@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from asyncrl.reward import InfrastructureError
 from asyncrl.reward.client import RemoteRewardClient
+from asyncrl.reward.judge import JudgeClient, JudgeTarget
 from asyncrl.reward.verifiers import (  # noqa: F401
     RemoteTarget,
     Request,
@@ -274,8 +275,8 @@ class RewardService:
     def _key(verifier: str, response: str, reference: str, prompt: str, row: dict | None, target: object) -> bytes:
         h = hashlib.blake2b(digest_size=20)
         parts = [verifier, response, reference]
-        if isinstance(target, (RemoteTarget, functools.partial)):
-            # custom and remote verifiers may read the prompt and the row as well
+        if isinstance(target, (RemoteTarget, JudgeTarget, functools.partial)):
+            # custom, remote and judge verifiers may read the prompt (and the row) as well
             parts += [prompt, json.dumps(row, sort_keys=True, default=str)]
         elif target is _score_code and row and row.get("entry_point"):
             # the code verifier builds the program from the row's prompt and entry point
@@ -289,11 +290,15 @@ class RewardService:
             h.update(data)
         return h.digest()
 
-    async def _score_uncached(self, verifier: str, target: WorkerFn | RemoteTarget, req: Request) -> RewardResult:
+    async def _score_uncached(
+        self, verifier: str, target: WorkerFn | RemoteTarget | JudgeTarget, req: Request
+    ) -> RewardResult:
         attempt = 0
         while True:
             if isinstance(target, RemoteTarget):
                 outcome = await self._run_remote(target, req)
+            elif isinstance(target, JudgeTarget):
+                outcome = await self._run_judge(target, req)
             else:
                 deadline = self.code_timeout_s + CODE_GRACE_S if target is _score_code else self.timeout_s
                 outcome = await self._run_in_worker(target, req, deadline)
@@ -346,6 +351,23 @@ class RewardService:
         if failure == "worker_died":
             return ("died", f"remote: {failure}")
         return ("error", f"remote: {failure.removeprefix('error: ')}")
+
+    async def _run_judge(self, target: JudgeTarget, req: Request) -> tuple[Any, ...]:
+        """One verdict of an LLM judge (``reward.judge``): its timeout, retryable and final failures mapped
+        like a remote verifier's."""
+        client = self._clients.get(f"judge:{target}")
+        if client is None:
+            client = self._clients[f"judge:{target}"] = JudgeClient(target, timeout_s=self.remote_timeout_s)
+        try:
+            verdict = client.judge(req.prompt, req.response, req.reference)
+            reward = await asyncio.wait_for(verdict, self.remote_timeout_s)
+        except asyncio.TimeoutError:
+            return ("timeout", f"judge at {target.url} did not answer in {self.remote_timeout_s:g}s")
+        except InfrastructureError as e:
+            return ("infra", str(e))
+        except Exception as e:  # noqa: BLE001  (a refusal, a reply without a verdict: not a 0)
+            return ("error", f"judge: {type(e).__name__}: {e}")
+        return ("ok", reward, "")
 
     async def _run_in_worker(self, fn: WorkerFn, req: Request, deadline: float) -> tuple[Any, ...]:
         try:

@@ -2,7 +2,7 @@
 
 Owns :class:`Request` (what a worker needs to score one response), :class:`RemoteTarget` and
 :func:`resolve_verifier`, the one explicit ``match`` from a verifier name to a function (math,
-code, arithmetic, reasoning_gym, custom) or a remote target.
+code, arithmetic, reasoning_gym, custom), a remote target or an LLM judge (``reward.judge``).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from asyncrl.reward.judge import JudgeTarget
 
 if TYPE_CHECKING:
     from asyncrl.reward.code import SandboxLimits
@@ -77,12 +79,13 @@ def _score_custom(spec: str, req: Request) -> tuple[float, str]:
     return call_custom_reward(spec, req.prompt, req.response, row), ""
 
 
-def resolve_verifier(verifier: str) -> WorkerFn | RemoteTarget:
+def resolve_verifier(verifier: str) -> WorkerFn | RemoteTarget | JudgeTarget:
     """The one place a verifier name is chosen: a function run in a worker, or a remote target.
 
     ``math`` | ``code`` (reference = test code) | ``arithmetic`` | ``reasoning_gym`` (the row's reasoning-gym
     entry scored by its dataset's ``score_answer``) | ``custom:pkg.module:function``
-    | ``remote:http://host:port[#verifier]``. Raises ValueError for anything else.
+    | ``remote:http://host:port[#verifier]`` | ``judge:http://host:port[/path][#model]`` (an LLM judge behind an
+    OpenAI-compatible endpoint, ``reward.judge``). Raises ValueError for anything else.
     """
     match verifier.split(":", 1):
         case ["math"]:
@@ -97,8 +100,11 @@ def resolve_verifier(verifier: str) -> WorkerFn | RemoteTarget:
             return functools.partial(_score_custom, spec)
         case ["remote", url] if url.startswith(("http://", "https://")):
             return RemoteTarget(url)
+        case ["judge", url] if url.startswith(("http://", "https://")):
+            base, _, model = url.partition("#")
+            return JudgeTarget(base, model or "default")
         case _:
             raise ValueError(
-                f"unknown verifier {verifier!r}: use math, code, arithmetic, reasoning_gym, custom:pkg.module:function "
-                "or remote:http://host:port"
+                f"unknown verifier {verifier!r}: use math, code, arithmetic, reasoning_gym, "
+                "custom:pkg.module:function, remote:http://host:port or judge:http://host:port/v1[#model]"
             )
