@@ -133,3 +133,21 @@ def test_a_named_sampler_checkpoint_keeps_its_version_while_training_goes_on(ser
     np.testing.assert_allclose(np.asarray(seq2.logprobs), np.asarray(seq.logprobs), atol=1e-5)
     lp_v1 = at_v1.loss_fn_outputs[0]["logprobs"].to_numpy()[len(prompt) - 1 :]
     np.testing.assert_allclose(lp_v1, np.asarray(seq.logprobs), atol=1e-4)
+
+
+def test_a_custom_loss_runs_through_the_clients_own_surrogate(client) -> None:
+    """``forward_backward_custom``: the client computes the loss from ``forward``'s log-probs and sends its
+    gradient back as ``cross_entropy`` weights; the custom objective goes down."""
+    tc = client.create_lora_training_client(base_model=BASE, rank=4, seed=7).result()
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints([3, 4, 5, 6]),
+        loss_fn_inputs={"target_tokens": [4, 5, 6, 7], "weights": [1.0] * 4},
+    )
+
+    def negative_log_likelihood(data, logprobs_list):
+        loss = -sum(lp.sum() for lp in logprobs_list)
+        return loss, {"nll:sum": float(loss.detach())}
+
+    first = tc.forward_backward_custom([datum], negative_log_likelihood).result().metrics["nll:sum"]
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    assert tc.forward([datum], "cross_entropy").result().metrics["loss:sum"] < first

@@ -62,6 +62,8 @@ class TrainingService:
         self.store = CheckpointStore(root)
         self.futures = FutureStore(poll_s)
         self.engines = EnginePool(engine or EngineSpec())
+        self.device = self.engines.spec.device
+        """Where the trained models live too (``--device``)."""
         self.sessions: dict[str, dict[str, Any]] = {}
         self.models: dict[str, ModelRecord] = {}
         self.samplers: dict[str, SamplerTarget] = {}
@@ -114,7 +116,7 @@ class TrainingService:
             raise ValueError(f"model {model_id} exists (model_seq_id {model_seq_id} was already used)")
 
         async def work() -> dict[str, Any]:
-            trained = await asyncio.to_thread(TrainedModel, base, lora, seed=model_seq_id)
+            trained = await asyncio.to_thread(TrainedModel, base, lora, seed=model_seq_id, device=self.device)
             self._register(model_id, base_model, trained, user_metadata)
             return {"model_id": model_id, "type": "create_model"}
 
@@ -221,7 +223,7 @@ class TrainingService:
 
         async def work() -> dict[str, Any]:
             def build() -> TrainedModel:
-                trained = TrainedModel(base, lora, seed=model_seq_id)
+                trained = TrainedModel(base, lora, seed=model_seq_id, device=self.device)
                 trained.load(directory, optimizer=optimizer)
                 return trained
 

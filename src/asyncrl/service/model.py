@@ -80,9 +80,10 @@ def _targets(model: Any, lora: LoraSpec) -> tuple[str, list[str]]:
 class TrainedModel:
     """A policy being trained through the service (see the module docstring)."""
 
-    def __init__(self, base_dir: str | Path, lora: LoraSpec | None, *, seed: int = 0) -> None:
+    def __init__(self, base_dir: str | Path, lora: LoraSpec | None, *, seed: int = 0, device: str = "cpu") -> None:
         torch.manual_seed(seed if lora is None or lora.seed is None else lora.seed)
-        model, tokenizer = load_policy(base_dir)
+        self.device = torch.device(device)
+        model, tokenizer = load_policy(base_dir, device=device)
         self.tokenizer = tokenizer
         self.lora = lora
         self.notes: list[str] = []
@@ -125,9 +126,9 @@ class TrainedModel:
                 loss = tinker_loss(req.loss_fn, config, logp, inputs)
                 if not req.forward_only:
                     loss.backward()
-            out = {"logprobs": logp.detach().float().numpy()}
+            out = {"logprobs": logp.detach().float().cpu().numpy()}
             if req.loss_fn == "cross_entropy":
-                out["elementwise_loss"] = (-(inputs["weights"] * logp.detach())).float().numpy()
+                out["elementwise_loss"] = (-(inputs["weights"] * logp.detach())).float().cpu().numpy()
             outputs.append(out)
             total += float(loss.detach())
         if not req.forward_only:
@@ -149,9 +150,9 @@ class TrainedModel:
         for what, t in (("model_input", ids), ("target_tokens", targets)):
             if int(t.min()) < 0 or int(t.max()) >= vocab:
                 raise ValueError(f"{what} holds a token id outside the vocabulary [0, {vocab})")
-        logits = self.model(input_ids=ids.unsqueeze(0)).logits[0].float()
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        floats = {k: v.reshape(-1).float() for k, v in inputs.items() if k != "target_tokens"}
+        logits = self.model(input_ids=ids.unsqueeze(0).to(self.device)).logits[0].float()
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.to(self.device).unsqueeze(-1)).squeeze(-1)
+        floats = {k: v.reshape(-1).float().to(self.device) for k, v in inputs.items() if k != "target_tokens"}
         return logp, floats
 
     def optim_step(self, step: AdamStep) -> dict[str, float]:
@@ -188,7 +189,7 @@ class TrainedModel:
         """Write the trainable weights (``weights.safetensors``) and the optimizer's state; returns bytes written."""
         from safetensors.torch import save_file
 
-        tensors = {k: v.contiguous() for k, v in self.trainable_state().items()}
+        tensors = {k: v.contiguous().cpu() for k, v in self.trainable_state().items()}
         save_file(tensors, str(directory / "weights.safetensors"))
         torch.save({"steps": self.steps, "optimizer": self.optimizer.state_dict() if optimizer else None},
                    directory / "optimizer.pt")  # fmt: skip
@@ -208,7 +209,7 @@ class TrainedModel:
         with torch.no_grad():
             for k, v in tensors.items():
                 own[k].copy_(v)
-        meta = torch.load(directory / "optimizer.pt", weights_only=True)
+        meta = torch.load(directory / "optimizer.pt", weights_only=True, map_location=self.device)
         if optimizer:
             if meta.get("optimizer") is None:
                 raise ValueError(f"checkpoint {directory.name} was saved without optimizer state")
