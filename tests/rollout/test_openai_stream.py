@@ -172,7 +172,7 @@ def test_a_required_or_named_tool_choice_writes_the_calls_opening(tok, choice) -
 def test_what_a_tool_choice_cannot_guarantee_is_refused(tok) -> None:
     door, engine = _door(tok, {5: [Turn(_ids(tok, "nope"))]}, fmt="tag")
     ask = {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL, OTHER], "tool_choice": "required"}
-    with pytest.raises(HTTPError, match="cannot make the model call a tool in the 'tag' format") as e:
+    with pytest.raises(HTTPError, match="the 'tag' format has no opening common to every call") as e:
         asyncio.run(door.chat(ask, "s5"))
     assert e.value.status == 400 and not engine.calls
     # a named tag is forced; what the model writes after it is its own: here not a call, so content

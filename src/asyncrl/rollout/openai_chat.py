@@ -195,23 +195,30 @@ def assistant_reply(
     tags: dict[str, tuple[str, str]],
     max_calls: int | None = None,
 ) -> Reply:
-    """A model turn's text (without its end-of-turn token) as OpenAI's message. Well-formed calls
-    become ``tool_calls`` (and leave the content), the first ``max_calls`` of them when it is set
-    (``parallel_tool_calls=false``: 1); a turn with malformed calls is all content."""
+    """A model turn's text (without its end-of-turn token) as OpenAI's message. Well-formed calls become
+    ``tool_calls`` (the first ``max_calls`` of them when it is set: ``parallel_tool_calls=false`` is 1; a call's
+    id and arguments as the model wrote them where its format writes them) and leave the content (the parser's
+    ``content``: without the calls and the glue around them); a turn with malformed calls is all content; the
+    reasoning of the families that write it is ``reasoning_content``."""
+    message: dict[str, Any] = {"role": "assistant"}
     if not parsed.calls or parsed.errors:
-        return Reply({"role": "assistant", "content": text}, "length" if truncated else "stop")
-    calls = [
-        {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
-        }
-        for c in parsed.calls[:max_calls]
-    ]
-    content = _without_calls(text, fmt, tags) or None
-    return Reply(
-        {"role": "assistant", "content": content, "tool_calls": calls}, "length" if truncated else "tool_calls"
-    )
+        message["content"] = text if parsed.content is None else parsed.content
+        finish = "length" if truncated else "stop"
+    else:
+        content = _without_calls(text, fmt, tags) if parsed.content is None else parsed.content.strip()
+        message["content"] = content or None
+        message["tool_calls"] = [
+            {
+                "id": c.id or f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.raw_arguments or json.dumps(c.arguments)},
+            }
+            for c in parsed.calls[:max_calls]
+        ]
+        finish = "length" if truncated else "tool_calls"
+    if parsed.reasoning_content is not None:
+        message["reasoning_content"] = parsed.reasoning_content
+    return Reply(message, finish)
 
 
 class TokenBytes:
@@ -316,22 +323,32 @@ def chunk_response(
 def choice_deltas(
     index: int, reply: Reply, pieces: list[tuple[str, list[dict[str, Any]]]], logprobs: bool
 ) -> list[dict[str, Any]]:
-    """The streamed choices (``delta`` objects) of one finished reply, in order: the role; a text reply piece by
-    piece (``pieces``: (text, its tokens' log-prob entries), one a token: ``text_pieces``); a reply with calls,
-    its content then one call per chunk (the turn's log-probs with the content); the ``finish_reason``. Joined
-    by a client they are ``reply.message``, and their log-probs (when ``logprobs``) those of the whole turn."""
+    """The streamed choices (``delta`` objects) of one finished reply, in order: the role; a plain text reply
+    piece by piece (``pieces``: (text, its tokens' log-prob entries), one a token: ``text_pieces``); a reply with
+    calls or reasoning, its ``reasoning_content``, its content, then one call per chunk (the turn's log-probs with
+    the first of them); the ``finish_reason``. Joined by a client they are ``reply.message``, and their log-probs
+    (when ``logprobs``) those of the whole turn."""
 
     def delta(d: dict[str, Any], lps: list[dict[str, Any]], finish: str | None = None) -> dict[str, Any]:
         logs = {"content": lps, "refusal": None} if logprobs else None
         return {"index": index, "delta": d, "logprobs": logs, "finish_reason": finish}
 
     out = [delta({"role": "assistant", "content": ""}, [])]
-    calls = reply.message.get("tool_calls")
-    if calls is None:
+    message, entries = reply.message, [e for _, lps in pieces for e in lps]
+    if (
+        "tool_calls" not in message
+        and "reasoning_content" not in message
+        and message["content"] == "".join(text for text, _ in pieces)
+    ):
         out += [delta({"content": text}, lps) for text, lps in pieces]
     else:
-        out.append(delta({"content": reply.message["content"] or ""}, [e for _, lps in pieces for e in lps]))
-        out += [delta({"tool_calls": [{"index": k, **call}]}, []) for k, call in enumerate(calls)]
+        if "reasoning_content" in message:
+            out.append(delta({"reasoning_content": message["reasoning_content"]}, entries))
+            entries = []
+        out.append(delta({"content": message["content"] or ""}, entries))
+        out += [
+            delta({"tool_calls": [{"index": k, **call}]}, []) for k, call in enumerate(message.get("tool_calls", []))
+        ]
     out.append(delta({}, [], finish=reply.finish_reason))
     return out
 

@@ -81,7 +81,9 @@ from asyncrl.rollout.openai_chat import (
 from asyncrl.rollout.openai_request import ChatRequest, parse_chat_request
 from asyncrl.rollout.openai_session import ChatSession, SessionStore
 from asyncrl.rollout.sampling import SamplingParams
-from asyncrl.rollout.tools import HERMES_CLOSE, HERMES_OPEN, ParsedTurn, ToolFormat, parse_tool_calls
+from asyncrl.rollout.tools import ParsedTurn, ToolCall, ToolFormat, close_tags, format_tool_call, parse_tool_calls
+from asyncrl.rollout.tools import reasons as writes_reasoning
+from asyncrl.rollout.tools.reasoning import split_reasoning
 from asyncrl.types import Completion, ModelSegment
 from asyncrl.web import HTTPError, JsonServer, Request, Route, is_finite
 from asyncrl.web.server import Stream
@@ -101,6 +103,25 @@ def _session_id(req: Request) -> str:
     if not SESSION_ID.fullmatch(session_id):
         raise HTTPError(400, f"a session id is 1-160 characters of [A-Za-z0-9_.@:-], got {session_id[:40]!r}")
     return session_id
+
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""A tool name the door may write for the model (OpenAI's rule for tool names)."""
+_ARGUMENTS, _NAME = "ASYNCRLARGUMENTS", "ASYNCRLTOOLNAME"
+
+
+def call_opening(fmt: ToolFormat, name: str | None) -> str:
+    """A call in ``fmt`` (``tools.format_tool_call``) up to where its arguments begin, or, without a ``name``, up to
+    where the name begins (empty for ``tag``, whose tag is the name): what ``tool_choice`` required or named has
+    the door write for the model."""
+    if name is None:
+        if fmt == "tag":
+            return ""
+        text = format_tool_call(fmt, ToolCall(_NAME), tag=_NAME)
+        return text[: text.index(_NAME)]
+    text = format_tool_call(fmt, ToolCall(name, {_ARGUMENTS: _ARGUMENTS}), tag=name)
+    marks = ('{"' + _ARGUMENTS, "<parameter=" + _ARGUMENTS, _ARGUMENTS)
+    return text[: min(i for i in (text.find(m) for m in marks) if i >= 0)]
 
 
 class ChatDoor:
@@ -278,35 +299,25 @@ class ChatDoor:
 
     def _forced(self, req: ChatRequest, tools: tuple[dict[str, Any], ...]) -> tuple[str, tuple[int, ...]]:
         """The opening of a call written for the model under ``tool_choice`` ``required`` or a named tool (text,
-        ids; environment tokens of the record), else nothing; 400 where the format cannot force one."""
+        ids; environment tokens of the record), else nothing; 400 where it cannot be written."""
         if req.tool_choice != "required":
             return "", ()
         names = [t["function"]["name"] for t in tools]
         name = req.forced_tool or (names[0] if len(names) == 1 else None)
         if name is not None and name not in names:
             raise HTTPError(400, f"tool_choice names {name!r}, which is not one of this session's tools {names}")
-        match self.tool_format:
-            case "hermes":
-                text = f'{HERMES_OPEN}{{"name": "{name}", "arguments": ' if name else f'{HERMES_OPEN}{{"name": "'
-            case "json":
-                text = f'{{"name": "{name}", "parameters": ' if name else '{"name": "'
-            case "tag" if name is not None:
-                text = f"<{name}>"
-            case _:
-                raise HTTPError(400, f"tool_choice='required' or a named tool: this server cannot make the model call "
-                                     f"a tool in the {self.tool_format!r} format" + (" with several tools (name one)"
-                                     if self.tool_format == "tag" else ""))  # fmt: skip
-        return text, self.renderer.encode(text)
+        if name is not None and not TOOL_NAME.fullmatch(name):
+            raise HTTPError(400, f"tool_choice: the door writes the call of {name[:70]!r} for the model, and a tool "
+                                 "name it writes must be 1-64 characters of [A-Za-z0-9_-] (OpenAI's rule)")  # fmt: skip
+        text = call_opening(self.tool_format, name)
+        if not text:
+            raise HTTPError(400, f"tool_choice='required' with several tools: the {self.tool_format!r} format has no "
+                                 "opening common to every call; name the tool")  # fmt: skip
+        return text, tuple(int(t) for t in self.tokenizer.encode(text, add_special_tokens=False))
 
     def _close_ids(self, tools: tuple[dict[str, Any], ...]) -> tuple[int, ...]:
         """The tokens that close a call, where a close is one token (``parallel_tool_calls=false`` stops there)."""
-        match self.tool_format:
-            case "hermes":
-                closes = [HERMES_CLOSE]
-            case "tag":
-                closes = [f"</{t['function']['name']}>" for t in tools]
-            case _:
-                closes = []
+        closes = close_tags(self.tool_format, tuple(t["function"]["name"] for t in tools))
         ids = [self.tokenizer.encode(c, add_special_tokens=False) for c in closes]
         return tuple(int(i[0]) for i in ids if len(i) == 1)
 
@@ -350,7 +361,14 @@ class ChatDoor:
         closed_by = ids[-1] if stopped and ids[-1] in self.renderer.end_of_turn_ids else None
         text = lead + self.tokenizer.decode(list(own), skip_special_tokens=False)
         tags = tool_tags(tools)
-        parsed = parse_tool_calls(self.tool_format, text, tags) if parse else ParsedTurn()
+        if parse:
+            schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
+            parsed = parse_tool_calls(self.tool_format, text, tags, tools=schemas)
+        elif writes_reasoning(self.tool_format):  # calls not read; the reasoning still is
+            reasoning, rest = split_reasoning(text, opened_by_prompt=self.tool_format == "deepseek_r1")
+            parsed = ParsedTurn(content=rest, reasoning_content=reasoning)
+        else:
+            parsed = ParsedTurn()
         max_calls = None if req.parallel_tool_calls else 1
         reply = assistant_reply(text, parsed, c.finish_reason == "length", self.tool_format, tags, max_calls)
         return _Turn(reply, text, parsed, closed_by, lead, own, c.behav_logprobs[: len(own)])
