@@ -40,6 +40,10 @@ GPU_SPEC = {"hidden_size": 2048, "num_layers": 16, "num_heads": 32, "num_kv_head
 CPU_SPEC = {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 384,
             "max_position_embeddings": 1024}  # fmt: skip
 """The tiny default's shape (0.8 M parameters)."""
+FIXED_S = 210.0
+"""GPU: seconds estimated for the build, both engines (vLLM's start included) and the trainer's recomputation."""
+RUN_OVERHEAD_S = 60.0
+"""GPU: seconds estimated for a training run's start, evaluations and final checkpoint, beside its RL time."""
 GPU_SHARE = 0.5
 """Most of a GPU's free memory the eta runs' estimate may take (activations and the allocator's slack are not
 in it)."""
@@ -161,7 +165,7 @@ def plan_check(device: DeviceInfo | None, vllm_skip: str, *, budget_s: float = 4
             kv_cache_gib=0.25, memory_gib=round(need / 2**30, 3),
         )  # fmt: skip
     spec = dict(GPU_SPEC)
-    train_s = max(30.0, round((budget_s - 210.0) / 2))  # build, engines and vLLM's start take ~3.5 minutes
+    train_s = max(30.0, round((budget_s - FIXED_S - 2 * RUN_OVERHEAD_S) / 2))  # two eta runs
     overrides = _train_overrides("gpu", "cuda", "bfloat16", train_s, 10_000)
     params, need = _training_estimate(spec, overrides)
     notes = []

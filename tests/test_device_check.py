@@ -48,10 +48,13 @@ def test_a_large_gpu_gets_the_1b_model_in_bf16() -> None:
     assert plan.spec == dc.GPU_SPEC and 0.9e9 < plan.params < 1.1e9 and not plan.notes
     assert plan.memory_gib <= dc.GPU_SHARE * 139
     assert plan.batch_sizes[0] == 1 and plan.batch_sizes[-1] <= 256 and plan.etas == (0, 4)
-    assert plan.train_seconds == (450 - 210) / 2 and plan.vllm_skip == ""
+    # the eta runs' RL time is what the budget leaves after the fixed parts and each run's overhead
+    assert plan.train_seconds == (450 - dc.FIXED_S - 2 * dc.RUN_OVERHEAD_S) / 2 and plan.vllm_skip == ""
+    assert dc.plan_check(h200(), "", budget_s=100).train_seconds == 30  # never below half a minute
     # the eta runs' overrides are a valid config on that device, with the staleness the check adds
     cfg = load_config(None, [*plan.train_overrides, "controller.max_staleness=4"])
-    assert cfg.model.device == "cuda" and cfg.model.dtype == "bfloat16" and cfg.controller.max_rl_time_s == 120
+    assert cfg.model.device == "cuda" and cfg.model.dtype == "bfloat16"
+    assert cfg.controller.max_rl_time_s == plan.train_seconds
     assert not cfg.algo.filter_equal_rewards  # a random policy's all-zero groups still train
     # the engines hold every sample of the log-prob check and the largest decode batch
     assert plan.max_seq_len >= 64 + plan.new_tokens and plan.kv_cache_gib >= 1.0
