@@ -295,3 +295,32 @@ def test_inflight_update_keep(tiny_dir: Path, new_weights: Path, run: Run) -> No
         assert diff <= LOGPROB_TOL
     finally:
         engine.close()
+
+
+def test_a_train_run_keeps_the_ledger(tiny_dir: Path, tmp_path: Path) -> None:
+    """``asyncrl train --set rollout.backend=vllm`` in its own process: 2 steps at eta = 1 from the tiny random
+    policy (``--model``: no warm start; dynamic sampling off, so its all-zero groups still train), then the
+    ledger check (invariant 7: nothing lost, nothing trained twice, the bound kept)."""
+    import subprocess
+    import sys
+
+    from asyncrl.controller.ledger_checks import check_ledger
+
+    run_dir = tmp_path / "run"
+    sets = ["rollout.backend=vllm", "controller.total_steps=2", "controller.batch_size=2", "rollout.group_size=2",
+            "rollout.max_new_tokens=16", "rollout.max_slots=8", "controller.max_staleness=1", "controller.eval_every=0",
+            "eval.max_new_tokens=16", "eval.report_greedy=false", "eval.samples_per_prompt=1", "task.eval_size=4",
+            "algo.filter_equal_rewards=false", "run.progress=false"]  # fmt: skip
+    cmd = [str(Path(sys.executable).parent / "asyncrl"), "train", "--model", str(tiny_dir), "--run-dir", str(run_dir)]
+    cmd += [arg for s in sets for arg in ("--set", s)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = check_ledger(run_dir, total_steps=2)
+    RESULTS["train_run_tiny_random_policy"] = {
+        "overrides": sets, "wall_s": round(time.perf_counter() - t0, 1), "ledger_ok": report.ok,
+        "admitted": report.admitted, "trained_samples": report.trained, "steps": report.steps,
+        "lost": len(report.lost), "trained_twice": len(report.trained_twice), "over_bound": len(report.over_bound),
+    }  # fmt: skip
+    assert report.ok, report.problems
+    assert report.steps == 2 and not report.lost and not report.trained_twice and not report.over_bound
