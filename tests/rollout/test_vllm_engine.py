@@ -10,7 +10,8 @@ On the tiny random-init policy (vocab 100, no early stops, so samples run their 
 - versions across an in-flight update in ``abort`` mode (resubmitted by ``generate_group``; tokens after the
   update checked against the new weights, which also checks vLLM's in-place reload) and ``keep`` mode
   (one request spans both versions);
-- refusals: a bad update (shape) leaves the version, truncated sampling is refused.
+- refusals: a bad update (shape) leaves the version, truncated sampling is refused;
+- a 2-step ``asyncrl train --set rollout.backend=vllm`` run whose ledger check passes.
 With ``ASYNCRL_VLLM_CONTRACT_OUT=FILE`` the measured numbers are written there as JSON
 (``scripts/vllm_contract.py`` does, for ``docs/results/vllm_cpu_contract.json``).
 """
