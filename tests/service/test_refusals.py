@@ -33,8 +33,8 @@ def test_an_unsupported_loss_is_refused_naming_it(client) -> None:
 def test_unsupported_sampling_fields_are_refused_naming_them(training) -> None:
     sampler = training.save_weights_and_get_sampling_client().result()
     prompt = types.ModelInput.from_ints([3, 4, 5])
-    with pytest.raises(tinker.BadRequestError, match="prompt_logprobs"):
-        sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2), include_prompt_logprobs=True).result()
+    with pytest.raises(tinker.BadRequestError, match="topk_prompt_logprobs"):
+        sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2), topk_prompt_logprobs=2).result()
     with pytest.raises(tinker.BadRequestError, match="topk_sample_logprobs"):
         sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2), topk_sample_logprobs=3).result()
     assert len(sampler.sample(prompt, 2, types.SamplingParams(max_tokens=2)).result().sequences) == 2

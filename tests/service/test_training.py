@@ -99,8 +99,16 @@ def test_a_cookbook_rl_loop_advances_versions_and_returns_logprobs(service, clie
     prompt, _ = last
     seq = sampler.sample(types.ModelInput.from_ints(prompt), 1, params).result().sequences[0]
     trained = tc.forward([_rl_datum(prompt, seq, 0.0)], "importance_sampling").result()
-    trainer_lp = trained.loss_fn_outputs[0]["logprobs"].to_numpy()[len(prompt) - 1 :]
+    all_lp = trained.loss_fn_outputs[0]["logprobs"].to_numpy()
+    trainer_lp = all_lp[len(prompt) - 1 :]
     np.testing.assert_allclose(trainer_lp, np.asarray(seq.logprobs), atol=1e-4)
+    # compute_logprobs (prompt log-probs) of the whole sequence: the trainer's too, the first one None
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints(prompt + list(seq.tokens))).result()
+    assert scored[0] is None and len(scored) == len(prompt) + len(seq.tokens)
+    np.testing.assert_allclose(np.asarray(scored[1:], dtype=np.float64), all_lp, atol=1e-4)
+    last = sampler.compute_logprobs(types.ModelInput.from_ints(prompt), prompt_logprobs_last_n=2).result()
+    assert last[:-2] == [None] * (len(prompt) - 2)
+    np.testing.assert_allclose(np.asarray(last[-2:]), all_lp[len(prompt) - 3 : len(prompt) - 1], atol=1e-4)
 
 
 def test_a_named_sampler_checkpoint_keeps_its_version_while_training_goes_on(service, client) -> None:

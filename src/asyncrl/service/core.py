@@ -308,18 +308,26 @@ class TrainingService:
         directory = Path(target.directory)
         return CheckpointRef(directory.parent.parent.name, "sampler_weights", directory.name).tinker_path
 
-    def sample(self, target: SamplerTarget, prompt: list[int], params: dict[str, Any], n: int) -> tuple[str, list[str]]:
-        """Start sampling; returns (request id, one sequence id per sample)."""
+    def sample(
+        self, target: SamplerTarget, prompt: list[int], params: dict[str, Any], n: int, *,
+        prompt_logprobs: bool = False, last_n: int | None = None,
+    ) -> tuple[str, list[str]]:  # fmt: skip
+        """Start sampling (with the prompt's log-probs when asked: ``compute_logprobs``); returns
+        (request id, one sequence id per sample)."""
         from asyncrl.service.wire import SampledSequence, encode_sample_response
 
+        if last_n is not None and not (prompt_logprobs and 1 <= last_n <= len(prompt) - 1):
+            raise ValueError(f"prompt_logprobs_last_n must be in [1, {len(prompt) - 1}] with prompt_logprobs")
+
         async def work() -> RawBody:
+            scored = await self.engines.prompt_logprobs(target, prompt, last_n) if prompt_logprobs else None
             completions = await self.engines.sample(target, prompt, params, n, params.get("stop"))
             sequences = []
             for c in completions:
                 if c.finish_reason == "abort":
                     raise RuntimeError("a sample was interrupted by a weight update")
                 sequences.append(SampledSequence(list(c.output_ids), list(c.behav_logprobs), c.finish_reason))
-            return RawBody(encode_sample_response(sequences), PROTOBUF)
+            return RawBody(encode_sample_response(sequences, scored), PROTOBUF)
 
         request_id = self.futures.submit("sample", work)
         return request_id, [f"{request_id}:{i}" for i in range(n)]

@@ -275,11 +275,10 @@ def _asample(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
     async def handle(req: Request) -> Any:
         body = parse_body(SampleBody, req.json())
         _refuse({
-            "prompt_logprobs": bool(body.prompt_logprobs), "topk_prompt_logprobs": body.topk_prompt_logprobs != 0,
+            "topk_prompt_logprobs": body.topk_prompt_logprobs != 0,
             "topk_sample_logprobs": body.topk_sample_logprobs != 0,
             "target_prompt_logprobs": body.target_prompt_logprobs is not None,
             "prompt_alt_tokens_k": body.prompt_alt_tokens_k != 0,
-            "prompt_logprobs_last_n": body.prompt_logprobs_last_n is not None,
             "record_stability_info": bool(body.record_stability_info),
         }, "asample")  # fmt: skip
         prompt: list[int] = []
@@ -298,7 +297,10 @@ def _asample(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
             target = svc.target(body.base_model, body.model_path)
         if not prompt:
             raise HTTPError(400, "asample: the prompt is empty")
-        request_id, sequence_ids = svc.sample(target, prompt, asdict(body.sampling_params), body.num_samples)
+        request_id, sequence_ids = svc.sample(
+            target, prompt, asdict(body.sampling_params), body.num_samples,
+            prompt_logprobs=bool(body.prompt_logprobs), last_n=body.prompt_logprobs_last_n,
+        )  # fmt: skip
         return {"request_id": request_id, "sample_sequence_ids": sequence_ids}
 
     return handle

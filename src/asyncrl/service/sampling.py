@@ -15,6 +15,7 @@ used closed first.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -93,7 +94,33 @@ class EnginePool:
         self.max_snapshots = max_snapshots
         self._live: dict[str, _Slot] = {}
         self._snapshots: OrderedDict[str, _Slot] = OrderedDict()
+        self._scorers: OrderedDict[str, Any] = OrderedDict()
         self._lock = asyncio.Lock()
+
+    async def prompt_logprobs(self, target: SamplerTarget, prompt: Sequence[int], last_n: int | None) -> list[float]:
+        """Each prompt token's log-prob given the tokens before it, under the target's weights (a forward
+        of a model loaded from the target's directory, kept for the next call); NaN where not scored
+        (the first position, and all but the last ``last_n``)."""
+        async with self._lock:
+            model = self._scorers.get(target.directory)
+            if model is None:
+                loaded = await asyncio.to_thread(load_policy, target.directory, device=self.spec.device)
+                model = self._scorers[target.directory] = loaded[0]
+                while len(self._scorers) > self.max_snapshots:
+                    self._scorers.popitem(last=False)
+            self._scorers.move_to_end(target.directory)
+
+        def score() -> list[float]:
+            import torch
+
+            ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.spec.device)
+            with torch.no_grad():
+                logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)
+            scored = logp.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1).tolist()
+            first = len(prompt) - last_n if last_n is not None else 1
+            return [math.nan if i < first else scored[i - 1] for i in range(len(prompt))]
+
+        return await asyncio.to_thread(score)
 
     async def _build(self, directory: str | Path, version: int) -> _Slot:
         def build() -> _Slot:

@@ -265,8 +265,9 @@ def encode_forward_backward_output(outputs: list[dict[str, np.ndarray]], metrics
     return bytes(msg)
 
 
-def encode_sample_response(sequences: list[SampledSequence]) -> bytes:
-    """A protobuf ``SampleResponse``: each sequence's stop reason, int32 tokens and float32 log-probs."""
+def encode_sample_response(sequences: list[SampledSequence], prompt_logprobs: list[float] | None = None) -> bytes:
+    """A protobuf ``SampleResponse``: each sequence's stop reason, int32 tokens and float32 log-probs, and
+    the prompt's log-probs when asked (float32, NaN where a position is not scored: the first one)."""
     msg = bytearray()
     for seq in sequences:
         item = bytearray()
@@ -274,6 +275,8 @@ def encode_sample_response(sequences: list[SampledSequence]) -> bytes:
         _put_len(item, 2, np.asarray(seq.tokens, dtype=np.int32).tobytes())
         _put_len(item, 3, np.asarray(seq.logprobs, dtype=np.float32).tobytes())
         _put_len(msg, 1, bytes(item))
+    if prompt_logprobs is not None:
+        _put_len(msg, 2, np.asarray(prompt_logprobs, dtype=np.float32).tobytes())
     return bytes(msg)
 
 
