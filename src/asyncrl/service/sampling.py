@@ -174,18 +174,23 @@ class EnginePool:
         max_new = min(int(params.get("max_tokens") or room), room)
         top_k = int(params.get("top_k", -1))
         seed = params.get("seed")
+        sampling = [
+            SamplingParams(
+                max_new_tokens=max_new, temperature=float(params.get("temperature", 1.0)),
+                top_p=float(params.get("top_p", 1.0)), top_k=max(top_k, 0), stop_token_ids=self._stops(slot, stop),
+                seed=None if seed is None else int(seed) + start,
+            )
+            for start in range(0, n, slot.engine.max_slots)
+        ]  # fmt: skip
         out: list[Completion] = []
         async with slot.reading():
-            if slot.engine.version != target.version:  # an update won the race: take the snapshot instead
-                return await self.sample(SamplerTarget(target.directory, target.version), prompt, params, n, stop)
-            for start in range(0, n, slot.engine.max_slots):
-                sampling = SamplingParams(
-                    max_new_tokens=max_new, temperature=float(params.get("temperature", 1.0)),
-                    top_p=float(params.get("top_p", 1.0)), top_k=max(top_k, 0),
-                    stop_token_ids=self._stops(slot, stop), seed=None if seed is None else int(seed) + start,
-                )  # fmt: skip
-                out.extend(await slot.engine.generate(prompt, sampling, n=min(slot.engine.max_slots, n - start)))
-        return out
+            if slot.engine.version == target.version:
+                for i, params_i in enumerate(sampling):
+                    size = min(slot.engine.max_slots, n - i * slot.engine.max_slots)
+                    out.extend(await slot.engine.generate(prompt, params_i, n=size))
+                return out
+        # an update reached the live engine first: the target's own weights are on disk (a snapshot engine)
+        return await self.sample(SamplerTarget(target.directory, target.version), prompt, params, n, stop)
 
     @staticmethod
     def _stops(slot: _Slot, stop: Any) -> tuple[int, ...]:
