@@ -73,7 +73,7 @@ def check_loss(loss_fn: str, config: Mapping[str, float | str], inputs: set[str]
             raise ValueError(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
         out[key] = float(value)
     missing = [name for name in spec.inputs if name not in inputs]
-    extra = sorted(inputs - set(spec.inputs) - {"mask"})
+    extra = sorted(inputs - set(spec.inputs))
     if missing:
         raise ValueError(f"loss_fn {loss_fn!r} needs loss_fn_inputs {missing}")
     if extra:
