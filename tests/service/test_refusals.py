@@ -29,7 +29,7 @@ def test_an_unsupported_loss_is_refused_naming_it(client) -> None:
     with pytest.raises(tinker.BadRequestError, match="'dro' is not supported"):
         tc.forward_backward(data, "dro").result()
     tc = client.create_lora_training_client(base_model=BASE, rank=2).result()
-    masked = [_datum(target_tokens=[4, 5, 6], logprobs=[0.0] * 3, advantages=[1.0] * 3, mask=[1.0] * 3)]
+    masked = [_datum(target_tokens=[4, 5, 6], logprobs=[0.0] * 3, advantages=[1.0] * 3, mask=np.ones(3, np.float32))]
     with pytest.raises(tinker.BadRequestError, match=r"loss_fn_inputs \['mask'\] are not used by 'ppo'"):
         tc.forward_backward(masked, "ppo").result()
 
