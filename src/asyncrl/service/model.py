@@ -115,9 +115,8 @@ class TrainedModel:
         cross-entropy) and metrics (``loss:sum``); gradients accumulate unless ``forward_only``."""
         if not req.data:
             raise ValueError("forward_backward: no data")
-        config = [check_loss(req.loss_fn, req.loss_fn_config, set(d.inputs)) for d in req.data[:1]][0]
-        for d in req.data[1:]:
-            check_loss(req.loss_fn, req.loss_fn_config, set(d.inputs))
+        configs = [check_loss(req.loss_fn, req.loss_fn_config, set(d.inputs)) for d in req.data]
+        config = configs[0]  # the same for every datum (the request's)
         outputs: list[dict[str, np.ndarray]] = []
         total = 0.0
         for datum in req.data:
