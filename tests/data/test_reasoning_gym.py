@@ -15,7 +15,14 @@ import reasoning_gym
 from asyncrl.config import ConfigError, TaskConfig, load_config
 from asyncrl.controller.scoring import make_score_fn
 from asyncrl.data.prompts import build_task
-from asyncrl.data.reasoning_gym import ENTRY_KEY, dataset_names, reasoning_gym_prompts
+from asyncrl.data.reasoning_gym import (
+    ENTRY_KEY,
+    calculator_expression,
+    dataset_names,
+    dataset_specs,
+    load_entries,
+    reasoning_gym_prompts,
+)
 from asyncrl.reward import reasoning_gym as reward_rg
 from asyncrl.reward.reasoning_gym import reasoning_gym_reward, response_answer
 from asyncrl.reward.service import RewardService
@@ -101,3 +108,35 @@ def test_errors_a_user_can_type_are_one_line() -> None:
     assert str(e.value).startswith("task.datasets='chain_sum,no_such_dataset': no_such_dataset is not a reasoning-gym")
     assert "basic_arithmetic" in str(e.value) and "\n" not in str(e.value)
     assert dataset_names(" chain_sum , gcd ") == ["chain_sum", "gcd"]
+
+
+def test_a_datasets_own_config_options_follow_its_name() -> None:
+    spec = "chain_sum:max_terms=2:max_digits=1, leg_counting:min_animals=1:max_animals=1:name=x"
+    assert dataset_specs(spec) == [("chain_sum", {"max_terms": 2, "max_digits": 1}),
+                                   ("leg_counting", {"min_animals": 1, "max_animals": 1, "name": "x"})]  # fmt: skip
+    assert dataset_names(spec) == ["chain_sum", "leg_counting"]
+    entries = load_entries("chain_sum:min_terms=2:max_terms=2:max_digits=1", 3, 30)
+    assert {e["metadata"]["num_terms"] for e in entries} == {2}
+    assert all(len(n.strip()) == 1 for e in entries for n in e["metadata"]["expression"].replace("-", "+").split("+"))
+    with pytest.raises(ValueError, match="not key=value"):
+        dataset_specs("chain_sum:max_terms")
+    with pytest.raises(ValueError, match="refused the options"):
+        load_entries("leg_counting:max_animals=0", 3, 4)
+    with pytest.raises(ValueError, match="not a reasoning-gym dataset"):
+        dataset_specs("chain_sum:max_terms=2,nope:x=1")
+
+
+def test_the_calculator_expression_of_an_entry_is_worth_its_answer() -> None:
+    from asyncrl.rollout.envs.calculator import evaluate_expression
+
+    entries = load_entries("chain_sum:max_terms=4,leg_counting:min_animals=1:max_animals=3,basic_arithmetic", 5, 60)
+    kinds = {e["metadata"]["source_dataset"] for e in entries}
+    assert kinds == {"chain_sum", "leg_counting", "basic_arithmetic"}
+    for entry in entries:
+        expression = calculator_expression(entry)
+        assert expression is not None and " " not in expression
+        if entry["metadata"]["source_dataset"] != "basic_arithmetic":  # its answers round divisions
+            assert evaluate_expression(expression) == entry["answer"]
+    legs = next(e for e in entries if e["metadata"]["source_dataset"] == "leg_counting")
+    assert "*" in calculator_expression(legs)
+    assert calculator_expression({"metadata": {"source_dataset": "gcd"}}) is None

@@ -2,33 +2,67 @@
 by the dataset's own ``score_answer`` (``task.verifier=reasoning_gym``, ``reward.reasoning_gym``).
 
 Owns the loading: ``task.datasets`` names one reasoning-gym dataset or several (comma-separated, drawn with
-equal weights through reasoning-gym's ``composite`` dataset), each at its default configuration; one
-dataset of ``task.eval_size + task.train_size`` entries is generated with ``task.seed``; the first
-``eval_size`` are held out and training keeps the rest whose question is not among them (procedural
-generators repeat themselves now and then). Each entry becomes a ``Prompt``: the question rendered as a
-user turn, the dataset's answer as the reference, its source dataset as the problem kind (held-out
-accuracy by dataset), and the whole entry (question, answer, metadata) under :data:`ENTRY_KEY` for the
-verifier, which needs it to score.
+equal weights through reasoning-gym's ``composite`` dataset), each at its default configuration or with
+reasoning-gym's own config options after its name (``chain_sum:max_terms=3:max_digits=2``, that is
+``name(:key=value)*``, values read as JSON, else as text; ``dataset_specs``); one dataset of ``task.eval_size
++ task.train_size`` entries is generated with ``task.seed``; the first ``eval_size`` are held out and training
+keeps the rest whose question is not among them (procedural generators repeat themselves now and then). Each
+entry becomes a ``Prompt``: the question rendered as a user turn, the dataset's answer as the reference, its
+source dataset as the problem kind (held-out accuracy by dataset), and the whole entry (question, answer,
+metadata) under :data:`ENTRY_KEY` for the verifier, which needs it to score.
+
+Also owns ``calculator_expression``: the arithmetic expression that computes an entry's answer, built from
+the entry's own metadata (the ``expression`` the generator recorded; ``leg_counting``: each animal's count
+times its legs from reasoning-gym's own table), for worked calculator conversations of the warm start.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 from asyncrl.types import KIND_KEY, Prompt
 
-__all__ = ["ENTRY_KEY", "dataset_names", "load_entries", "reasoning_gym_prompts"]
+__all__ = ["ENTRY_KEY", "calculator_expression", "dataset_names", "dataset_specs", "load_entries",
+           "reasoning_gym_prompts"]  # fmt: skip
 
 ENTRY_KEY = "reasoning_gym_entry"
 """The ``Prompt.meta`` key of the reasoning-gym entry (``question``, ``answer``, ``metadata``)."""
 
 
+def dataset_specs(spec: str) -> list[tuple[str, dict[str, Any]]]:
+    """``(name, config options)`` of each dataset of ``task.datasets`` (see the module docstring); ValueError
+    (one line) for an unknown name or an option without ``=``."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        name, *options = (piece.strip() for piece in item.split(":"))
+        config: dict[str, Any] = {}
+        for option in options:
+            key, eq, value = option.partition("=")
+            if not eq or not key.strip():
+                raise ValueError(f"task.datasets={spec!r}: {option!r} is not key=value (e.g. chain_sum:max_terms=3)")
+            config[key.strip()] = _option_value(value.strip())
+        out.append((name, config))
+    dataset_names(",".join(name for name, _ in out) if out else "")
+    return out
+
+
+def _option_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def dataset_names(spec: str) -> list[str]:
-    """The dataset names of ``task.datasets`` (comma-separated); ValueError (one line) for an unknown one."""
+    """The dataset names of ``task.datasets`` (comma-separated; options after a name's ``:`` are not part of
+    it); ValueError (one line) for an unknown one."""
     import reasoning_gym
 
-    names = [n.strip() for n in spec.split(",") if n.strip()]
+    names = [n.split(":")[0].strip() for n in spec.split(",") if n.strip()]
     known = reasoning_gym.factory.DATASETS
     unknown = [n for n in names if n not in known or n == "composite"]
     if unknown or not names:
@@ -40,17 +74,35 @@ def dataset_names(spec: str) -> list[str]:
 
 
 def load_entries(spec: str, seed: int, size: int) -> list[dict[str, Any]]:
-    """``size`` entries of the dataset(s) ``spec`` generated with ``seed``."""
+    """``size`` entries of the dataset(s) ``spec`` generated with ``seed``; ValueError (one line) for options
+    the dataset's config refuses."""
     import reasoning_gym
     from reasoning_gym.composite import DatasetSpec
 
-    names = dataset_names(spec)
-    if len(names) == 1:
-        dataset = reasoning_gym.create_dataset(names[0], seed=seed, size=size)
-    else:
-        specs = [DatasetSpec(name=n, weight=1.0, config={}) for n in names]
-        dataset = reasoning_gym.create_dataset("composite", seed=seed, size=size, datasets=specs)
+    specs = dataset_specs(spec)
+    try:
+        if len(specs) == 1:
+            dataset = reasoning_gym.create_dataset(specs[0][0], seed=seed, size=size, **specs[0][1])
+        else:
+            weighted = [DatasetSpec(name=n, weight=1.0, config=c) for n, c in specs]
+            dataset = reasoning_gym.create_dataset("composite", seed=seed, size=size, datasets=weighted)
+    except (TypeError, AssertionError) as e:
+        raise ValueError(f"task.datasets={spec!r}: reasoning-gym refused the options: {e}") from None
     return [dataset[i] for i in range(size)]
+
+
+def calculator_expression(entry: dict[str, Any]) -> str | None:
+    """The expression whose value is ``entry``'s answer (see the module docstring), or None where the
+    entry's metadata records none."""
+    metadata = entry.get("metadata") or {}
+    if isinstance(metadata.get("expression"), str):
+        return "".join(metadata["expression"].split())
+    animals = metadata.get("animals")
+    if metadata.get("source_dataset") == "leg_counting" and isinstance(animals, dict):
+        from reasoning_gym.arithmetic.leg_counting import ANIMALS
+
+        return "+".join(f"{count}*{ANIMALS[animal]}" for animal, count in animals.items())
+    return None
 
 
 def reasoning_gym_prompts(

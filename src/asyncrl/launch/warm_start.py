@@ -21,6 +21,11 @@ same problems with ``sft.second_stage_tool_call_fraction`` of them calling (``se
 policy that can copy into the call but seldom makes one. ``sft.restart_check_step`` > 0 builds the policy
 again and reruns the (first) stage with another seed when, at that step, its loss shows it has not taken
 (``run_warm_start``).
+
+``task.name=reasoning_gym`` (``reasoning_gym_examples``) demonstrates its *training* entries (never held-out
+ones) as the task's own generator made them: single-turn, the question and its reference answer; with
+``rollout.workflow=agent agent.env=calculator``, the calculator's worked conversation, the call's expression
+built from the entry's metadata (``data.reasoning_gym.calculator_expression``), the tool's result, ``#answer``.
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ from asyncrl.types import Prompt
 
 CALCULATOR_DEMO_FORMAT = 1
 """Bump when the calculator demonstrations change (system message, tool schema, conversation)."""
+
+REASONING_GYM_DEMO_FORMAT = 1
+"""Bump when the reasoning-gym demonstrations change."""
 
 
 _TASK_FIELDS_ADDED = {"calculator_max_digits": 0, "datasets": None}
@@ -83,6 +91,11 @@ def warm_start_key(cfg: Config) -> str:
     if cfg.task.name == "calculator":  # only here, so the single-turn tasks' caches keep their keys
         payload["agent"] = {"tool_format": cfg.agent.tool_format, "env": cfg.agent.env}
         payload["calculator_demo_format"] = CALCULATOR_DEMO_FORMAT
+    if cfg.task.name == "reasoning_gym":  # no earlier cache: reasoning-gym had no demonstrations
+        payload["eval_size"] = cfg.task.eval_size  # training is what follows the held-out entries: never reuse
+        agent = cfg.agent
+        payload["agent"] = {"workflow": cfg.rollout.workflow, "tool_format": agent.tool_format, "env": agent.env}
+        payload["reasoning_gym_demo_format"] = REASONING_GYM_DEMO_FORMAT
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -159,6 +172,8 @@ def warm_start_examples(cfg: Config, tokenizer: Any) -> list[SFTExample]:
     """The task's demonstrations as ``(ids, loss mask)`` (see the module docstring)."""
     if cfg.task.name == "calculator":
         return calculator_examples(cfg, tokenizer)
+    if cfg.task.name == "reasoning_gym":
+        return reasoning_gym_examples(cfg, tokenizer)
     _, _, demos = build_task(cfg.task, tokenizer, teacher_slip_rate=cfg.sft.teacher_slip_rate)
     if not demos:
         raise ValueError(f"task {cfg.task.name!r} has no demonstrations for a warm start; pass --model DIR")
@@ -197,6 +212,38 @@ def calculator_examples(cfg: Config, tokenizer: Any) -> list[SFTExample]:
         worked = demonstration(problem, env.tool_role, call, calls_tool=calls)[1:]  # reset opened with the question
         messages = [*opening.messages, *(Message(m["role"], m["content"]) for m in worked)]
         examples.append(demonstration_ids(renderer, messages, opening.tools))
+    return examples
+
+
+def reasoning_gym_examples(cfg: Config, tokenizer: Any) -> list[SFTExample]:
+    """Demonstrations of the reasoning-gym task's training entries (see the module docstring); turns end at EOS."""
+    train, _, _ = build_task(cfg.task, tokenizer)
+    eos = (tokenizer.eos_token_id,)
+    if cfg.rollout.workflow != "agent":
+        return [prompt_response_example(p.token_ids, (*tokenizer.encode(p.answer, add_special_tokens=False), *eos))
+                for p in train]  # fmt: skip
+    if cfg.agent.env != "calculator":
+        raise ValueError(f"task.name=reasoning_gym warm-starts agent.env=calculator only, not {cfg.agent.env!r}")
+    from asyncrl.data.reasoning_gym import ENTRY_KEY, calculator_expression
+    from asyncrl.rollout.chat import ChatRenderer, demonstration_ids
+    from asyncrl.rollout.envs.base import Message
+    from asyncrl.rollout.envs.calculator import calculator_env, calculator_tool, evaluate_expression
+    from asyncrl.rollout.tools import ToolCall, format_tool_call
+
+    renderer, tool, env = ChatRenderer(tokenizer, eos), calculator_tool(), calculator_env()
+
+    async def openings() -> list[Any]:
+        return [await env.reset(prompt) for prompt in train]
+
+    examples: list[SFTExample] = []
+    for prompt, opening in zip(train, asyncio.run(openings()), strict=True):
+        expression = calculator_expression(prompt.meta[ENTRY_KEY])
+        worked = [Message("assistant", f"#{prompt.answer}")]
+        if expression is not None:
+            call = format_tool_call(cfg.agent.tool_format, ToolCall(tool.name, {tool.arg: expression}), tool.tag)
+            result = Message(env.tool_role, evaluate_expression(expression))
+            worked = [Message("assistant", call), result, *worked]
+        examples.append(demonstration_ids(renderer, [*opening.messages, *worked], opening.tools))
     return examples
 
 
