@@ -119,9 +119,11 @@ def test_an_interrupted_invocations_finished_runs_are_measured_again_not_trained
     invocation's directory is measured from there (``measure_finished_run``) and its row says ``reused``; the
     others are trained into the new directory (seams faked: which runs are finished, the two measures, the
     admission means)."""
-    from benchmarks import adaptive, runs
+    from benchmarks import adaptive, async_bench, runs
 
     earlier = tmp_path / "earlier"
+    # the workload's policy: a path, not the warm start's SFT (which a unit test must not train)
+    monkeypatch.setattr(async_bench, "_policy_dir", lambda overrides, workload: str(tmp_path / "policy"))
     finished = {"task-s0-eta0", "task-s0-adaptive"}
     trained: list[str] = []
     monkeypatch.setattr(runs, "reusable_run", lambda overrides, run_dir: run_dir.parent == earlier
