@@ -19,6 +19,7 @@ __all__ = [
     "BehavCapLevel",
     "BehavCapMode",
     "DType",
+    "EpisodeMode",
     "EngineMode",
     "HighWaterUnit",
     "InterruptMode",
@@ -75,6 +76,10 @@ ToolFormat = Literal["hermes", "tag", "json", "qwen3", "qwen3_coder", "mistral",
 written in a model turn, by model family (``rollout.tools.parse_tool_calls``; docs/agent.md lists them)."""
 ToolLatencyDist = Literal["none", "lognormal"]
 """``agent.tool_latency``: the simulated wait of a tool call (``rollout.envs.latency.ToolLatency``)."""
+EpisodeMode = Literal["linear", "tree", "individual"]
+"""``agent.episode_mode``: what an ``openai_agent`` episode's recorded completions train as
+(``rollout.openai_tree``): one conversation, one sample (``linear``); every branch of the prefix tree, one sample
+each (``tree``); every completion, one sample each (``individual``)."""
 
 # algo
 AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]

@@ -256,12 +256,23 @@ class Group:
     trajectories: tuple[Trajectory, ...] = ()
     """Multi-turn workflows: the episode behind each completion (turns, tool calls, segments);
     empty for single-turn ones."""
+    episodes: tuple[int, ...] = ()
+    """Per completion, the index of the episode it came from, where an episode yields several samples (an
+    ``openai_agent`` episode that branches, ``agent.episode_mode``): the group then holds every sample of
+    its ``rollout.group_size`` episodes, however many. Empty: completion ``i`` is episode ``i``."""
 
     def __post_init__(self) -> None:
         if len(self.completions) != len(self.rewards):
             raise ValueError("Group: one reward per completion is required")
         if self.trajectories and len(self.trajectories) != len(self.completions):
             raise ValueError("Group: trajectories must be empty or one per completion")
+        if self.episodes and len(self.episodes) != len(self.completions):
+            raise ValueError("Group: episodes must be empty or one per completion")
+
+    def sample_fields(self, idx: int) -> dict[str, int]:
+        """Completion ``idx``'s ``episode`` and the group's size (``group_samples``) where episodes yield
+        several samples (the ledger's), else nothing."""
+        return {"episode": self.episodes[idx], "group_samples": len(self.completions)} if self.episodes else {}
 
     @property
     def min_version(self) -> int:

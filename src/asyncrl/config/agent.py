@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from asyncrl.choices import ToolFormat, ToolLatencyDist
+from asyncrl.choices import EpisodeMode, ToolFormat, ToolLatencyDist
 
 __all__ = ["AgentConfig"]
 
@@ -55,3 +55,14 @@ class AgentConfig:
     """``rollout.workflow=openai_agent``: the agent, ``pkg.module:function`` taking ``(base_url, api_key,
     task)`` and using only the ``openai`` client (``rollout.openai_workflow``; its budgets: ``max_tokens``,
     ``max_turn_tokens``; its call format: ``tool_format``)."""
+    episode_mode: EpisodeMode = "linear"
+    """``rollout.workflow=openai_agent``: what an episode's calls may be and what they train as (docs/agent.md
+    "Episodes that branch or trim"). linear: one conversation extended call by call (an edited history or a
+    concurrent call gets 400), trained as one sample | tree: any history (trimmed, edited, branched,
+    concurrent calls); a call whose messages extend an earlier completion's continues its ids, others start a
+    branch; one sample per leaf of that prefix tree (root to leaf, the shared prefix trained in each) |
+    individual: any history; one sample per completion (its own prompt, its tokens). With tree or individual
+    a group holds every sample of its episodes, rewards per completion (``/reward``) and ``reward_discount``."""
+    reward_discount: float = 1.0
+    """tree | individual: a completion without a reward of its own gets the episode's reward times this to the
+    power of the sequential calls after it (1.0: every completion gets the episode's reward)."""

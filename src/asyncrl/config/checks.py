@@ -132,6 +132,7 @@ _INTERVALS: dict[str, str] = {
     "sft.tool_call_fraction": "[0, 1]",
     "sft.second_stage_tool_call_fraction": "[0, 1]",
     "rollout.top_p": "(0, 1]",
+    "agent.reward_discount": "[0, 1]",
     "trainer.min_lr_ratio": "[0, 1]",
     "trainer.betas": "[0, 1)",
     "trainer.lora_dropout": "[0, 1)",
@@ -445,6 +446,11 @@ def validate_workflow(cfg: Config) -> None:
         raise ConfigError(
             f"agent.tool_latency={cfg.agent.tool_latency} needs rollout.workflow=agent (the waits are added to "
             f"its environments' steps), got rollout.workflow={name!r}"
+        )
+    if cfg.agent.episode_mode != "linear" and name != "openai_agent":
+        raise ConfigError(
+            f"agent.episode_mode={cfg.agent.episode_mode} needs rollout.workflow=openai_agent (it shapes the door's "
+            f"recorded completions into samples), got rollout.workflow={name!r}"
         )
 
 

@@ -87,22 +87,36 @@ def groups_to_samples(
     With ``algo.overlong_buffer > 0``, DAPO's soft overlong penalty of each response length
     (``algo.advantages.overlong_penalty`` over the last ``overlong_buffer`` tokens before
     ``max_new_tokens``, the generation budget) is added to the scaled reward before the
-    advantages; ``TrainSample.reward`` keeps the verifier's reward."""
+    advantages; ``TrainSample.reward`` keeps the verifier's reward.
+
+    Groups of different sizes (``Group.episodes``: episodes of several samples each) are allowed only as
+    such: each group's advantages are its own samples' (the estimator on that group alone), and the
+    batch normalisation runs over every sample of the batch."""
     if not groups:
         return []
     sizes = {len(g.completions) for g in groups}
-    if len(sizes) != 1:
+    if len(sizes) != 1 and not all(g.episodes for g in groups):
         raise ValueError(f"all groups of a batch must have the same size, got {sorted(sizes)}")
-    rewards = torch.tensor([list(g.rewards) for g in groups], dtype=torch.float64)
+    width = max(sizes)
+    mask = torch.tensor([[i < len(g.rewards) for i in range(width)] for g in groups])
+    rewards = torch.tensor([_padded(g.rewards, width) for g in groups], dtype=torch.float64)
     scaled = (rewards + algo.reward_bias) * algo.reward_scale
     if algo.overlong_buffer > 0:
         if max_new_tokens is None:
             raise ValueError("algo.overlong_buffer > 0 needs max_new_tokens (rollout.max_new_tokens)")
-        lengths = torch.tensor([[len(c.output_ids) for c in g.completions] for g in groups], dtype=torch.float64)
+        lengths = torch.tensor(
+            [_padded([len(c.output_ids) for c in g.completions], width) for g in groups], dtype=torch.float64
+        )
         scaled = scaled + overlong_penalty(lengths, max_new_tokens, algo.overlong_buffer, algo.overlong_penalty)
-    adv = compute_advantages(scaled, algo.advantage)
+    if len(sizes) == 1:
+        adv = compute_advantages(scaled, algo.advantage)
+    else:
+        adv = torch.zeros_like(scaled)
+        for gi, group in enumerate(groups):
+            n = len(group.rewards)
+            adv[gi, :n] = compute_advantages(scaled[gi : gi + 1, :n], algo.advantage)[0]
     if algo.batch_normalize:
-        adv = normalize_batch(adv)
+        adv = normalize_batch(adv, mask if len(sizes) != 1 else None)
     samples = []
     for gi, group in enumerate(groups):
         for si, comp in enumerate(group.completions):
@@ -123,3 +137,7 @@ def groups_to_samples(
                 )
             )
     return samples
+
+
+def _padded(values: Sequence[float], width: int) -> list[float]:
+    return [float(v) for v in values] + [0.0] * (width - len(values))

@@ -18,7 +18,8 @@ Owns ``check_ledger``, the one implementation of the ledger checks that the inva
 - no (prompt, sample) trained twice; ``trained_step - min_version <= η`` of its last admission;
 - every training step once, in order, in ``metrics.jsonl``, each with ``batch_size`` groups of
   ``group_size`` samples (trained, or skipped by a non-finite step). In a killed run the ledger may
-  hold part of the one step whose metrics line the kill prevented.
+  hold part of the one step whose metrics line the kill prevented. A group whose lines carry
+  ``group_samples`` (episodes of several samples each, ``Group.episodes``) has that many samples instead.
 """
 
 from __future__ import annotations
@@ -233,7 +234,7 @@ def _check_fates(ledger: list[Line], limits: LedgerLimits, ended: bool, report: 
         if len(statuses) > 1:
             report.problems.append(f"prompt {pid} has several fates: {sorted(statuses)}")
         samples = sorted(r["sample_idx"] for _, r in lines if r["sample_idx"] is not None)
-        whole = list(range(limits.group_size))
+        whole = list(range(_group_samples([r for _, r in lines], limits)))
         if lines[0][1]["sample_idx"] is None:
             if len(lines) != 1 or not statuses <= {"in_flight", "engine_failure"}:
                 report.problems.append(f"prompt {pid}: a prompt-level fate beside others: {sorted(statuses)}")
@@ -263,11 +264,23 @@ def _check_training(
         report.problems.append(f"metrics.jsonl steps are not 0..{len(steps) - 1} once each")
     if total_steps is not None and len(steps) != total_steps:
         report.problems.append(f"{len(steps)} training steps, {total_steps} expected")
+    skipped = [r for r in ledger if r["status"] == "skipped"]
     per_step = Counter(r["trained_step"] for r in trained)
-    per_step.update(r["step"] for r in ledger if r["status"] == "skipped")
-    full = limits.batch_size * limits.group_size
+    per_step.update(r["step"] for r in skipped)
+    sizes_at: dict[int, list[int]] = defaultdict(list)  # per step: each group's samples (group_samples, else G)
+    for r in [*trained, *skipped]:
+        if r["sample_idx"] == 0:
+            sizes_at[r["trained_step"] if r["status"] == "trained" else r["step"]].append(_group_samples([r], limits))
     for step in sorted(set(per_step) | set(range(len(steps)))):
         n = per_step.get(step, 0)
+        sizes = sizes_at.get(step, [])
+        full = sum(sizes) if len(sizes) == limits.batch_size else limits.batch_size * limits.group_size
         partial_ok = not ended and step == len(steps) and n <= full  # killed while logging this step
         if n != full and not partial_ok:
             report.problems.append(f"step {step}: {n} samples in the ledger, {full} expected")
+
+
+def _group_samples(lines: list[Line], limits: LedgerLimits) -> int:
+    """A group's samples: its lines' ``group_samples`` (episodes of several samples), else ``group_size``."""
+    sizes = {r["group_samples"] for r in lines if r.get("group_samples") is not None}
+    return sizes.pop() if len(sizes) == 1 else limits.group_size

@@ -418,8 +418,8 @@ class RunDir:
             }
             if step is not None:
                 line["step"] = step
-            if group.trajectories:
-                line.update(episode_entry(group.trajectories[idx], rl_offset))
+            if group.trajectories:  # and, for episodes of several samples, whose it is and the group's size
+                line.update(episode_entry(group.trajectories[idx], rl_offset), **group.sample_fields(idx))
             if tokenizer is not None and idx == 0:
                 line["response"] = tokenizer.decode(list(comp.output_ids), skip_special_tokens=True)
             lines.append(json.dumps(self._stamp(line)) + "\n")

@@ -284,7 +284,8 @@ def build_workflow(cfg: Config, tokenizer: Any, stop_token_ids: tuple[int, ...])
 
             a = cfg.agent
             door = DoorSettings(tool_format=a.tool_format, max_tokens=a.max_tokens, max_turn_tokens=a.max_turn_tokens,
-                                max_seq_len=engine_max_seq_len(cfg))  # fmt: skip
+                                max_seq_len=engine_max_seq_len(cfg), episode_mode=a.episode_mode,
+                                reward_discount=a.reward_discount)  # fmt: skip
             agent = import_callable(str(a.entrypoint), "agent.entrypoint=")
             return OpenAIAgentWorkflow(tokenizer, agent, door, end_of_turn_ids=stop_token_ids)
         case spec:

@@ -13,6 +13,8 @@ Owns the routes and what each one does; the shapes are ``rollout.openai_chat``'s
 ``GET /sessions/<id>/v1/models``           as ``/v1/models`` (an ``openai`` client's ``base_url`` is
                                            ``.../sessions/<id>/v1``)
 ``POST /sessions/<id>/end``                ends the session; body ``{"reward": float}`` (optional)
+``POST /sessions/<id>/completions/<cid>/    a reward of the session's completion ``<cid>`` (the ``id`` of
+reward``                                   its answer); body ``{"reward": float}``; branching sessions only
 ``GET /sessions/<id>``                     the record: ids, loss mask, behaviour log-probs, versions
 =========================================  ==============================================================
 
@@ -78,14 +80,15 @@ from asyncrl.rollout.openai_chat import (
     token_logprobs,
     tool_tags,
 )
-from asyncrl.rollout.openai_request import ChatRequest, parse_chat_request
+from asyncrl.rollout.openai_request import ChatRequest, parse_chat_request, reward_body
 from asyncrl.rollout.openai_session import ChatSession, SessionStore
+from asyncrl.rollout.openai_tree import set_reward
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.tools import ParsedTurn, ToolCall, ToolFormat, close_tags, format_tool_call, parse_tool_calls
 from asyncrl.rollout.tools import reasons as writes_reasoning
 from asyncrl.rollout.tools.reasoning import split_reasoning
 from asyncrl.types import Completion, ModelSegment
-from asyncrl.web import HTTPError, JsonServer, Request, Route, is_finite
+from asyncrl.web import HTTPError, JsonServer, Request, Route
 from asyncrl.web.server import Stream
 
 __all__ = ["ChatDoor", "DoorServer", "MAX_REQUEST_CHARS", "SESSION_ID"]
@@ -202,6 +205,8 @@ class ChatDoor:
                   lambda req: self.chat(req.json(), _session_id(req))),
             Route("GET", "/sessions/{session_id}/v1/models", lambda req: self.models(_session_id(req))),
             Route("POST", "/sessions/{session_id}/end", lambda req: self.end_session(_session_id(req), req.json())),
+            Route("POST", "/sessions/{session_id}/completions/{completion_id}/reward",
+                  lambda req: self.completion_reward(_session_id(req), req.params["completion_id"], req.json())),
             Route("GET", "/sessions/{session_id}", lambda req: self.session_record(_session_id(req))),
         ]  # fmt: skip
 
@@ -218,24 +223,33 @@ class ChatDoor:
             )  # fmt: skip
 
     def open_session(
-        self, session_id: str, sampling: SamplingParams | None = None, max_tokens: int | None = None
-    ) -> ChatSession:
-        """Open session ``session_id`` (``sampling``: what every call of it samples with)."""
+        self, session_id: str, sampling: SamplingParams | None = None, max_tokens: int | None = None,
+        *, branching: bool = False,
+    ) -> ChatSession:  # fmt: skip
+        """Open session ``session_id`` (``sampling``: what every call of it samples with; ``branching``: it takes
+        any history and concurrent calls, each call one completion, ``rollout.openai_tree``)."""
         if not SESSION_ID.fullmatch(session_id):
             raise ValueError(f"bad session id {session_id!r}")
-        session = ChatSession(session_id, self.renderer, self.tool_format, sampling=sampling, max_tokens=max_tokens)
+        session = ChatSession(session_id, self.renderer, self.tool_format, sampling=sampling, max_tokens=max_tokens,
+                              branching=branching)  # fmt: skip
         return self.store.add(session)
 
     async def end_session(self, session_id: str, body: Any) -> dict[str, Any]:
-        reward = None
-        if body is not None:
-            if not isinstance(body, dict) or set(body) - {"reward"}:
-                raise HTTPError(400, "the body of /end is {} or {'reward': number}")
-            reward = body.get("reward")
-            if reward is not None and not is_finite(reward):
-                raise HTTPError(400, f"'reward' must be a finite number, got {reward!r}")
-        session = self.store.end(session_id, None if reward is None else float(reward))
+        reward = reward_body(body, "/end", optional=True)
+        session = self.store.end(session_id, reward)
         return session.summary()
+
+    async def completion_reward(self, session_id: str, completion_id: str, body: Any) -> dict[str, Any]:
+        """Give a completion of a branching session its own reward (``openai_tree.set_reward``)."""
+        reward = reward_body(body, "/reward", optional=False)
+        session = self.store.get(session_id)
+        if session is None:
+            raise HTTPError(404, f"no session {session_id}")
+        if not session.branching:
+            raise HTTPError(400, f"session {session_id} is one linear conversation, one reward (/end); rewards "
+                                 "per completion need agent.episode_mode=tree or individual")  # fmt: skip
+        set_reward(session.completions, completion_id, float(reward or 0.0))
+        return {"session_id": session_id, "completion_id": completion_id, "reward": reward}
 
     async def session_record(self, session_id: str) -> dict[str, Any]:
         session = self.store.get(session_id)
@@ -260,7 +274,8 @@ class ChatDoor:
         if req.stream:
             return Stream(_events(await self.off_loop(self._stream_events, req, answer)))
         choices = [self._choice(i, t, req.logprobs) for i, t in enumerate(answer.turns)]
-        return completion_response(req.model or self.model_name, choices, answer.prompt_tokens, answer.produced)
+        out = completion_response(req.model or self.model_name, choices, answer.prompt_tokens, answer.produced)
+        return out | ({"id": answer.completion_id} if answer.completion_id else {})
 
     async def _recorded(self, req: ChatRequest, session_id: str) -> _Answer:
         session = self.store.find_open(session_id)
@@ -268,23 +283,23 @@ class ChatDoor:
             if not self.open_sessions_on_call:
                 raise HTTPError(404, f"no session {session_id} (this door's sessions are opened by its workflow)")
             session = self.open_session(session_id)
-        if session.busy:
+        if session.busy and not session.branching:
             raise HTTPError(400, f"session {session_id}: another call of it is running (a session is one conversation)")
-        session.busy = True
+        session.running += 1
         self.store.touch(session)
         try:
-            tools = session.tools if session.segments else req.tools
+            tools = await self.off_loop(session.call_tools, req)
             lead, lead_ids = await self.off_loop(self._forced, req, tools)
             plan = await self.off_loop(session.plan, req, lead_ids)
             sampling = self._sampling(req, session.sampling, len(plan.input_ids), plan.budget, tools)
             (c,) = await generate_group(self.engine, plan.input_ids, sampling, 1)
         finally:
-            session.busy = False
+            session.running -= 1
             self.store.touch(session)
         seg = ModelSegment(c.output_ids, c.behav_logprobs, c.versions, c.finish_reason, c.num_interruptions)
         turn = self._turn(req, c, sampling, lead, parse=bool(req.tools) and req.tool_choice != "none", tools=tools)
-        session.record(req, plan, seg, turn.reply, turn.text, turn.parsed, turn.closed_by)
-        return _Answer([turn], len(plan.input_ids), len(seg.token_ids))
+        completion_id = session.record(req, plan, seg, turn.reply, turn.text, turn.parsed, turn.closed_by)
+        return _Answer([turn], len(plan.input_ids), len(seg.token_ids), completion_id)
 
     async def _unrecorded(self, req: ChatRequest) -> _Answer:
         tags = tool_tags(req.tools)
@@ -390,7 +405,8 @@ class ChatDoor:
 
     def _stream_events(self, req: ChatRequest, answer: _Answer) -> list[bytes]:
         """The answer as server-sent events (``chat.completion.chunk``; the usage chunk; ``[DONE]``)."""
-        chunk_id, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), req.model or self.model_name
+        chunk_id = answer.completion_id or f"chatcmpl-{uuid.uuid4().hex}"
+        created, model = int(time.time()), req.model or self.model_name
         usage = {"usage": None} if req.include_usage else {}
         events = []
         for i, turn in enumerate(answer.turns):
@@ -426,6 +442,8 @@ class _Answer:
     turns: list[_Turn]
     prompt_tokens: int
     produced: int
+    completion_id: str | None = None
+    """A branching session's id of the recorded completion (the answer's ``id``)."""
 
 
 async def _events(events: list[bytes]) -> AsyncGenerator[bytes, None]:

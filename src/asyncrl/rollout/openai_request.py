@@ -22,9 +22,18 @@ from dataclasses import dataclass, fields
 from typing import Annotated, Any, Literal, get_type_hints
 
 from asyncrl.rollout.openai_chat import normalized
-from asyncrl.web import HTTPError, SchemaError, Spec, is_num, parse_body
+from asyncrl.web import HTTPError, SchemaError, Spec, is_finite, is_num, parse_body
 
-__all__ = ["FIELDS", "ChatBody", "ChatRequest", "Door", "MAX_STOP_CHARS", "parse_chat_request", "request_chars"]
+__all__ = [
+    "FIELDS",
+    "ChatBody",
+    "ChatRequest",
+    "Door",
+    "MAX_STOP_CHARS",
+    "parse_chat_request",
+    "request_chars",
+    "reward_body",
+]
 
 MAX_STOP_CHARS = 256
 """The longest ``stop`` string read (a stop string must be one token)."""
@@ -312,3 +321,21 @@ def parse_chat_request(body: Any, *, tokenizer: Any, max_slots: int, max_chars: 
         parallel_tool_calls=b.parallel_tool_calls is not False, stream=bool(b.stream),
         include_usage=_stream_options(b),
     )  # fmt: skip
+
+
+def reward_body(body: Any, route: str, *, optional: bool) -> float | None:
+    """The ``reward`` of a ``{"reward": number}`` body (``route``'s, named in the 400); None when ``optional``
+    and the body is empty or its reward null."""
+    shape = f"the body of {route} is {{'reward': number}}" + (" or {}" if optional else "")
+    if body is None and optional:
+        return None
+    if not isinstance(body, dict) or set(body) - {"reward"}:
+        raise HTTPError(400, shape)
+    reward = body.get("reward")
+    if reward is None:
+        if optional:
+            return None
+        raise HTTPError(400, shape)
+    if not is_finite(reward):
+        raise HTTPError(400, f"'reward' must be a finite number, got {reward!r}")
+    return float(reward)

@@ -12,7 +12,9 @@ and the policy, named by an id in the base URL (``/sessions/<id>/v1``):
   plus the environment glue of the new messages rendered by ``ChatRenderer.env_ids``, the template's
   own text between two model turns. Nothing already recorded is rendered or tokenised again, so the
   trained ids are the engine's ids by construction. A call that does not extend the conversation, uses
-  other tools, or arrives while another call of the session runs is refused (400), never guessed at;
+  other tools, or arrives while another call of the session runs is refused (400), never guessed at. A
+  *branching* session (``agent.episode_mode`` tree or individual) takes such calls instead, each recorded
+  as one completion with its own prefix (``rollout.openai_tree``);
 - each reply is a ``ModelSegment`` (ids, behaviour log-probs, per-token versions, interruptions) and a
   ``TurnRecord`` (tool calls, malformed calls, and as tool latency the agent's time until its next call);
 - ``end(reward)`` closes it: ``trajectory()`` is the ``types.Trajectory`` a workflow hands the
@@ -33,33 +35,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from asyncrl.rollout import openai_tree
 from asyncrl.rollout.agent import turn_record
 from asyncrl.rollout.chat import ChatRenderer
 from asyncrl.rollout.envs.base import Message
 from asyncrl.rollout.openai_chat import Reply, normalized, same_message, template_messages, tool_tags
 from asyncrl.rollout.openai_request import ChatRequest
+from asyncrl.rollout.openai_tree import TurnPlan
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.tools import ParsedTurn, ToolFormat
 from asyncrl.types import EnvKind, EnvSegment, EpisodeEnd, ModelSegment, Segment, Trajectory, TurnRecord
 from asyncrl.web import HTTPError
 
 __all__ = ["ChatSession", "SessionStore", "TurnPlan"]
-
-
-@dataclass(frozen=True)
-class TurnPlan:
-    """What one call will generate from, before anything is recorded."""
-
-    input_ids: tuple[int, ...]
-    """The recorded ids plus ``env_ids`` (or, on the first call, the opening)."""
-    env_ids: tuple[int, ...]
-    """The glue of the call's new messages (empty on the first call)."""
-    new_history: tuple[Message, ...]
-    """The template messages the call adds (after the latest assistant turn)."""
-    budget: int
-    """Tokens left to the session after the glue (``max_tokens`` minus what is recorded)."""
-    arrived_at: float = 0.0
-    """``time.monotonic()`` when the call arrived (planned): the end of the agent's time since the last reply."""
 
 
 @dataclass
@@ -87,15 +75,40 @@ class ChatSession:
     last_reply_at: float = 0.0
     last_reply_wall: float = 0.0
     """``time.time()`` of the last reply: where the agent's tool time (until its next call) began."""
-    busy: bool = False
+    running: int = 0
+    """Calls of the session running now (at most one unless ``branching``)."""
     last_used: float = 0.0
     """The ``SessionStore`` clock's time of the session's latest use (opened, a call began or ended)."""
     ended: bool = False
     reward: float | None = None
+    branching: bool = False
+    """Any history, concurrent calls: each call one ``openai_tree.CompletionRecord`` in ``completions``."""
+    completions: list[openai_tree.CompletionRecord] = field(default_factory=list)
+
+    @property
+    def busy(self) -> bool:
+        """A call of the session is running."""
+        return self.running > 0
+
+    @busy.setter
+    def busy(self, value: bool) -> None:
+        self.running = int(value)
+
+    @property
+    def calls(self) -> int:
+        return len(self.completions) if self.branching else len(self.turns)
 
     @property
     def used(self) -> int:
+        if self.branching:
+            return openai_tree.spent(self.completions)
         return len(self.ids) - len(self.prompt_ids)
+
+    def call_tools(self, req: ChatRequest) -> tuple[dict[str, Any], ...]:
+        """The tools the call ``req`` runs with (those of the conversation it extends, or its own)."""
+        if self.branching:
+            return openai_tree.call_tools(self.completions, req)
+        return self.tools if self.segments else req.tools
 
     def plan(self, req: ChatRequest, lead_ids: tuple[int, ...] = ()) -> TurnPlan:
         """The ids this call generates from; 400 when it does not extend the recorded conversation (the door
@@ -104,11 +117,15 @@ class ChatSession:
         tokens like the glue."""
         if req.n != 1:
             raise HTTPError(400, "a session records one conversation: n must be 1")
+        if self.branching:
+            return openai_tree.plan_call(
+                self.completions, self.renderer, self.tool_format, req, lead_ids, self.budget_left
+            )
         arrived_at = time.monotonic()
         if not self.segments:
             messages = template_messages(req.messages, self.tool_format, tool_tags(req.tools))
             opening = (*self.renderer.opening_ids(messages, req.tools), *lead_ids)
-            return TurnPlan(opening, (), messages, self._budget(len(lead_ids)), arrived_at)
+            return TurnPlan(opening, (), messages, self.budget_left(len(lead_ids)), arrived_at)
         prev = self.conversation
         if len(req.messages) < len(prev) or not all(
             same_message(a, b) for a, b in zip(req.messages, prev, strict=False)
@@ -126,10 +143,11 @@ class ChatSession:
         new_messages = template_messages(new, self.tool_format, tool_tags(self.tools))
         env = self.renderer.env_ids(self.history, new_messages, self.tools, self.last_closed_by)
         env = (*env, *lead_ids)
-        budget = self._budget(len(env))
+        budget = self.budget_left(len(env))
         return TurnPlan((*self.ids, *env), env, new_messages, budget, arrived_at)
 
-    def _budget(self, glue: int) -> int:
+    def budget_left(self, glue: int) -> int:
+        """Tokens a call may sample after ``glue`` more (400 when none are left)."""
         if self.max_tokens is None:
             return 1 << 30
         left = self.max_tokens - self.used - glue
@@ -157,8 +175,11 @@ class ChatSession:
         text: str,
         parsed: ParsedTurn,
         closed_by: int | None,
-    ) -> None:
-        """Append a call's glue and reply (after the engine answered ``plan``)."""
+    ) -> str | None:
+        """Append a call's glue and reply (after the engine answered ``plan``); a branching session's
+        completion id (how ``/reward`` names it), else None."""
+        if self.branching:
+            return openai_tree.record_call(self.completions, req, plan, segment, reply, text, parsed, closed_by)
         now = time.monotonic()
         if not self.segments:
             self.prompt_ids = plan.input_ids
@@ -180,6 +201,7 @@ class ChatSession:
         self.last_text = text
         self.last_closed_by = closed_by
         self.last_reply_at, self.last_reply_wall = now, time.time()
+        return None
 
     def end(self, reward: float | None) -> None:
         self.ended = True
@@ -187,6 +209,10 @@ class ChatSession:
 
     def trajectory(self) -> Trajectory:
         """The session as a trajectory (needs one recorded call)."""
+        if self.branching:
+            if not self.completions:
+                raise ValueError(f"session {self.session_id} recorded no call: it has no trajectory")
+            return openai_tree.last_chain(self.completions)
         if not self.segments:
             raise ValueError(f"session {self.session_id} recorded no call: it has no trajectory")
         return Trajectory(
@@ -206,7 +232,9 @@ class ChatSession:
     def summary(self) -> dict[str, Any]:
         """The record as JSON (``GET /sessions/<id>``): ids, loss mask, log-probs, versions, turns."""
         out: dict[str, Any] = {"session_id": self.session_id, "ended": self.ended, "reward": self.reward,
-                               "calls": len(self.turns)}  # fmt: skip
+                               "calls": self.calls}  # fmt: skip
+        if self.branching:
+            return out | {"completions": openai_tree.summary(self.completions)}
         if self.segments:
             t = self.trajectory()
             out |= {

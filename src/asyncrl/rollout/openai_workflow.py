@@ -18,7 +18,12 @@ is scored on what it did (and the error logged); one that made no call fails the
 
 Each session becomes a ``Trajectory`` (``rollout.openai_session``: the ids the engine was given and
 produced, environment glue out of the loss), so the controller trains the G sessions of a prompt like
-any group: group-relative advantages, staleness from the oldest model token. Each call's tokens are
+any group: group-relative advantages, staleness from the oldest model token. With ``episode_mode`` tree or
+individual (``rollout.openai_tree``) a session takes any history and concurrent calls, and an episode
+yields one sample per branch or per completion, each with its own reward (the completion's own, set through
+``/reward``, else the episode's discounted by ``reward_discount``): the group then holds every sample of
+its G episodes (``Group.episodes`` says whose), and its advantages are relative over those samples (GRPO:
+each sample's reward against the mean of the group's samples). Each call's tokens are
 capped by ``max_turn_tokens`` (else the sampling's ``max_new_tokens``): an agent's larger
 ``max_tokens`` is lowered to it, a smaller one kept. The controller knows
 nothing of this beyond calling the workflow (``launch.stages.build_workflow``).
@@ -36,12 +41,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from asyncrl.auth import new_api_key
+from asyncrl.choices import EpisodeMode
 from asyncrl.rollout.api import RolloutEngine, SampleDone
 from asyncrl.rollout.openai_door import MAX_REQUEST_CHARS, ChatDoor, DoorServer
+from asyncrl.rollout.openai_session import ChatSession
+from asyncrl.rollout.openai_tree import episode_samples
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.tools import ToolFormat
 from asyncrl.rollout.workflow import ScoredEpisode, ScoreFn, episode_samplings, group_of_episodes
-from asyncrl.types import Group, Prompt
+from asyncrl.types import Group, Prompt, Trajectory
 
 __all__ = ["AgentEntrypoint", "DoorSettings", "OpenAIAgentWorkflow", "task_dict"]
 
@@ -68,6 +76,11 @@ class DoorSettings:
     """Worker threads running plain (blocking) entrypoints at once."""
     max_request_chars: int | None = MAX_REQUEST_CHARS
     """The most characters of message text and tools in one call (400 past it, before tokenising)."""
+    episode_mode: EpisodeMode = "linear"
+    """linear: one conversation per session, one sample | tree: a sample per branch | individual: a sample per
+    completion (``rollout.openai_tree``)."""
+    reward_discount: float = 1.0
+    """tree | individual: a completion without its own reward gets the episode's times this per later call."""
 
 
 def task_dict(prompt: Prompt) -> dict[str, Any]:
@@ -128,20 +141,27 @@ class OpenAIAgentWorkflow:
             ))  # fmt: skip
         finally:
             await server.stop()
-        return group_of_episodes(prompt, episodes, start_version)
+        if self.settings.episode_mode == "linear":
+            return group_of_episodes(prompt, [e for samples in episodes for e in samples], start_version)
+        flat = [(i, e) for i, samples in enumerate(episodes) for e in samples]
+        return replace(
+            group_of_episodes(prompt, [e for _, e in flat], start_version), episodes=tuple(i for i, _ in flat)
+        )
 
     async def _episode(
         self, server: DoorServer, prompt: Prompt, sampling: SamplingParams, score: ScoreFn, i: int,
         on_sample_done: SampleDone | None,
-    ) -> ScoredEpisode:  # fmt: skip
+    ) -> list[ScoredEpisode]:  # fmt: skip
+        """Episode ``i``'s samples (one in linear mode), each with its reward."""
         session_id = f"s{i}-{uuid.uuid4().hex[:12]}"
-        session = server.door.open_session(session_id, sampling, self.settings.max_tokens)
+        branching = self.settings.episode_mode != "linear"
+        session = server.door.open_session(session_id, sampling, self.settings.max_tokens, branching=branching)
         try:
             returned = await self._run_agent(server.base_url(session_id), task_dict(prompt))
         except Exception as e:
-            if not session.segments:
+            if not session.calls:
                 raise RuntimeError(f"the agent made no call before it raised: {type(e).__name__}: {e}") from e
-            log.warning("openai_agent: the agent raised after %d calls (scored on them): %s", len(session.turns), e)
+            log.warning("openai_agent: the agent raised after %d calls (scored on them): %s", session.calls, e)
             returned = None
         if returned is not None and (isinstance(returned, bool) or not isinstance(returned, (int, float))):
             raise TypeError(f"the agent returned {returned!r}; return a reward (a number) or None")
@@ -151,12 +171,24 @@ class OpenAIAgentWorkflow:
             on_sample_done(i)
         traj = session.trajectory()
         server.door.store.discard(session_id)
+        reward, failure = await self._episode_reward(returned, session, prompt, traj, score)
+        if not branching:
+            return [ScoredEpisode(traj, reward, failure)]
+        mode = "tree" if self.settings.episode_mode == "tree" else "individual"
+        samples = episode_samples(session.completions, mode, reward, self.settings.reward_discount)
+        return [ScoredEpisode(s.trajectory, s.reward, failure) for s in samples]
+
+    @staticmethod
+    async def _episode_reward(
+        returned: Any, session: ChatSession, prompt: Prompt, traj: Trajectory, score: ScoreFn
+    ) -> tuple[float, str | None]:
+        """What the entrypoint returned, else the reward sent to ``/end``, else the verifier's on ``traj``."""
         if returned is not None:
-            return ScoredEpisode(traj, float(returned), None)
+            return float(returned), None
         if session.reward is not None:
-            return ScoredEpisode(traj, session.reward, None)
+            return session.reward, None
         reward, failure = await score(prompt, traj.to_completion())
-        return ScoredEpisode(traj, float(reward), failure)
+        return float(reward), failure
 
     async def _run_agent(self, base_url: str, task: dict[str, Any]) -> Any:
         """The entrypoint's return value (checked by the caller)."""
