@@ -1,5 +1,11 @@
 """``python -m benchmarks agent-learning``: does RL teach the tiny policy to use the calculator, within a wall budget?
 
+The task is the config's: ``task.name=calculator`` (the project's own problems, ``configs/calculator.yaml``) or
+``task.name=reasoning_gym`` (reasoning-gym's generated problems, ``task.datasets``; with
+``rollout.workflow=agent agent.env=calculator`` the calculator tool, ``configs/reasoning_gym_calculator.yaml``,
+or single-turn without it, where the tool figures are absent). The warm start demonstrates the task's training
+problems in either case (``launch.warm_start``).
+
 Per seed, one after the other (issue 18's learning criterion):
 
 1. **Warm start, timed.** The tiny policy is built and fine-tuned on worked calculator conversations
@@ -18,7 +24,10 @@ Per seed, one after the other (issue 18's learning criterion):
    the tool-use rates before and after (``controller.metrics.tool_use_rates``; with
    ``episode_tool_call_frac``, the share of episodes that call the tool at all), wall times (warm
    start, RL, evaluations before and after, total; CPU seconds of the warm start and of the run, which
-   a loaded machine does not inflate) and whether warm start + RL fit ``budget_s``;
+   a loaded machine does not inflate) and whether warm start + RL fit ``budget_s``; what the gain is made
+   of (``gain_made_of``: the change in episodes that hit, split into *calling* (more episodes call, at the
+   hit rate per calling episode before RL) and *solving* (calling episodes hit more often), and the rest of
+   the gain, the answer turn's);
    over seeds, means with 95% t-intervals. A plot of held-out accuracy and the hit rate of tool
    calls against wall time (warm start included) for every seed is written beside the JSON.
 4. **By kind.** The held-out evaluation reports each problem kind apart (``by_kind``: accuracy and hit
@@ -45,7 +54,8 @@ from benchmarks import options
 from benchmarks.options import add_json, add_out, add_overrides, add_seeds, parse_list
 from benchmarks.stats import mean_ci95
 
-__all__ = ["add_arguments", "analyse", "PLOTTED", "run", "run_agent_learning_bench", "seed_row", "TOOL_RATES"]
+__all__ = ["add_arguments", "analyse", "check_task", "gain_made_of", "PLOTTED", "run", "run_agent_learning_bench",
+           "seed_row", "task_label", "TOOL_RATES"]  # fmt: skip
 
 TOOL_RATES = ("tool_call_correct_rate", "tool_call_hit_rate", "tool_call_malformed_rate", "episode_tool_call_frac",
               "episode_tool_hit_frac", "episode_turns_mean")  # fmt: skip
@@ -98,6 +108,34 @@ def seed_row(seed: int, summary: dict[str, Any], metrics: list[dict[str, Any]], 
         "curve_by_kind": [
             (warm_start_s + t, {kind: k["accuracy"] for kind, k in kinds.items()}) for t, kinds in kind_curve if kinds
         ],
+        "gain_made_of": gain_made_of(before, after),
+    }
+
+
+def gain_made_of(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float] | None:
+    """The held-out gain in points split by where it came from (None where the environment tells no hits).
+
+    With c the share of episodes that call and h the share of calling episodes that hit (``episode_tool_hit_frac``
+    / ``episode_tool_call_frac``), the change in episodes that hit, c1*h1 - c0*h0, is ``calling_points``
+    (c1 - c0) * h0 plus ``solving_points`` c1 * (h1 - h0); ``answer_points`` is the accuracy gain less that change
+    (the answer turn got more, or fewer, of the hits right)."""
+    keys = ("accuracy", "episode_tool_call_frac", "episode_tool_hit_frac")
+    if any(side.get(k) is None for side in (before, after) for k in keys):
+        return None
+
+    def per_calling(side: dict[str, Any]) -> float:
+        calls = side["episode_tool_call_frac"]
+        return side["episode_tool_hit_frac"] / calls if calls > 0 else 0.0
+
+    c0, c1 = before["episode_tool_call_frac"], after["episode_tool_call_frac"]
+    h0, h1 = per_calling(before), per_calling(after)
+    hits = after["episode_tool_hit_frac"] - before["episode_tool_hit_frac"]
+    return {
+        "calling_points": 100.0 * (c1 - c0) * h0,
+        "solving_points": 100.0 * c1 * (h1 - h0),
+        "answer_points": 100.0 * (after["accuracy"] - before["accuracy"] - hits),
+        "hit_per_calling_episode_before": h0,
+        "hit_per_calling_episode_after": h1,
     }
 
 
@@ -112,6 +150,9 @@ def analyse(rows: list[dict[str, Any]], budget_s: float, min_gain_points: float 
         values = [r[key] for r in rows if r.get(key) is not None]
         if values:
             summary[key] = mean_ci95(values)
+    made_of = [r["gain_made_of"] for r in rows if r.get("gain_made_of")]
+    if made_of:
+        summary["gain_made_of"] = {key: mean_ci95([m[key] for m in made_of]) for key in made_of[0]}
     summary.update(_kinds_over_seeds(rows))
     met = [r["seed"] for r in rows if r["within_budget"] and (r["gain_points"] or 0.0) >= min_gain_points]
     rose = {key: _rose(rows, key) for key in ("tool_call_hit_rate", "episode_tool_call_frac", "episode_tool_hit_frac")}
@@ -149,7 +190,7 @@ def _kinds_over_seeds(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"by_kind": out} if out else {}
 
 
-def plot_curves(rows: list[dict[str, Any]], path: Path, budget_s: float) -> None:
+def plot_curves(rows: list[dict[str, Any]], path: Path, budget_s: float, task: str = "calculator") -> None:
     """Held-out accuracy, the hit rate of tool calls and the share of episodes that call the tool against
     wall time (warm start included)."""
     import matplotlib
@@ -174,7 +215,7 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, budget_s: float) -> None
         ax.grid(alpha=0.3)
         ax.set_ylim(-0.02, 1.02)
     top.set_ylabel("held-out accuracy")
-    top.set_title(f"calculator: held-out accuracy during RL ({rows[0]['accuracy_mode']}; dotted: warm start ends)",
+    top.set_title(f"{task}: held-out accuracy during RL ({rows[0]['accuracy_mode']}; dotted: warm start ends)",
                   fontsize=9)  # fmt: skip
     bottom.set_ylabel("held-out tool calls that hit\n(dashed: episodes that call)")
     bottom.set_xlabel("wall time since the warm start began (s)")
@@ -196,8 +237,7 @@ def _run_seed(config: str | None, overrides: list[str], seed: int, out: Path, bu
     seed_dir = out / f"seed{seed}"
     cfg = load_config(config, [*overrides, f"run.seed={seed}", f"sft.seed={seed}",
                                f"run.run_dir={seed_dir / 'run'}"])  # fmt: skip
-    if cfg.task.name != "calculator" or cfg.rollout.workflow != "agent":
-        raise ValueError("bench agent-learning runs task.name=calculator with rollout.workflow=agent")
+    check_task(cfg.task.name, cfg.rollout.workflow)
     warm_start_threads, threads_before = usable_cores(), torch.get_num_threads()
     configure_threads(cfg, warm_start_threads)  # the warm start runs alone: every core, as a user would give it
     try:
@@ -211,6 +251,23 @@ def _run_seed(config: str | None, overrides: list[str], seed: int, out: Path, bu
     row = seed_row(seed, summary, read_jsonl(run_dir / "metrics.jsonl"), warm_start_s, budget_s)
     return {**row, "warm_start_cpu_s": cpu1 - cpu0, "run_cpu_s": cpu_seconds() - cpu1,
             "warm_start_threads": warm_start_threads, "warm_start": warm}  # fmt: skip
+
+
+def check_task(task: str, workflow: str) -> None:
+    """ValueError (one line) unless the bench can run ``task`` with ``workflow``: calculator as an agent,
+    reasoning_gym either way (see the module docstring)."""
+    if task == "calculator" and workflow == "agent" or task == "reasoning_gym":
+        return
+    raise ValueError(f"bench agent-learning runs task.name=calculator with rollout.workflow=agent, or "
+                     f"task.name=reasoning_gym; got task.name={task} with rollout.workflow={workflow}")  # fmt: skip
+
+
+def task_label(config: str | None, overrides: list[str]) -> str:
+    """The task the bench ran, as its plot and result name it (``reasoning_gym <datasets>``)."""
+    from asyncrl.config import load_config
+
+    task = load_config(config, overrides).task
+    return f"{task.name} {task.datasets}" if task.name == "reasoning_gym" else task.name
 
 
 def cpu_seconds() -> float:
@@ -228,6 +285,7 @@ def run_agent_learning_bench(
     seeds: list[int],
     budget_s: float = 600.0,
     out_dir: str = "runs/bench-agent-learning",
+    min_gain_points: float = 20.0,
 ) -> dict[str, Any]:
     """Warm start + RL on ``calculator`` per seed (see the module docstring); writes ``json_path`` and a
     PNG beside it. The seeds' directories go under a new ``out_dir/<timestamp>``, so that no invocation
@@ -239,10 +297,12 @@ def run_agent_learning_bench(
     for seed in seeds:
         rows.append(_run_seed(config, overrides, seed, out, budget_s))
         print(f"seed {seed}: {json.dumps({k: v for k, v in rows[-1].items() if k != 'curve'})}", flush=True)
-    payload = {"bench": "agent-learning", "config": config, "overrides": overrides, "budget_s": budget_s,
-               "rows": rows, **analyse(rows, budget_s)}  # fmt: skip
+    task = task_label(config, overrides)
+    payload = {"bench": "agent-learning", "task": task, "config": config, "overrides": overrides,
+               "budget_s": budget_s, "rows": rows, **analyse(rows, budget_s, min_gain_points)}  # fmt: skip
     if json_path:  # never over a file (``output.write_with_plot``)
-        write_with_plot(json_path, json.dumps(payload, indent=2) + "\n", lambda png: plot_curves(rows, png, budget_s))
+        write_with_plot(json_path, json.dumps(payload, indent=2) + "\n",
+                        lambda png: plot_curves(rows, png, budget_s, task))  # fmt: skip
     _print_table(payload)
     return payload
 
@@ -262,6 +322,10 @@ def _print_table(payload: dict[str, Any]) -> None:
     if gain:
         print(f"gain: mean {gain['mean']:.1f} points, 95% CI [{gain['low']}, {gain['high']}] over {gain['n']} seeds")
     print(f"seeds meeting the criterion: {payload['criterion']['seeds_met']}")
+    made_of = payload["summary"].get("gain_made_of")
+    if made_of:
+        parts = [f"{k.removesuffix('_points')} {v['mean']:.1f}" for k, v in made_of.items() if k.endswith("_points")]
+        print(f"gain made of (points, mean over seeds): {', '.join(parts)}")
     for kind, k in payload["summary"].get("by_kind", {}).items():
         before, after = k["accuracy_before"]["mean"], k["accuracy_after"]["mean"]
         print(f"  {kind:>14}: held-out accuracy {before:.3f} -> {after:.3f} (mean over {k['gain_points']['n']} seeds)")
@@ -272,7 +336,8 @@ PLOTTED = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--json``, ``--config``, ``--set``, ``--model``, ``--seeds``, ``--budget-s``, ``--out``."""
+    """``--json``, ``--config``, ``--set``, ``--model``, ``--seeds``, ``--budget-s``, ``--min-gain-points``,
+    ``--out``."""
     add_json(parser)
     parser.add_argument(
         "--config",
@@ -282,6 +347,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_overrides(parser)
     add_seeds(parser, "0,1,2")
     parser.add_argument("--budget-s", type=float, default=600.0, help="wall budget of warm start + RL per seed")
+    parser.add_argument("--min-gain-points", type=float, default=20.0,
+                        help="the criterion's least held-out gain, in points (default %(default)s)")  # fmt: skip
     add_out(parser, "runs/bench-agent-learning")
 
 
@@ -289,4 +356,5 @@ def run(args: argparse.Namespace) -> None:
     """Every seed's warm start and RL within the budget."""
     seeds = list(parse_list(args.seeds, int, (0, 1, 2), "--seeds"))
     run_agent_learning_bench(args.json, config=args.config, overrides=options.overrides(args), seeds=seeds,
-                             budget_s=args.budget_s, out_dir=args.out)  # fmt: skip
+                             budget_s=args.budget_s, out_dir=args.out,
+                             min_gain_points=args.min_gain_points)  # fmt: skip

@@ -10,8 +10,17 @@ from pathlib import Path
 import pytest
 
 from benchmarks import agent_learning
-from benchmarks.agent_learning import analyse, plot_curves, run_agent_learning_bench, seed_row
+from benchmarks.agent_learning import (
+    analyse,
+    check_task,
+    gain_made_of,
+    plot_curves,
+    run_agent_learning_bench,
+    seed_row,
+    task_label,
+)
 from benchmarks.stats import t95
+from tests.repo_paths import CONFIGS
 
 
 def _summary(before: float, after: float, hit_before: float, hit_after: float, rl_s: float,
@@ -140,3 +149,76 @@ def test_a_seed_warm_starts_on_every_usable_core_then_gives_the_threads_back(tmp
     assert seen["model_path"] == str(tmp_path / "seed0" / "warm_start")
     assert row["warm_start"] == {"sft_loss": 0.05, "sft_restarts": 1.0}  # its statistics, restarts included
     assert row["gain_points"] == pytest.approx(20.0)
+
+
+def _side(accuracy: float, calling: float, hitting: float) -> dict:
+    return {"accuracy": accuracy, "episode_tool_call_frac": calling, "episode_tool_hit_frac": hitting}
+
+
+def test_the_gain_is_split_into_calling_solving_and_answering() -> None:
+    """0.3 of episodes calling, half of them hitting -> every episode calling, 0.8 hitting: the hits rose by
+    0.65, 0.35 of it by calling more at the old rate and 0.30 by solving better; the answer turn added 0.05."""
+    made_of = gain_made_of(_side(0.10, 0.3, 0.15), _side(0.80, 1.0, 0.80))
+    assert made_of["calling_points"] == pytest.approx(35.0)
+    assert made_of["solving_points"] == pytest.approx(30.0)
+    assert made_of["answer_points"] == pytest.approx(5.0)
+    total = made_of["calling_points"] + made_of["solving_points"] + made_of["answer_points"]
+    assert total == pytest.approx(70.0)
+    # a warm start that always calls: the whole gain in episodes that hit is solving
+    always = gain_made_of(_side(0.40, 1.0, 0.45), _side(0.60, 1.0, 0.62))
+    assert always["calling_points"] == pytest.approx(0.0) and always["solving_points"] == pytest.approx(17.0)
+    assert gain_made_of(_side(0.1, 0.0, 0.0), _side(0.2, 0.5, 0.1))["calling_points"] == pytest.approx(0.0)
+    assert gain_made_of({"accuracy": 0.1}, {"accuracy": 0.2}) is None  # a single-turn run: no tool figures
+
+
+def test_rows_and_the_summary_carry_what_the_gain_is_made_of(tmp_path) -> None:
+    def summary(hit_after: float) -> dict:
+        s = _summary(0.2, 0.5, 0.5, 0.6, 300.0, calling=(1.0, 1.0))
+        s["eval_before"]["episode_tool_hit_frac"], s["eval_after"]["episode_tool_hit_frac"] = 0.3, hit_after
+        return s
+
+    rows = [seed_row(s, summary(h), METRICS, 100.0, 600.0) for s, h in ((0, 0.5), (1, 0.6), (2, 0.7))]
+    made_of = analyse(rows, 600.0, min_gain_points=25.0)["summary"]["gain_made_of"]
+    assert made_of["solving_points"]["mean"] == pytest.approx(30.0) and made_of["solving_points"]["n"] == 3
+    assert made_of["calling_points"]["mean"] == pytest.approx(0.0)
+    assert made_of["answer_points"]["mean"] == pytest.approx(0.0)
+    assert analyse(rows, 600.0, min_gain_points=25.0)["criterion"]["seeds_met"] == [0, 1, 2]
+    assert analyse(rows, 600.0, min_gain_points=35.0)["criterion"]["seeds_met"] == []
+    plot_curves(rows, tmp_path / "rg.png", 600.0, "reasoning_gym chain_sum")
+    assert (tmp_path / "rg.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_bench_runs_the_calculator_as_an_agent_and_reasoning_gym_either_way() -> None:
+    check_task("calculator", "agent")
+    check_task("reasoning_gym", "agent")
+    check_task("reasoning_gym", "single")
+    for task, workflow in (("calculator", "single"), ("arithmetic", "agent")):
+        with pytest.raises(ValueError, match=f"got task.name={task} with rollout.workflow={workflow}"):
+            check_task(task, workflow)
+    rg = ["task.name=reasoning_gym", "task.verifier=reasoning_gym", "task.datasets=chain_sum:max_terms=2"]
+    assert task_label(None, rg) == "reasoning_gym chain_sum:max_terms=2"
+    assert task_label(None, ["task.name=calculator", "rollout.workflow=agent"]) == "calculator"
+
+
+def test_a_reasoning_gym_config_reaches_the_warm_start_and_train(tmp_path, monkeypatch) -> None:
+    """``_run_seed`` with the shipped reasoning-gym config (warm start and ``train`` faked): the seed's config is
+    the task's, its row carries the tool figures and the split of the gain."""
+    from asyncrl.launch import local, warm_start
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(warm_start, "run_warm_start", lambda cfg, out: seen.setdefault("task", cfg.task) and {})
+
+    def fake_train(cfg):
+        seen["env"], seen["seed"] = cfg.agent.env, cfg.run.seed
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "metrics.jsonl").write_text("")
+        s = _summary(0.2, 0.5, 0.5, 0.6, 50.0, calling=(1.0, 1.0))
+        s["eval_before"]["episode_tool_hit_frac"], s["eval_after"]["episode_tool_hit_frac"] = 0.3, 0.5
+        return tmp_path / "run", s
+
+    monkeypatch.setattr(local, "train", fake_train)
+    row = agent_learning._run_seed(str(CONFIGS / "reasoning_gym_calculator.yaml"), [], 4, tmp_path, 600.0)
+    assert seen["task"].name == "reasoning_gym" and "leg_counting" in seen["task"].datasets
+    assert seen["env"] == "calculator" and seen["seed"] == 4
+    assert row["gain_made_of"]["solving_points"] == pytest.approx(20.0)
+    assert row["gain_made_of"]["answer_points"] == pytest.approx(10.0)
