@@ -16,10 +16,11 @@ OWN_REWARD = 0.75
 """What each agent gives its second completion through ``/reward``."""
 
 
-def give_reward(base_url: str, api_key: str, completion_id: str, reward: float) -> dict[str, Any]:
-    """``POST <session>/completions/<id>/reward`` (the session's URL is ``base_url`` less ``/v1``)."""
+def give_reward(base_url: str, api_key: str, completion_id: str, reward: float | dict) -> dict[str, Any]:
+    """``POST <session>/completions/<id>/reward`` (the session's URL is ``base_url`` less ``/v1``); a dict
+    ``reward`` is sent as the body itself."""
     url = f"{base_url.removesuffix('/v1')}/completions/{completion_id}/reward"
-    body = json.dumps({"reward": reward}).encode()
+    body = json.dumps(reward if isinstance(reward, dict) else {"reward": reward}).encode()
     headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
     with urllib.request.urlopen(urllib.request.Request(url, body, headers, method="POST"), timeout=60) as r:
         return json.loads(r.read())

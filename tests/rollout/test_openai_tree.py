@@ -3,7 +3,9 @@ trim their history or make two concurrent sub-calls from one prefix, through the
 scripted engine. Every trained token is one the engine sampled, given exactly the ids before it (0
 mismatches), the loss mask is on those tokens only, the behaviour log-probs and versions are the engine's;
 a tree sample is a root-to-leaf chain, an individual one a completion; rewards are the completion's own
-(``/reward``) or the episode's discounted per later call. Linear mode still refuses such a history (400)."""
+(``/reward``) or the episode's discounted per later call. Linear mode still refuses such a history (400).
+Over HTTP: a streamed answer's id names its completion, ``/reward``'s refusals, the record, the budget; the
+config's rule that only ``openai_agent`` takes ``agent.episode_mode``."""
 
 from __future__ import annotations
 
@@ -183,3 +185,72 @@ def test_linear_mode_still_refuses_an_edited_history_and_rewards_per_completion(
     assert len(engine.calls) == 1 and group.rewards == (1.0,) and group.episodes == ()
     assert len(refused) == 2 and "differs from the recorded conversation" in refused[0], refused
     assert refused[1].startswith("400") and "agent.episode_mode=tree or individual" in refused[1]
+
+
+def test_the_door_of_a_branching_session(tok) -> None:
+    """Over HTTP: a streamed answer's id names its completion too; ``/reward``'s 400s and 404; the record lists
+    each completion with its parent; a branching session's token budget counts every completion's tokens."""
+    from asyncrl.rollout.openai_door import ChatDoor, DoorServer
+
+    ids = lambda text: tuple(tok.encode(text, add_special_tokens=False)) + (tok.eos_token_id,)  # noqa: E731
+    engine = ScriptedEngine({7: [Turn(ids("#4 is it")), Turn(ids("#3 " + "and so on " * 20))]})
+    door = ChatDoor(
+        engine, tok, end_of_turn_ids=(tok.eos_token_id,), open_sessions_on_call=False, serves_any_model=True
+    )
+    server = DoorServer(door, "k")
+    found: dict[str, Any] = {}
+
+    def agent(base_url: str) -> None:
+        with openai.OpenAI(base_url=base_url, api_key="k", max_retries=0) as client:
+            q = [{"role": "user", "content": "1+2?"}]
+            chunks = list(client.chat.completions.create(model="m", messages=q, stream=True))
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            found["streamed"] = {c.id for c in chunks}
+            child = client.chat.completions.create(
+                model="m", messages=[*q, {"role": "assistant", "content": text}, {"role": "user", "content": "?"}]
+            )
+            found["child"] = child.id
+            found["reward"] = give_reward(base_url, "k", child.id, -1.5)
+            for body in ({"reward": "x"}, {}, {"reward": 1, "other": 2}):
+                try:
+                    give_reward(base_url, "k", child.id, body)  # type: ignore[arg-type]
+                except urllib.error.HTTPError as e:
+                    found.setdefault("bad", []).append(e.code)
+            try:
+                give_reward(base_url, "k", "chatcmpl-nosuch", 1.0)
+            except urllib.error.HTTPError as e:
+                found["unknown"] = e.code
+            try:  # 30 tokens after the roots' openings, the child cut to fill them: the third call has none left
+                client.chat.completions.create(model="m", messages=[{"role": "user", "content": "trimmed"}])
+            except openai.BadRequestError as e:
+                found["spent"] = str(e)
+
+    async def main() -> None:
+        await server.start()
+        door.open_session("b", SamplingParams(max_new_tokens=16, seed=7), max_tokens=30, branching=True)
+        try:
+            await asyncio.to_thread(agent, server.base_url("b"))
+        finally:
+            await server.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    record = door.store.get("b").summary()  # type: ignore[union-attr]
+    first, child = record["completions"]
+    assert found["streamed"] == {first["id"]} and found["child"] == child["id"]
+    assert (first["parent"], child["parent"], child["reward"], first["reward"]) == (None, 0, -1.5, None)
+    assert found["reward"] == {"session_id": "b", "completion_id": child["id"], "reward": -1.5}
+    assert found["bad"] == [400, 400, 400] and found["unknown"] == 404
+    assert "token budget of 30 is spent" in found["spent"] and len(engine.calls) == 2
+    assert child["finish_reason"] == "length" and door.store.get("b").used == 30  # type: ignore[union-attr]
+    assert child["prompt_ids"][: len(first["prompt_ids"]) + len(first["output_ids"])] == (
+        first["prompt_ids"] + first["output_ids"]
+    )
+
+
+def test_episode_mode_needs_the_openai_agent_workflow() -> None:
+    from asyncrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="agent.episode_mode=tree needs rollout.workflow=openai_agent"):
+        load_config(None, ["agent.episode_mode=tree"])
+    with pytest.raises(ConfigError, match="agent.reward_discount"):
+        load_config(None, ["rollout.workflow=openai_agent", "agent.entrypoint=a.b:c", "agent.reward_discount=1.5"])
