@@ -80,7 +80,8 @@ class TaskConfig:
     reasoning_gym (the dataset's own ``score_answer``; only with task.name=reasoning_gym)."""
     datasets: str | None = None
     """task.name=reasoning_gym: the reasoning-gym dataset(s), comma-separated (e.g. ``basic_arithmetic`` or
-    ``chain_sum,basic_arithmetic``: drawn with equal weights), each at its default configuration;
+    ``chain_sum,basic_arithmetic``: drawn with equal weights), each at its default configuration or with
+    reasoning-gym's config options after its name (``chain_sum:max_terms=3:max_digits=2``);
     ``train_size`` + ``eval_size`` entries generated with task.seed (data.reasoning_gym). task.name=verifiers:
     the verifiers taskset id (an installed module exporting one ``vf.Taskset``; data.verifiers)."""
     calculator_max_digits: int = 0
