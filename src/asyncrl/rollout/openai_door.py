@@ -288,7 +288,7 @@ class ChatDoor:
         session.running += 1
         self.store.touch(session)
         try:
-            tools = await self.off_loop(session.call_tools, req)
+            tools = session.call_tools(req)  # a comparison of messages with the record: no rendering
             lead, lead_ids = await self.off_loop(self._forced, req, tools)
             plan = await self.off_loop(session.plan, req, lead_ids)
             sampling = self._sampling(req, session.sampling, len(plan.input_ids), plan.budget, tools)
