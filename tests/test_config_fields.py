@@ -93,7 +93,8 @@ def test_every_choice_field_is_typed_by_an_alias_of_asyncrl_choices() -> None:
     str_fields = [k for k, a in _leaf_fields(Config()).items() if a is str]
     # free text: paths, module names, URLs (no fixed set of values)
     assert sorted(str_fields) == [
-        "agent.env", "launch.engine_urls", "model.device", "rollout.workflow", "sft.cache_dir", "task.verifier",
+        "agent.env", "launch.engine_urls", "model.device", "rollout.sglang_urls", "rollout.workflow", "sft.cache_dir",
+            "task.verifier",
         "trainer.lora_target_modules",
     ]  # fmt: skip
 
