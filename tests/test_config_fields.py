@@ -94,8 +94,7 @@ def test_every_choice_field_is_typed_by_an_alias_of_asyncrl_choices() -> None:
     # free text: paths, module names, URLs (no fixed set of values)
     assert sorted(str_fields) == [
         "agent.env", "launch.engine_urls", "model.device", "rollout.sglang_urls", "rollout.workflow", "sft.cache_dir",
-            "task.verifier",
-        "trainer.lora_target_modules",
+        "task.verifier", "trainer.lora_target_modules",
     ]  # fmt: skip
 
 
