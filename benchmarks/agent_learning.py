@@ -307,6 +307,11 @@ def run_agent_learning_bench(
     return payload
 
 
+def _rate(value: float | None) -> str:
+    """A rate for the table; "-" where it was not measured (a single-turn run has no tool figures)."""
+    return "-" if value is None else f"{value:.3f}"
+
+
 def _print_table(payload: dict[str, Any]) -> None:
     print(f"{'seed':>4} {'before':>7} {'after':>7} {'gain pts':>8} {'hit before':>10} {'hit after':>9} "
           f"{'calling before':>14} {'after':>6} {'warm s':>7} {'restarts':>8} {'RL s':>6} "
@@ -314,8 +319,8 @@ def _print_table(payload: dict[str, Any]) -> None:
     for r in payload["rows"]:
         gain = f"{r['gain_points']:.1f}" if r["gain_points"] is not None else "-"
         print(f"{r['seed']:>4} {r['accuracy_before']:>7.3f} {r['accuracy_after'] or 0:>7.3f} {gain:>8} "
-              f"{r['tool_call_hit_rate_before'] or 0:>10.3f} {r['tool_call_hit_rate_after'] or 0:>9.3f} "
-              f"{r['episode_tool_call_frac_before'] or 0:>14.3f} {r['episode_tool_call_frac_after'] or 0:>6.3f} "
+              f"{_rate(r['tool_call_hit_rate_before']):>10} {_rate(r['tool_call_hit_rate_after']):>9} "
+              f"{_rate(r['episode_tool_call_frac_before']):>14} {_rate(r['episode_tool_call_frac_after']):>6} "
               f"{r['warm_start_s']:>7.0f} {(r.get('warm_start') or {}).get('sft_restarts', 0):>8.0f} "
               f"{r['rl_wall_s']:>6.0f} {str(r['within_budget']):>9}")  # fmt: skip
     gain = payload["summary"].get("gain_points")

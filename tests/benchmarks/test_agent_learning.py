@@ -222,3 +222,23 @@ def test_a_reasoning_gym_config_reaches_the_warm_start_and_train(tmp_path, monke
     assert seen["env"] == "calculator" and seen["seed"] == 4
     assert row["gain_made_of"]["solving_points"] == pytest.approx(20.0)
     assert row["gain_made_of"]["answer_points"] == pytest.approx(10.0)
+
+
+def test_a_single_turn_run_has_no_tool_figures_and_says_so(tmp_path, monkeypatch, capsys) -> None:
+    """A single-turn reasoning-gym run evaluates no tool use: its rows carry None (never 0), the split of the gain
+    is absent, and the table prints "-"."""
+    single = {"accuracy_before": 0.1, "accuracy_after": 0.3, "accuracy_mode": "greedy", "steps": 10, "rl_wall_s": 50.0,
+              "wall_s": 60.0, "eval_before": {"accuracy": 0.1}, "eval_after": {"accuracy": 0.3}}  # fmt: skip
+
+    def fake_seed(config, overrides, seed: int, out: Path, budget_s: float) -> dict:
+        return seed_row(seed, single, [], 20.0, budget_s)
+
+    monkeypatch.setattr(agent_learning, "_run_seed", fake_seed)
+    rg = ["task.name=reasoning_gym", "task.verifier=reasoning_gym", "task.datasets=chain_sum"]
+    payload = run_agent_learning_bench(None, config=None, overrides=rg, seeds=[0, 1], out_dir=str(tmp_path))
+    assert payload["task"] == "reasoning_gym chain_sum"
+    row = payload["rows"][0]
+    assert row["tool_call_hit_rate_before"] is None and row["gain_made_of"] is None
+    assert "gain_made_of" not in payload["summary"] and "tool_call_hit_rate_before" not in payload["summary"]
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("   0"))
+    assert line.split()[4:8] == ["-", "-", "-", "-"]
