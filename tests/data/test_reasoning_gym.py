@@ -22,6 +22,7 @@ from asyncrl.data.reasoning_gym import (
     dataset_specs,
     load_entries,
     reasoning_gym_prompts,
+    worked_solution,
 )
 from asyncrl.reward import reasoning_gym as reward_rg
 from asyncrl.reward.reasoning_gym import reasoning_gym_reward, response_answer
@@ -140,3 +141,22 @@ def test_the_calculator_expression_of_an_entry_is_worth_its_answer() -> None:
     legs = next(e for e in entries if e["metadata"]["source_dataset"] == "leg_counting")
     assert "*" in calculator_expression(legs)
     assert calculator_expression({"metadata": {"source_dataset": "gcd"}}) is None
+
+
+def test_a_worked_solution_works_the_expression_out_and_scores_full_marks() -> None:
+    entries = load_entries("chain_sum:max_terms=4:max_digits=2,leg_counting:min_animals=1:max_animals=3", 9, 40)
+    for entry in entries:
+        solution = worked_solution(entry)
+        assert solution.endswith(f"<answer>{entry['answer']}</answer>")
+        assert reasoning_gym_reward(solution, {ENTRY_KEY: entry}) == 1.0  # the dataset's own score_answer
+        steps = solution.split(" ")[:-1]
+        assert steps, solution  # every chain of two or more terms and every animal count is worked out
+        for step in steps:
+            left, right = step.split("=")
+            assert eval(left.replace("--", "+")) == int(right)  # noqa: S307 (digits and + - * only)
+    chain = {"answer": "9", "metadata": {"source_dataset": "chain_sum", "expression": "7 + 5 - 3"}}
+    assert worked_solution(chain) == "7+5=12 12-3=9 <answer>9</answer>"
+    legs = {"answer": "18", "metadata": {"source_dataset": "leg_counting", "animals": {"dog": 3, "bee": 1}}}
+    assert worked_solution(legs) == "3*4=12 1*6=6 12+6=18 <answer>18</answer>"
+    assert worked_solution({"answer": "4", "metadata": {"expression": "(1+3)"}}) == "<answer>4</answer>"
+    assert worked_solution({"answer": "5", "metadata": {"expression": "1+3"}}) == "<answer>5</answer>"  # no lie

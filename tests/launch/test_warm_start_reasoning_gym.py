@@ -1,14 +1,15 @@
 """The warm start of ``task.name=reasoning_gym`` (reasoning-gym 0.1.25's own generators): demonstrations of the
-training entries only (never a held-out one), single-turn (question -> reference answer) or, with the calculator
+training entries only (never a held-out one), single-turn (question -> the answer worked out) or, with the calculator
 tool, worked conversations whose call computes the entry's answer; a cache key that follows the held-out split."""
 
 from __future__ import annotations
 
 from asyncrl.config import load_config
 from asyncrl.data.prompts import build_task
-from asyncrl.data.reasoning_gym import ENTRY_KEY, calculator_expression
+from asyncrl.data.reasoning_gym import ENTRY_KEY, calculator_expression, worked_solution
 from asyncrl.launch.warm_start import warm_start_examples, warm_start_key
 from asyncrl.models import load_policy
+from asyncrl.reward.reasoning_gym import reasoning_gym_reward
 from asyncrl.rollout.envs.calculator import evaluate_expression
 
 RG = ["task.name=reasoning_gym", "task.verifier=reasoning_gym", "task.train_size=24", "task.eval_size=8",
@@ -20,7 +21,7 @@ def _learned(tokenizer, ids, mask, on: int = 1) -> str:
     return tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m == on])
 
 
-def test_single_turn_demonstrations_are_the_training_entries_answers(tiny_policy_dir) -> None:
+def test_single_turn_demonstrations_are_the_training_entries_worked_answers(tiny_policy_dir) -> None:
     _, tokenizer = load_policy(tiny_policy_dir, device="cpu", dtype="float32")
     cfg = load_config(None, RG)
     train, held, _ = build_task(cfg.task, tokenizer)
@@ -28,7 +29,9 @@ def test_single_turn_demonstrations_are_the_training_entries_answers(tiny_policy
     assert len(examples) == len(train) >= 20
     for (ids, mask), prompt in zip(examples, train, strict=True):
         assert tuple(ids[: len(prompt.token_ids)]) == prompt.token_ids  # the run's own prompt
-        assert _learned(tokenizer, ids, mask) == f"{prompt.answer}{tokenizer.eos_token}"
+        learned = _learned(tokenizer, ids, mask)
+        assert learned == f"{worked_solution(prompt.meta[ENTRY_KEY])}{tokenizer.eos_token}"
+        assert reasoning_gym_reward(learned.removesuffix(tokenizer.eos_token), prompt.meta) == 1.0  # its own scoring
     held_questions = {p.meta["question"] for p in held}
     assert not held_questions & {p.meta["question"] for p in train}
 

@@ -13,19 +13,23 @@ metadata) under :data:`ENTRY_KEY` for the verifier, which needs it to score.
 
 Also owns ``calculator_expression``: the arithmetic expression that computes an entry's answer, built from
 the entry's own metadata (the ``expression`` the generator recorded; ``leg_counting``: each animal's count
-times its legs from reasoning-gym's own table), for worked calculator conversations of the warm start.
+times its legs from reasoning-gym's own table), for worked calculator conversations of the warm start; and
+``worked_solution``: that expression worked out one operation at a time (``3*4=12 12+7=19``, each product,
+then the running sum) and the answer in reasoning-gym's ``<answer>...</answer>``, the single-turn warm start's
+demonstration (the answer alone where the entry records no expression of that form).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
 from asyncrl.types import KIND_KEY, Prompt
 
 __all__ = ["ENTRY_KEY", "calculator_expression", "dataset_names", "dataset_specs", "load_entries",
-           "reasoning_gym_prompts"]  # fmt: skip
+           "reasoning_gym_prompts", "worked_solution"]  # fmt: skip
 
 ENTRY_KEY = "reasoning_gym_entry"
 """The ``Prompt.meta`` key of the reasoning-gym entry (``question``, ``answer``, ``metadata``)."""
@@ -103,6 +107,37 @@ def calculator_expression(entry: dict[str, Any]) -> str | None:
 
         return "+".join(f"{count}*{ANIMALS[animal]}" for animal, count in animals.items())
     return None
+
+
+_TERM = r"-?\d+(?:\*\d+)?"
+_SUM_OF_PRODUCTS = re.compile(rf"({_TERM})((?:[+-]{_TERM})*)")
+
+
+def worked_solution(entry: dict[str, Any]) -> str:
+    """``entry``'s answer worked out step by step (see the module docstring)."""
+    answer = f"<answer>{entry['answer']}</answer>"
+    expression = calculator_expression(entry)
+    found = _SUM_OF_PRODUCTS.fullmatch(expression or "")
+    if found is None:
+        return answer
+    steps: list[str] = []
+
+    def value(term: str) -> int:
+        if "*" not in term:
+            return int(term)
+        a, b = term.split("*")
+        steps.append(f"{term}={int(a) * int(b)}")
+        return int(a) * int(b)
+
+    total = value(found.group(1))
+    rest = [(m.group(1), value(m.group(2))) for m in re.finditer(rf"([+-])({_TERM})", found.group(2))]
+    for op, term in rest:
+        new = total + term if op == "+" else total - term
+        steps.append(f"{total}{op}{term}={new}")
+        total = new
+    if str(total) != str(entry["answer"]).strip():
+        return answer
+    return " ".join([*steps, answer])
 
 
 def reasoning_gym_prompts(

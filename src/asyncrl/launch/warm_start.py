@@ -23,7 +23,8 @@ again and reruns the (first) stage with another seed when, at that step, its los
 (``run_warm_start``).
 
 ``task.name=reasoning_gym`` (``reasoning_gym_examples``) demonstrates its *training* entries (never held-out
-ones) as the task's own generator made them: single-turn, the question and its reference answer; with
+ones) as the task's own generator made them: single-turn, the question and its answer worked out step by step
+(``data.reasoning_gym.worked_solution``); with
 ``rollout.workflow=agent agent.env=calculator``, the calculator's worked conversation, the call's expression
 built from the entry's metadata (``data.reasoning_gym.calculator_expression``), the tool's result, ``#answer``.
 """
@@ -217,14 +218,15 @@ def calculator_examples(cfg: Config, tokenizer: Any) -> list[SFTExample]:
 
 def reasoning_gym_examples(cfg: Config, tokenizer: Any) -> list[SFTExample]:
     """Demonstrations of the reasoning-gym task's training entries (see the module docstring); turns end at EOS."""
+    from asyncrl.data.reasoning_gym import ENTRY_KEY, calculator_expression, worked_solution
+
     train, _, _ = build_task(cfg.task, tokenizer)
     eos = (tokenizer.eos_token_id,)
     if cfg.rollout.workflow != "agent":
-        return [prompt_response_example(p.token_ids, (*tokenizer.encode(p.answer, add_special_tokens=False), *eos))
-                for p in train]  # fmt: skip
+        solutions = [tokenizer.encode(worked_solution(p.meta[ENTRY_KEY]), add_special_tokens=False) for p in train]
+        return [prompt_response_example(p.token_ids, (*ids, *eos)) for p, ids in zip(train, solutions, strict=True)]
     if cfg.agent.env != "calculator":
         raise ValueError(f"task.name=reasoning_gym warm-starts agent.env=calculator only, not {cfg.agent.env!r}")
-    from asyncrl.data.reasoning_gym import ENTRY_KEY, calculator_expression
     from asyncrl.rollout.chat import ChatRenderer, demonstration_ids
     from asyncrl.rollout.envs.base import Message
     from asyncrl.rollout.envs.calculator import calculator_env, calculator_tool, evaluate_expression
