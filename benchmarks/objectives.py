@@ -87,6 +87,9 @@ class Plan:
     tune_seeds: tuple[int, ...]
     tune_lag: int
     steps: int
+    tune_once: bool = False
+    """Tune the reference objective only and give its best step size to every objective (only at lag 0, where the
+    objectives are one algorithm: measured, the four default objectives' tuning runs there end identical)."""
     cost: tuple[float, float] = (SECONDS_PER_RUN, SECONDS_PER_STEP)
     """Seconds of one run (a fixed part, a part per step) in the printed estimate: ``SECONDS_PER_*`` by default."""
 
@@ -126,9 +129,14 @@ class Cell:
         return f"{self.staleness}-lag{self.lag}-lr{self.lr:g}-s{self.seed}-{self.objective}"
 
 
+def _tuned(plan: Plan) -> tuple[str, ...]:
+    return (REFERENCE,) if plan.tune_once else plan.objectives
+
+
 def tune_cells(plan: Plan) -> list[Cell]:
-    """The tuning phase: every objective at every step size at the tuning lag, seed-major."""
-    return [Cell(o, "fixed", plan.tune_lag, lr, s) for s in plan.tune_seeds for lr in plan.lrs for o in plan.objectives]
+    """The tuning phase: every objective (``tune_once``: the reference) at every step size at the tuning lag,
+    seed-major."""
+    return [Cell(o, "fixed", plan.tune_lag, lr, s) for s in plan.tune_seeds for lr in plan.lrs for o in _tuned(plan)]
 
 
 def _conditions(plan: Plan) -> list[tuple[StalenessMode, int]]:
@@ -177,7 +185,7 @@ def budget_line(plan: Plan) -> str:
 def tuning_table(rows: list[dict[str, Any]], plan: Plan) -> list[dict[str, Any]]:
     """Per (objective, step size) at the tuning lag: final accuracy over the tuning seeds (mean, 95% interval)."""
     out = []
-    for objective in plan.objectives:
+    for objective in _tuned(plan):
         for lr in plan.lrs:
             acc = [r["accuracy_after"] for r in rows if (r["objective"], r["staleness"], r["lag"], r["lr"]) ==
                    (objective, "fixed", plan.tune_lag, lr) and r["seed"] in plan.tune_seeds]  # fmt: skip
@@ -298,6 +306,8 @@ def run_objectives(
     rows = _run_cells(tuned, "tune", user, plan, out, prior)
     table = tuning_table(rows, plan)
     best = best_lrs(table)
+    if plan.tune_once:
+        best = dict.fromkeys(plan.objectives, best[REFERENCE])
     print_table("bench objectives: tuning (final accuracy over the tuning seeds)", _shown(table),
                 ["objective", "lr", "n", "accuracy_after_mean", "accuracy_after_ci95"], width=18, digits=4)  # fmt: skip
     print(f"bench objectives: best step sizes {best}; shared {plan.shared_lr:g}", flush=True)
@@ -372,6 +382,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--short", action="store_true", help="a few-minute smoke setting of the whole pipeline "
                         "(2 step sizes, lag 2, eta 4, 4 steps, 2 seeds, a small eval); other options still "
                         "apply")  # fmt: skip
+    parser.add_argument("--tune-once", action="store_true", help="tune decoupled only and give its best step size "
+                        "to every objective (with --tune-lag 0, where the objectives are one algorithm)")  # fmt: skip
     parser.add_argument("--plan-only", action="store_true", help="print the plan and its cost, run nothing")
     add_out(parser, "runs/bench-objectives")
     parser.add_argument("--reuse", metavar="DIR", help="read the finished runs of an interrupted invocation's "
@@ -395,8 +407,11 @@ def plan_from_args(args: argparse.Namespace, config_lr: float) -> Plan:
         lags=parse_list(args.lags, int, base.lags, "--lags"), etas=etas, seeds=seeds,
         tune_seeds=parse_list(args.tune_seeds, int, seeds, "--tune-seeds"),
         tune_lag=base.tune_lag if args.tune_lag is None else args.tune_lag,
-        steps=args.steps if args.steps is not None else base.steps, cost=base.cost,
+        steps=args.steps if args.steps is not None else base.steps, tune_once=args.tune_once, cost=base.cost,
     )  # fmt: skip
+    if plan.tune_once and plan.tune_lag != 0:
+        raise ConfigError(f"--tune-once needs --tune-lag 0 (only there are the objectives one algorithm), got "
+                          f"{plan.tune_lag}")  # fmt: skip
     if not plan.lrs or min(plan.lrs) <= 0 or plan.shared_lr <= 0:
         raise ConfigError("--lrs and --shared-lr must be > 0")
     if min((*plan.lags, *plan.etas, plan.tune_lag)) < 0 or plan.steps < 1:

@@ -125,3 +125,27 @@ def test_options_and_their_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["objectives", "--plan-only", "--objectives", "naive,bogus"]) == 2
     assert "unknown objective(s) ['bogus']" in capsys.readouterr().err
     assert main(["objectives", "--plan-only", "--lrs", "0,1e-4"]) == 2
+
+
+def test_tune_once_tunes_the_reference_and_shares_its_step_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    once = Plan(**{**PLAN.__dict__, "tune_once": True})
+    assert {c.objective for c in bench.tune_cells(once)} == {"decoupled"} and len(bench.tune_cells(once)) == 3 * 2
+
+    def fake_run_arm(overrides: list[str], run_dir: Path, collapse_fraction: float, reuse: Any) -> dict[str, Any]:
+        lr = next(float(o.split("=")[1]) for o in overrides if o.startswith("trainer.lr="))
+        return {
+            "accuracy_before": 0.3,
+            "accuracy_after": 0.6 - 1000 * abs(lr - 2e-4),
+            "collapsed": False,
+            "wall_s": 1.0,
+        }
+
+    monkeypatch.setattr(bench, "run_arm", fake_run_arm)
+    payload = bench.run_objectives(None, once, out_dir=str(tmp_path / "runs"))
+    assert payload["best_lrs"] == dict.fromkeys(once.objectives, 2e-4)
+    assert {t["objective"] for t in payload["tuning"]} == {"decoupled"}
+    args = build_parser("objectives").parse_args(["--tune-once", "--tune-lag", "2"])
+    with pytest.raises(bench.ConfigError, match="--tune-once needs --tune-lag 0"):
+        bench.plan_from_args(args, config_lr=1e-4)
