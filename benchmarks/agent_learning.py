@@ -54,8 +54,8 @@ from benchmarks import options
 from benchmarks.options import add_json, add_out, add_overrides, add_seeds, parse_list
 from benchmarks.stats import mean_ci95
 
-__all__ = ["add_arguments", "analyse", "check_task", "gain_made_of", "PLOTTED", "run", "run_agent_learning_bench",
-           "seed_row", "task_label", "TOOL_RATES"]  # fmt: skip
+__all__ = ["add_arguments", "analyse", "check_task", "gain_made_of", "PLOTTED", "run", "merge_results",
+           "run_agent_learning_bench", "seed_row", "task_label", "TOOL_RATES"]  # fmt: skip
 
 TOOL_RATES = ("tool_call_correct_rate", "tool_call_hit_rate", "tool_call_malformed_rate", "episode_tool_call_frac",
               "episode_tool_hit_frac", "episode_turns_mean")  # fmt: skip
@@ -254,11 +254,13 @@ def _run_seed(config: str | None, overrides: list[str], seed: int, out: Path, bu
 
 
 def check_task(task: str, workflow: str) -> None:
-    """ValueError (one line) unless the bench can run ``task`` with ``workflow``: calculator as an agent,
+    """ConfigError (one line) unless the bench can run ``task`` with ``workflow``: calculator as an agent,
     reasoning_gym either way (see the module docstring)."""
     if task == "calculator" and workflow == "agent" or task == "reasoning_gym":
         return
-    raise ValueError(f"bench agent-learning runs task.name=calculator with rollout.workflow=agent, or "
+    from asyncrl.config import ConfigError
+
+    raise ConfigError(f"bench agent-learning runs task.name=calculator with rollout.workflow=agent, or "
                      f"task.name=reasoning_gym; got task.name={task} with rollout.workflow={workflow}")  # fmt: skip
 
 
@@ -307,6 +309,27 @@ def run_agent_learning_bench(
     return payload
 
 
+def merge_results(paths: list[str], min_gain_points: float = 20.0) -> dict[str, Any]:
+    """One result from result files of the same bench configuration (config, overrides, budget) run apart, e.g.
+    one seed per process: their rows, analysed over all seeds as one invocation would (``merged_from``: the
+    files). ConfigError (one line) for files of different configurations or a seed in two files."""
+    from asyncrl.config import ConfigError
+
+    payloads = [json.loads(Path(path).read_text()) for path in paths]
+    same = ("bench", "task", "config", "overrides", "budget_s")
+    first = payloads[0]
+    for path, payload in zip(paths, payloads, strict=True):
+        differ = [key for key in same if payload.get(key) != first.get(key)]
+        if differ:
+            raise ConfigError(f"--merge: {path} differs from {paths[0]} in {', '.join(differ)}")
+    rows = [row for payload in payloads for row in payload["rows"]]
+    seeds = [row["seed"] for row in rows]
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--merge: a seed appears twice among {paths} (seeds {seeds})")
+    return {**{key: first.get(key) for key in same}, "merged_from": list(paths), "rows": rows,
+            **analyse(rows, first["budget_s"], min_gain_points)}  # fmt: skip
+
+
 def _rate(value: float | None) -> str:
     """A rate for the table; "-" where it was not measured (a single-turn run has no tool figures)."""
     return "-" if value is None else f"{value:.3f}"
@@ -342,7 +365,7 @@ PLOTTED = True
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--json``, ``--config``, ``--set``, ``--model``, ``--seeds``, ``--budget-s``, ``--min-gain-points``,
-    ``--out``."""
+    ``--out``, ``--merge``."""
     add_json(parser)
     parser.add_argument(
         "--config",
@@ -355,10 +378,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-gain-points", type=float, default=20.0,
                         help="the criterion's least held-out gain, in points (default %(default)s)")  # fmt: skip
     add_out(parser, "runs/bench-agent-learning")
+    parser.add_argument("--merge", metavar="A,B",
+                        help="combine result files of one configuration run apart; nothing runs")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> None:
-    """Every seed's warm start and RL within the budget."""
+    """Every seed's warm start and RL within the budget; or, with ``--merge``, result files combined."""
+    if args.merge:
+        payload = merge_results(args.merge.split(","), args.min_gain_points)
+        if args.json:
+            rows, budget_s = payload["rows"], payload["budget_s"]
+            write_with_plot(args.json, json.dumps(payload, indent=2) + "\n",
+                            lambda png: plot_curves(rows, png, budget_s, payload["task"] or "calculator"))  # fmt: skip
+        _print_table(payload)
+        return
     seeds = list(parse_list(args.seeds, int, (0, 1, 2), "--seeds"))
     run_agent_learning_bench(args.json, config=args.config, overrides=options.overrides(args), seeds=seeds,
                              budget_s=args.budget_s, out_dir=args.out,

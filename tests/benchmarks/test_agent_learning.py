@@ -5,15 +5,18 @@ seeds meeting the criterion, and the plot."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from asyncrl.config import ConfigError
 from benchmarks import agent_learning
 from benchmarks.agent_learning import (
     analyse,
     check_task,
     gain_made_of,
+    merge_results,
     plot_curves,
     run_agent_learning_bench,
     seed_row,
@@ -193,7 +196,7 @@ def test_the_bench_runs_the_calculator_as_an_agent_and_reasoning_gym_either_way(
     check_task("reasoning_gym", "agent")
     check_task("reasoning_gym", "single")
     for task, workflow in (("calculator", "single"), ("arithmetic", "agent")):
-        with pytest.raises(ValueError, match=f"got task.name={task} with rollout.workflow={workflow}"):
+        with pytest.raises(ConfigError, match=f"got task.name={task} with rollout.workflow={workflow}"):
             check_task(task, workflow)
     rg = ["task.name=reasoning_gym", "task.verifier=reasoning_gym", "task.datasets=chain_sum:max_terms=2"]
     assert task_label(None, rg) == "reasoning_gym chain_sum:max_terms=2"
@@ -242,3 +245,28 @@ def test_a_single_turn_run_has_no_tool_figures_and_says_so(tmp_path, monkeypatch
     assert "gain_made_of" not in payload["summary"] and "tool_call_hit_rate_before" not in payload["summary"]
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("   0"))
     assert line.split()[4:8] == ["-", "-", "-", "-"]
+
+
+def test_results_run_apart_merge_into_one_analysis(tmp_path) -> None:
+    """Seeds run in separate processes (a result file each) give the analysis one invocation of all of them
+    would; files of another configuration, or a seed twice, are refused in one line."""
+
+    rows = [seed_row(s, _summary(0.1, 0.1 + g, 0.2, 0.4, 100.0), METRICS, 50.0, 600.0)
+            for s, g in ((0, 0.30), (1, 0.15), (2, 0.30))]  # fmt: skip
+    head = {"bench": "agent-learning", "task": "reasoning_gym chain_sum", "config": "c.yaml", "overrides": [],
+            "budget_s": 600.0}  # fmt: skip
+    paths = []
+    for row in rows:
+        paths.append(str(tmp_path / f"seed{row['seed']}.json"))
+        Path(paths[-1]).write_text(json.dumps({**head, "rows": [row], **analyse([row], 600.0)}))
+    merged = merge_results(paths)
+    assert merged["merged_from"] == paths and [r["seed"] for r in merged["rows"]] == [0, 1, 2]
+    whole = analyse(json.loads(json.dumps(rows)), 600.0)
+    assert merged["summary"]["gain_points"] == whole["summary"]["gain_points"]
+    assert merged["summary"]["gain_points"]["n"] == 3 and merged["criterion"]["seeds_met"] == [0, 2]
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**head, "overrides": ["trainer.lr=1e-3"], "rows": [rows[0]]}))
+    with pytest.raises(ConfigError, match="differs from .* in overrides"):
+        merge_results([paths[1], str(other)])
+    with pytest.raises(ConfigError, match="a seed appears twice"):
+        merge_results([paths[0], paths[0]])
