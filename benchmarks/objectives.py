@@ -71,7 +71,11 @@ SECONDS_PER_RUN = 12.0
 SECONDS_PER_STEP = 1.0
 """The cost model of one run on the shared 2-core box (both cores busy: trainer process + engine): a fixed part
 (model load, held-out accuracy before and after: wall_s - rl_wall_s) and a per-step part (rl_wall_s / steps),
-means of the 144 runs of ``docs/results/bench_ablation_lags.json`` (40 steps, 4 PPO mini-batches, load 4-10)."""
+means of the 144 runs of ``docs/results/bench_ablation_lags.json`` (40 steps, 4 PPO mini-batches, a quiet box)."""
+
+LOADED_COST = (29.6, 3.12)
+"""The same on a busy box: one 150-step run (decoupled, lag 4, lr 1e-4, 4 PPO mini-batches) at load 9-10 took
+468 s of RL (3.1 s a step: generation and training take turns under a fixed lag) and 29.6 s besides."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,8 @@ class Plan:
     objectives are one algorithm: measured, the four default objectives' tuning runs there end identical)."""
     cost: tuple[float, float] = (SECONDS_PER_RUN, SECONDS_PER_STEP)
     """Seconds of one run (a fixed part, a part per step) in the printed estimate: ``SECONDS_PER_*`` by default."""
+    loaded_cost: tuple[float, float] | None = LOADED_COST
+    """The same on a busy box (printed beside; None: not measured for this plan)."""
 
 
 DEFAULTS = Plan(
@@ -103,7 +109,7 @@ DEFAULTS = Plan(
 
 SHORT = Plan(
     objectives=DEFAULTS.objectives, lrs=(5e-5, 2e-4), shared_lr=2e-4, lags=(2,), etas=(4,), seeds=(0, 1),
-    tune_seeds=(0, 1), tune_lag=0, steps=4, cost=(4.6, 1.5),
+    tune_seeds=(0, 1), tune_lag=0, steps=4, cost=(4.6, 1.5), loaded_cost=None,
 )  # fmt: skip
 """``--short``: the whole pipeline in a few minutes (its numbers say nothing about the objectives); its cost model
 measured on one such run (10.6 s for 4 steps, the trainer in process)."""
@@ -174,12 +180,16 @@ def budget_line(plan: Plan) -> str:
     worst = dict.fromkeys(plan.objectives, other)  # every best off the shared step size: the most runs
     n_compare = len(compare_cells(plan, worst, set(tune_cells(plan))))
     hours = estimate_seconds(n_tune + n_compare, plan.steps, plan.cost) / 3600
-    return (
+    line = (
         f"bench objectives: {n_tune} tuning runs + at most {n_compare} comparison runs of {plan.steps} steps, about "
-        f"{hours:.1f} h ({60 * hours:.0f} min) of wall time on the shared 2-core box, one run after the other "
+        f"{hours:.1f} h ({60 * hours:.0f} min) of wall time on a quiet 2-core box, one run after the other "
         f"({2 * hours:.1f} core-hours; "
         f"{plan.cost[0]:g} s + {plan.cost[1]:g} s/step per run)"
     )
+    if plan.loaded_cost is None:
+        return line
+    busy = estimate_seconds(n_tune + n_compare, plan.steps, plan.loaded_cost) / 3600
+    return f"{line}; on a busy box (load ~9) about {busy:.1f} h ({plan.loaded_cost[1]:g} s/step)"
 
 
 def tuning_table(rows: list[dict[str, Any]], plan: Plan) -> list[dict[str, Any]]:
@@ -408,6 +418,7 @@ def plan_from_args(args: argparse.Namespace, config_lr: float) -> Plan:
         tune_seeds=parse_list(args.tune_seeds, int, seeds, "--tune-seeds"),
         tune_lag=base.tune_lag if args.tune_lag is None else args.tune_lag,
         steps=args.steps if args.steps is not None else base.steps, tune_once=args.tune_once, cost=base.cost,
+        loaded_cost=base.loaded_cost,
     )  # fmt: skip
     if plan.tune_once and plan.tune_lag != 0:
         raise ConfigError(f"--tune-once needs --tune-lag 0 (only there are the objectives one algorithm), got "

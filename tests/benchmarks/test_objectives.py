@@ -69,6 +69,9 @@ def test_the_cost_is_printed_from_the_plan() -> None:
     assert f"{n_tune} tuning runs + at most {n_compare} comparison runs" in line
     hours = bench.estimate_seconds(n_tune + n_compare, 3) / 3600
     assert f"about {hours:.1f} h" in line
+    busy = bench.estimate_seconds(n_tune + n_compare, 3, bench.LOADED_COST) / 3600
+    assert f"on a busy box (load ~9) about {busy:.1f} h" in line
+    assert "busy" not in bench.budget_line(bench.SHORT)
     assert bench.estimate_seconds(2, 10) == pytest.approx(2 * (bench.SECONDS_PER_RUN + 10 * bench.SECONDS_PER_STEP))
 
 
