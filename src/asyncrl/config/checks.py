@@ -54,6 +54,8 @@ _BOUNDS: dict[str, tuple[str, float, str]] = {
     "rollout.max_prompt_len": (_GREATER, 0, ""),
     "rollout.max_slots": (_GREATER, 0, ""),
     "rollout.num_engines": (_AT_LEAST, 1, ""),
+    "rollout.tensor_parallel_size": (_AT_LEAST, 1, ""),
+    "rollout.gpu_memory_fraction": (_GREATER, 0, " or null (vLLM's default)"),
     "agent.max_turns": (_AT_LEAST, 1, ""),
     "agent.max_tokens": (_AT_LEAST, 1, ""),
     "agent.max_turn_tokens": (_AT_LEAST, 1, " or null"),
@@ -342,6 +344,14 @@ def validate_backend(cfg: Config) -> None:
     """``rollout.backend=vllm``: vLLM importable, and the settings its engine serves exactly (the refusals of
     ``rollout.vllm_engine.VLLMEngine``, said at load time); ``sglang``: ``_validate_sglang``."""
     r = cfg.rollout
+    if r.gpu_memory_fraction is not None and r.gpu_memory_fraction > 1:
+        raise ConfigError(f"rollout.gpu_memory_fraction must be in (0, 1] or null, got {r.gpu_memory_fraction}")
+    if r.backend != "vllm":
+        for key, value, default in (("tensor_parallel_size", r.tensor_parallel_size, 1),
+                                    ("gpu_memory_fraction", r.gpu_memory_fraction, None)):  # fmt: skip
+            if value != default:
+                raise ConfigError(f"rollout.{key} sizes vLLM engines (rollout.backend=vllm), got {value!r} with "
+                                  f"rollout.backend={r.backend}")  # fmt: skip
     if r.backend == "sglang":
         _validate_sglang(cfg)
     if r.backend != "vllm":

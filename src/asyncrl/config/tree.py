@@ -196,6 +196,12 @@ class RolloutConfig:
     sglang_urls: str = ""
     """backend=sglang: the SGLang servers (``python -m sglang.launch_server``), comma-separated
     ``http://host:port``; requests go to the one with the fewest tokens in flight."""
+    tensor_parallel_size: int = 1
+    """backend=vllm: the GPUs each engine shards its model across (vLLM's ``tensor_parallel_size``); 1 with
+    backend=local; an SGLang server sets its own (``--tp``)."""
+    gpu_memory_fraction: float | None = None
+    """backend=vllm: the share of each GPU's total memory vLLM may take, in (0, 1] (its
+    ``gpu_memory_utilization``); null: vLLM's default, 0.9, which leaves no room for a trainer on the same GPU."""
     interrupt_mode: InterruptMode = "abort"
     """abort (AReaL: stop, re-prefill under new weights) | keep (swap weights, keep KV cache)."""
     prefix_reuse: bool = False

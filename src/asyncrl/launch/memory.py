@@ -256,8 +256,9 @@ def estimate_memory(cfg: Config, shape: ModelShape) -> MemoryEstimate:
         notes.append(f"rollout.backend={cfg.rollout.backend}{urls}: the engines are servers elsewhere, their memory "
                      "not counted")  # fmt: skip
     if cfg.rollout.backend == "vllm" and cfg.model.device.startswith("cuda"):
-        notes.append("vLLM asks at start for its gpu_memory_utilization (0.9 by default) of the GPU's total memory "
-                     "free, whatever else the estimate counts there")  # fmt: skip
+        share = cfg.rollout.gpu_memory_fraction or 0.9
+        notes.append(f"vLLM asks at start for {share:g} of the GPU's total memory free (rollout.gpu_memory_fraction, "
+                     "vLLM's default 0.9), whatever else the estimate counts there")  # fmt: skip
     if cfg.launch.kind != "ray":
         role = "engine + trainer" + (f" (rank 0 of {ranks})" if ranks > 1 else "")
         return MemoryEstimate((DeviceNeed(cfg.model.device, role, engine + trainer),), tuple(notes))

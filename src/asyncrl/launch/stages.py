@@ -169,6 +169,8 @@ def build_engine(cfg: Config, model: Any, tokenizer: Any, *, device: str | None 
                 dtype=cfg.model.dtype,
                 seed=cfg.run.seed,
                 owns_model_dir=True,
+                tensor_parallel_size=cfg.rollout.tensor_parallel_size,
+                gpu_memory_fraction=cfg.rollout.gpu_memory_fraction,
             )
         case "sglang":
             return _build_sglang(cfg, model)

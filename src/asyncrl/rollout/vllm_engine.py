@@ -126,14 +126,19 @@ class VLLMEngine:
         seed: int = 0,
         kv_cache_gib: float = 1.0,
         owns_model_dir: bool = False,
+        tensor_parallel_size: int = 1,
+        gpu_memory_fraction: float | None = None,
     ) -> None:
         """Load the Hugging Face checkpoint in ``model_dir`` into a vLLM engine with ``max_slots`` concurrent
         sequences of at most ``max_seq_len`` tokens (no more than the model's ``max_position_embeddings``) and
-        ``kv_cache_gib`` GiB of KV cache. ``owns_model_dir``:
+        ``kv_cache_gib`` GiB of KV cache, its model sharded over ``tensor_parallel_size`` GPUs, taking at most
+        ``gpu_memory_fraction`` of each GPU's memory (None: vLLM's default). ``owns_model_dir``:
         the directory is a scratch copy, removed by ``close``."""
         check_choice(interrupt_mode, InterruptMode, "interrupt_mode")
-        if max_slots < 1 or max_seq_len < 2:
-            raise ValueError("max_slots must be >= 1 and max_seq_len >= 2")
+        if max_slots < 1 or max_seq_len < 2 or tensor_parallel_size < 1:
+            raise ValueError("max_slots and tensor_parallel_size must be >= 1 and max_seq_len >= 2")
+        if gpu_memory_fraction is not None and not 0 < gpu_memory_fraction <= 1:
+            raise ValueError(f"gpu_memory_fraction must be in (0, 1] or None, got {gpu_memory_fraction}")
         if not vllm_available():
             raise RuntimeError(f"rollout.backend=vllm needs vLLM, which is not installed here: {VLLM_INSTALL}")
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -161,6 +166,8 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=interrupt_mode == "abort",
             disable_log_stats=True,
+            tensor_parallel_size=tensor_parallel_size,
+            **({} if gpu_memory_fraction is None else {"gpu_memory_utilization": gpu_memory_fraction}),
         )
         self._llm: Any = AsyncLLM.from_engine_args(args)
         self._version = int(version)
