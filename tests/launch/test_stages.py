@@ -181,6 +181,10 @@ BUILT_HERE = "launch/stages.py"
 CONSTRUCTION_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("rollout/server.py", "LocalEngine"): "`asyncrl serve engine`, sized by its flags (rollout cannot import launch)",
     ("rollout/batch_generate.py", "LocalEngine"): "`asyncrl generate`, sized by its input and flags, not a config",
+    ("service/sampling.py", "LocalEngine"): (
+        "`asyncrl serve training`: one engine per served weight version, sized by the service's flags, not a run's "
+        "config"
+    ),
     ("trainer/trainer.py", "Trainer"): "a follower rank mirrors the leader's Trainer from the arguments sent",
 }
 """(file under src/asyncrl, class) -> why it may be constructed there: none is a stage of a run. The
@@ -190,6 +194,7 @@ PROCESS_EXCEPTIONS: dict[tuple[str, str], str] = {
     ("models.py", "manual_seed"): "the tiny model's random init, seeded by its spec",
     ("trainer/sft.py", "manual_seed"): "the warm start's own seed (sft.seed)",
     ("trainer/lora.py", "manual_seed"): "LoRA adapters' init, seeded by the LoRA config",
+    ("service/model.py", "manual_seed"): "`asyncrl serve training`: a created model's init, seeded by the request",
 }
 """(file under src/asyncrl, torch function) -> why a process's global seed or threads may be set there."""
 
