@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from asyncrl.config import Config
+from asyncrl.config import EvalConfig
 from asyncrl.controller.metrics import tool_use_rates, trajectory_metrics
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.interruptible import generate_group
@@ -109,13 +109,14 @@ def by_kind(
     return out
 
 
-def eval_kwargs(cfg: Config, stop_token_ids: tuple[int, ...]) -> dict[str, Any]:
-    """The keyword arguments of ``evaluate`` that a run's ``eval.*`` settings give (one place for
-    the launcher's accuracy before/after and ``python -m benchmarks headline``'s snapshot evaluation)."""
+def eval_kwargs(settings: EvalConfig, temperature: float, stop_token_ids: tuple[int, ...]) -> dict[str, Any]:
+    """The keyword arguments of ``evaluate`` that a run's ``eval.*`` settings and its sampling ``temperature``
+    (``rollout.temperature``) give (one place for the launcher's accuracy before/after and
+    ``python -m benchmarks headline``'s snapshot evaluation)."""
     return {
-        "greedy": cfg.eval.greedy,
-        "temperature": cfg.rollout.temperature,
-        "max_new_tokens": cfg.eval.max_new_tokens,
+        "greedy": settings.greedy,
+        "temperature": temperature,
+        "max_new_tokens": settings.max_new_tokens,
         "stop_token_ids": stop_token_ids,
-        "samples_per_prompt": cfg.eval.samples_per_prompt,
+        "samples_per_prompt": settings.samples_per_prompt,
     }

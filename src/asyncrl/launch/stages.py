@@ -336,7 +336,7 @@ def build_evaluator(
     greedy decoding or sampling regardless of ``eval.greedy``). ``workflow``: a multi-turn one plays
     each held-out episode itself (its reward: the environment's); single-turn (None or ``run_episode``)
     generates answers for the verifier."""
-    kwargs = eval_kwargs(cfg, stop_token_ids)
+    kwargs = eval_kwargs(cfg.eval, cfg.rollout.temperature, stop_token_ids)
     if workflow is not None and workflow is not run_episode:
         kwargs["workflow"] = workflow
     if greedy is not None:
