@@ -97,7 +97,7 @@ def test_every_route_of_the_engine_server_and_its_door_needs_the_key(engine: Loc
     engine.start()
     served = _Served(server.http)
     try:
-        assert _check_every_route(server.http, served.port) == len(EngineServer.ROUTES) + 6
+        assert _check_every_route(server.http, served.port) == len(EngineServer.ROUTES) + 7  # the door: 7 routes
     finally:
         served.stop()
         server.door.close()
@@ -109,7 +109,7 @@ def test_every_route_of_the_door_server_needs_the_key(engine: LocalEngine, tmp_p
     assert _registered(door.http) == {(r.method, r.path) for r in door.http.routes}
     served = _Served(door.http)
     try:
-        assert _check_every_route(door.http, served.port) == 6
+        assert _check_every_route(door.http, served.port) == 7  # sessions, chat, models, completion rewards
         assert _request(served.port, "GET", "/nope", None)[0] == 401  # an unknown path learns nothing either
     finally:
         served.stop()
