@@ -44,8 +44,9 @@ def main() -> int:
     cfg = load_config(args.config, args.set)
     configure_threads(cfg)  # run.torch_threads, as asyncrl sft: more threads oversubscribe a loaded machine
     if cfg.task.name != "calculator" or not cfg.sft.second_stage_steps:
-        raise SystemExit("this script continues a calculator warm start (task.name=calculator) for "
-                         "sft.second_stage_steps > 0 steps")  # fmt: skip
+        raise SystemExit(
+            "this script continues a calculator warm start (task.name=calculator) for sft.second_stage_steps > 0 steps"
+        )
     out = Path(args.output)
     if out.exists():
         raise SystemExit(f"{out} exists: choose a new --output")

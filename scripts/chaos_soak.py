@@ -212,8 +212,11 @@ class Soak:
         assert self.proc is not None
         pid = self.proc.pid
         if kind is None:
-            kinds = [k for k in KILL_KINDS if k == "run" or (k == "trainer" and trainer_pid(pid))
-                     or (k == "reward_worker" and reward_pids(pid))]  # fmt: skip
+            kinds = [
+                k
+                for k in KILL_KINDS
+                if k == "run" or (k == "trainer" and trainer_pid(pid)) or (k == "reward_worker" and reward_pids(pid))
+            ]
             kind = self.rng.choices(kinds, weights=[KILL_KINDS[k] for k in kinds])[0]
         self.kills[kind] += 1
         family = children(pid)
@@ -226,8 +229,10 @@ class Soak:
             try:
                 self.proc.wait(timeout=EXIT_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                self.findings.append(f"start {self.starts}: the run did not exit {EXIT_TIMEOUT_S:.0f}s after its "
-                                     "trainer was killed (hang); killed it")  # fmt: skip
+                self.findings.append(
+                    f"start {self.starts}: the run did not exit {EXIT_TIMEOUT_S:.0f}s after its "
+                    "trainer was killed (hang); killed it"
+                )
         kill(pid)
         self.proc.wait()
         self.reap(family)
@@ -248,12 +253,18 @@ class Soak:
     def check(self, *, ended: bool, after: str) -> LedgerReport:
         report = check_ledger(self.run_dir, LIMITS, ended=ended)
         bad = {p.name: why for p in list_checkpoints(self.run_dir) if (why := verify_checkpoint(p))}
-        entry = {"t_s": round(time.monotonic() - self.t0, 1), "after": after, **report.counts(),
-                 "checkpoints_failing": len(bad)}  # fmt: skip
+        entry = {
+            "t_s": round(time.monotonic() - self.t0, 1),
+            "after": after,
+            **report.counts(),
+            "checkpoints_failing": len(bad),
+        }
         self.checks.append(entry)
         if not report.ok:
-            self.findings.append(f"ledger after {after}: {report.lost[:3]} {report.trained_twice[:3]} "
-                                 f"{report.over_bound[:3]} {report.problems[:3]}")  # fmt: skip
+            self.findings.append(
+                f"ledger after {after}: {report.lost[:3]} {report.trained_twice[:3]} "
+                f"{report.over_bound[:3]} {report.problems[:3]}"
+            )
         if bad:
             self.findings.append(f"after {after}: checkpoints that do not verify: {bad}")
         return report
@@ -282,8 +293,13 @@ class Soak:
             state.write_bytes(bytes(data))
         else:
             (newest / MANIFEST).unlink()
-        self.corruption = {"done": True, "checkpoint": newest.name, "how": how, "expected_restore": previous.name,
-                           "path": str(newest)}  # fmt: skip
+        self.corruption = {
+            "done": True,
+            "checkpoint": newest.name,
+            "how": how,
+            "expected_restore": previous.name,
+            "path": str(newest),
+        }
         return True
 
     def check_corrupt_resume(self) -> None:
@@ -326,8 +342,10 @@ def one_cycle(soak: Soak) -> None:
             soak.check(ended=False, after=f"{kind} kill")
             return
     if soak.proc is not None and soak.proc.poll() is not None:  # it ended without a kill
-        soak.findings.append(f"start {soak.starts} exited by itself (rc {soak.proc.returncode}, kills so far "
-                             f"{dict(soak.kills)}): {soak.log_tail()}")  # fmt: skip
+        soak.findings.append(
+            f"start {soak.starts} exited by itself (rc {soak.proc.returncode}, kills so far "
+            f"{dict(soak.kills)}): {soak.log_tail()}"
+        )
         soak.check(ended=False, after="an unexpected exit")
 
 
@@ -417,15 +435,24 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = Path(tempfile.mkdtemp(prefix="chaos-model-"))
     t0 = time.monotonic()
     print(f"chaos soak: {args.minutes} min, seed {args.seed}, run {run_dir}, logs {log_dir}", flush=True)
-    soak = Soak(run_dir, build_tiny_policy(model_dir), log_dir, random.Random(args.seed),
-                deadline=t0 + 60 * args.minutes, corrupt_after=t0 + 20 * args.minutes)  # fmt: skip
+    soak = Soak(
+        run_dir,
+        build_tiny_policy(model_dir),
+        log_dir,
+        random.Random(args.seed),
+        deadline=t0 + 60 * args.minutes,
+        corrupt_after=t0 + 20 * args.minutes,
+    )
     try:
         while time.monotonic() < soak.deadline:
             one_cycle(soak)
             last = soak.checks[-1] if soak.checks else {}
-            print(f"[{time.monotonic() - t0:6.0f}s] kills {dict(soak.kills)} resumes {soak.resumes} "
-                  f"steps {last.get('steps')} lost {last.get('lost')} twice {last.get('trained_twice')} "
-                  f"over {last.get('over_bound')}", flush=True)  # fmt: skip
+            print(
+                f"[{time.monotonic() - t0:6.0f}s] kills {dict(soak.kills)} resumes {soak.resumes} "
+                f"steps {last.get('steps')} lost {last.get('lost')} twice {last.get('trained_twice')} "
+                f"over {last.get('over_bound')}",
+                flush=True,
+            )
         final = finish(soak)
     finally:
         if soak.proc is not None and soak.proc.poll() is None:

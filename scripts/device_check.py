@@ -34,11 +34,23 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = {"gpu": "docs/results/device_check_gpu.json", "cpu": "docs/results/device_check_cpu.json"}
-GPU_SPEC = {"hidden_size": 2048, "num_layers": 16, "num_heads": 32, "num_kv_heads": 8, "intermediate_size": 8192,
-            "max_position_embeddings": 2048}  # fmt: skip
+GPU_SPEC = {
+    "hidden_size": 2048,
+    "num_layers": 16,
+    "num_heads": 32,
+    "num_kv_heads": 8,
+    "intermediate_size": 8192,
+    "max_position_embeddings": 2048,
+}
 """~0.97 B parameters (vocabulary 100): 1.9 GB of bf16 weights read per decode step."""
-CPU_SPEC = {"hidden_size": 128, "num_layers": 4, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 384,
-            "max_position_embeddings": 1024}  # fmt: skip
+CPU_SPEC = {
+    "hidden_size": 128,
+    "num_layers": 4,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "intermediate_size": 384,
+    "max_position_embeddings": 1024,
+}
 """The tiny default's shape (0.8 M parameters)."""
 FIXED_S = 210.0
 """GPU: seconds estimated for the build, both engines (vLLM's start included) and the trainer's recomputation."""
@@ -117,17 +129,41 @@ def vllm_skip_reason() -> str:
 
 
 def _train_overrides(scale: str, device: str, dtype: str, train_seconds: float, steps: int) -> tuple[str, ...]:
-    common = ["controller.eval_every=0", "eval.report_greedy=false", "eval.samples_per_prompt=1",
-              "run.progress=false", "algo.filter_equal_rewards=false", "controller.checkpoint_every=0",
-              f"model.device={device}", f"model.dtype={dtype}", f"controller.total_steps={steps}",
-              f"controller.max_rl_time_s={train_seconds}"]  # fmt: skip
+    common = [
+        "controller.eval_every=0",
+        "eval.report_greedy=false",
+        "eval.samples_per_prompt=1",
+        "run.progress=false",
+        "algo.filter_equal_rewards=false",
+        "controller.checkpoint_every=0",
+        f"model.device={device}",
+        f"model.dtype={dtype}",
+        f"controller.total_steps={steps}",
+        f"controller.max_rl_time_s={train_seconds}",
+    ]
     if scale == "gpu":  # a random policy scores 0: the groups are kept (zero advantages) so that steps happen
-        return (*common, "controller.batch_size=16", "rollout.group_size=8", "rollout.max_new_tokens=256",
-                "rollout.max_slots=256", "rollout.max_prompt_len=64", "eval.max_new_tokens=64",
-                "task.eval_size=32", "trainer.max_tokens_per_micro_batch=8192")  # fmt: skip
-    return (*common, "controller.batch_size=2", "rollout.group_size=2", "rollout.max_new_tokens=16",
-            "rollout.max_slots=8", "rollout.max_prompt_len=64", "eval.max_new_tokens=16", "task.eval_size=4",
-            "task.train_size=64")  # fmt: skip
+        return (
+            *common,
+            "controller.batch_size=16",
+            "rollout.group_size=8",
+            "rollout.max_new_tokens=256",
+            "rollout.max_slots=256",
+            "rollout.max_prompt_len=64",
+            "eval.max_new_tokens=64",
+            "task.eval_size=32",
+            "trainer.max_tokens_per_micro_batch=8192",
+        )
+    return (
+        *common,
+        "controller.batch_size=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=16",
+        "rollout.max_slots=8",
+        "rollout.max_prompt_len=64",
+        "eval.max_new_tokens=16",
+        "task.eval_size=4",
+        "task.train_size=64",
+    )
 
 
 def _training_estimate(spec: dict[str, int], overrides: tuple[str, ...]) -> tuple[int, int]:
@@ -137,12 +173,18 @@ def _training_estimate(spec: dict[str, int], overrides: tuple[str, ...]) -> tupl
     from asyncrl.config import load_config
     from asyncrl.launch.memory import estimate_memory, shape_of_hf_config
 
-    shape = shape_of_hf_config(LlamaConfig(
-        vocab_size=100, hidden_size=spec["hidden_size"], intermediate_size=spec["intermediate_size"],
-        num_hidden_layers=spec["num_layers"], num_attention_heads=spec["num_heads"],
-        num_key_value_heads=spec["num_kv_heads"], max_position_embeddings=spec["max_position_embeddings"],
-        tie_word_embeddings=True,
-    ))  # fmt: skip
+    shape = shape_of_hf_config(
+        LlamaConfig(
+            vocab_size=100,
+            hidden_size=spec["hidden_size"],
+            intermediate_size=spec["intermediate_size"],
+            num_hidden_layers=spec["num_layers"],
+            num_attention_heads=spec["num_heads"],
+            num_key_value_heads=spec["num_kv_heads"],
+            max_position_embeddings=spec["max_position_embeddings"],
+            tie_word_embeddings=True,
+        )
+    )
     cfg = load_config(None, [o for o in overrides if not o.startswith("model.device")])
     return shape.params, estimate_memory(cfg, shape).devices[0].total
 
@@ -153,17 +195,34 @@ def plan_check(device: DeviceInfo | None, vllm_skip: str, *, budget_s: float = 4
     ``GPU_SHARE`` of the free memory; on the CPU the tiny shape in fp32 at the smallest sizes. The engines and
     the trainer take turns on the device (vLLM asks for 90% of it at start), so only the eta runs share it."""
     if device is None:
-        raise SystemExit("device_check: no CUDA device is visible here; run `bash scripts/device_check.sh --cpu` "
-                         "for the CPU half, or this script on a GPU machine")  # fmt: skip
+        raise SystemExit(
+            "device_check: no CUDA device is visible here; run `bash scripts/device_check.sh --cpu` "
+            "for the CPU half, or this script on a GPU machine"
+        )
     if device.kind == "cpu":
         overrides = _train_overrides("cpu", "cpu", "float32", 0.0, 2)
         params, need = _training_estimate(CPU_SPEC, overrides)
         return CheckPlan(
-            scale="cpu", device="cpu", dtype="float32", spec=dict(CPU_SPEC), params=params, prompts=4, group=2,
-            new_tokens=24, max_abs_tol=1e-4, mean_abs_tol=1e-5, batch_sizes=(1, 4, 16), decode_tokens=32,
-            max_seq_len=256, train_seconds=0.0, train_steps=2, train_overrides=overrides, vllm_skip=vllm_skip,
-            kv_cache_gib=0.25, memory_gib=round(need / 2**30, 3),
-        )  # fmt: skip
+            scale="cpu",
+            device="cpu",
+            dtype="float32",
+            spec=dict(CPU_SPEC),
+            params=params,
+            prompts=4,
+            group=2,
+            new_tokens=24,
+            max_abs_tol=1e-4,
+            mean_abs_tol=1e-5,
+            batch_sizes=(1, 4, 16),
+            decode_tokens=32,
+            max_seq_len=256,
+            train_seconds=0.0,
+            train_steps=2,
+            train_overrides=overrides,
+            vllm_skip=vllm_skip,
+            kv_cache_gib=0.25,
+            memory_gib=round(need / 2**30, 3),
+        )
     spec = dict(GPU_SPEC)
     train_s = max(30.0, round((budget_s - FIXED_S - 2 * RUN_OVERHEAD_S) / 2))  # two eta runs
     overrides = _train_overrides("gpu", "cuda", "bfloat16", train_s, 10_000)
@@ -172,18 +231,38 @@ def plan_check(device: DeviceInfo | None, vllm_skip: str, *, budget_s: float = 4
     while need > GPU_SHARE * device.free_bytes and spec["num_layers"] > 1:
         spec["num_layers"] //= 2
         params, need = _training_estimate(spec, overrides)
-        notes.append(f"{spec['num_layers']} layers: the eta runs' estimate must fit in {GPU_SHARE:.0%} of "
-                     f"{device.name}'s free memory")  # fmt: skip
+        notes.append(
+            f"{spec['num_layers']} layers: the eta runs' estimate must fit in {GPU_SHARE:.0%} of "
+            f"{device.name}'s free memory"
+        )
     if need > GPU_SHARE * device.free_bytes:
-        raise SystemExit(f"device_check: {device.name} has {device.free_bytes / 2**30:.1f} GiB free; even one layer "
-                         f"needs {need / 2**30:.1f} GiB for the training runs")  # fmt: skip
+        raise SystemExit(
+            f"device_check: {device.name} has {device.free_bytes / 2**30:.1f} GiB free; even one layer "
+            f"needs {need / 2**30:.1f} GiB for the training runs"
+        )
     kv_gib = max(1.0, min(16.0, device.free_bytes / 2**30 / 8))
     return CheckPlan(
-        scale="gpu", device="cuda", dtype="bfloat16", spec=spec, params=params, prompts=8, group=4,
-        new_tokens=128, max_abs_tol=0.5, mean_abs_tol=0.02, batch_sizes=(1, 4, 16, 64, 256), decode_tokens=128,
-        max_seq_len=512, train_seconds=train_s, train_steps=10_000, train_overrides=overrides,
-        vllm_skip=vllm_skip, kv_cache_gib=round(kv_gib, 1), memory_gib=round(need / 2**30, 2), notes=tuple(notes),
-    )  # fmt: skip
+        scale="gpu",
+        device="cuda",
+        dtype="bfloat16",
+        spec=spec,
+        params=params,
+        prompts=8,
+        group=4,
+        new_tokens=128,
+        max_abs_tol=0.5,
+        mean_abs_tol=0.02,
+        batch_sizes=(1, 4, 16, 64, 256),
+        decode_tokens=128,
+        max_seq_len=512,
+        train_seconds=train_s,
+        train_steps=10_000,
+        train_overrides=overrides,
+        vllm_skip=vllm_skip,
+        kv_cache_gib=round(kv_gib, 1),
+        memory_gib=round(need / 2**30, 2),
+        notes=tuple(notes),
+    )
 
 
 # ------------------------------------------------------------------------------------------ the parts
@@ -223,18 +302,35 @@ def compare(plan: CheckPlan, trainer: Any, pairs: list[tuple[list[int], Any]]) -
     samples = []
     for i, (p, c) in enumerate(pairs):
         n, k = len(p), len(c.output_ids)
-        samples.append(TrainSample(
-            prompt_id=str(i), sample_idx=0, token_ids=tuple(p) + tuple(c.output_ids),
-            loss_mask=(0,) * n + (1,) * k, behav_logprobs=(0.0,) * n + tuple(c.behav_logprobs),
-            advantages=(0.0,) * (n + k), versions=(-1,) * n + (0,) * k, min_version=0, max_version=0,
-        ))  # fmt: skip
+        samples.append(
+            TrainSample(
+                prompt_id=str(i),
+                sample_idx=0,
+                token_ids=tuple(p) + tuple(c.output_ids),
+                loss_mask=(0,) * n + (1,) * k,
+                behav_logprobs=(0.0,) * n + tuple(c.behav_logprobs),
+                advantages=(0.0,) * (n + k),
+                versions=(-1,) * n + (0,) * k,
+                min_version=0,
+                max_version=0,
+            )
+        )
     recomputed = trainer.compute_logprobs(samples)
-    diffs = [abs(float(lp[len(p) + t]) - b) for (p, c), lp in zip(pairs, recomputed, strict=True)
-             for t, b in enumerate(c.behav_logprobs)]  # fmt: skip
+    diffs = [
+        abs(float(lp[len(p) + t]) - b)
+        for (p, c), lp in zip(pairs, recomputed, strict=True)
+        for t, b in enumerate(c.behav_logprobs)
+    ]
     worst, mean = max(diffs), sum(diffs) / len(diffs)
-    return {"samples": len(pairs), "tokens": len(diffs), "max_abs_diff": worst, "mean_abs_diff": mean,
-            "max_abs_tol": plan.max_abs_tol, "mean_abs_tol": plan.mean_abs_tol,
-            "ok": worst <= plan.max_abs_tol and mean <= plan.mean_abs_tol}  # fmt: skip
+    return {
+        "samples": len(pairs),
+        "tokens": len(diffs),
+        "max_abs_diff": worst,
+        "mean_abs_diff": mean,
+        "max_abs_tol": plan.max_abs_tol,
+        "mean_abs_tol": plan.mean_abs_tol,
+        "ok": worst <= plan.max_abs_tol and mean <= plan.mean_abs_tol,
+    }
 
 
 async def decode_sweep(plan: CheckPlan, engine: Any, prompt: list[int]) -> list[dict[str, Any]]:
@@ -252,8 +348,15 @@ async def decode_sweep(plan: CheckPlan, engine: Any, prompt: list[int]) -> list[
         _sync(plan.device)
         wall = time.perf_counter() - t0
         tokens = sum(len(c.output_ids) for g in done for c in g)
-        rows.append({"batch": b, "tokens": tokens, "wall_s": round(wall, 3), "tokens_per_s": round(tokens / wall, 1),
-                     "ms_per_step": round(1000 * wall / plan.decode_tokens, 2)})  # fmt: skip
+        rows.append(
+            {
+                "batch": b,
+                "tokens": tokens,
+                "wall_s": round(wall, 3),
+                "tokens_per_s": round(tokens / wall, 1),
+                "ms_per_step": round(1000 * wall / plan.decode_tokens, 2),
+            }
+        )
         print(f"  batch {b:4d}: {tokens / wall:10.1f} tokens/s ({1000 * wall / plan.decode_tokens:.2f} ms/step)")
     return rows
 
@@ -271,8 +374,9 @@ def _engine(plan: CheckPlan, which: str, model_dir: Path) -> Any:
     if which == "vllm":
         from asyncrl.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_dir, max_slots=slots, max_seq_len=plan.max_seq_len, dtype=plan.dtype,
-                          kv_cache_gib=plan.kv_cache_gib)  # fmt: skip
+        return VLLMEngine(
+            model_dir, max_slots=slots, max_seq_len=plan.max_seq_len, dtype=plan.dtype, kv_cache_gib=plan.kv_cache_gib
+        )
     from asyncrl.models import load_policy
     from asyncrl.rollout.engine import LocalEngine
 
@@ -316,8 +420,10 @@ def trainer_phase(plan: CheckPlan, model_dir: Path, phases: dict[str, dict[str, 
         del trainer, model
         _free(plan.device)
     for which, numbers in out.items():
-        print(f"  {which}: max |diff| {numbers['max_abs_diff']:.3g}, mean {numbers['mean_abs_diff']:.3g} over "
-              f"{numbers['tokens']} tokens ({'ok' if numbers['ok'] else 'OUT OF TOLERANCE'})")  # fmt: skip
+        print(
+            f"  {which}: max |diff| {numbers['max_abs_diff']:.3g}, mean {numbers['mean_abs_diff']:.3g} over "
+            f"{numbers['tokens']} tokens ({'ok' if numbers['ok'] else 'OUT OF TOLERANCE'})"
+        )
     return out
 
 
@@ -330,20 +436,40 @@ def train_run(plan: CheckPlan, model_dir: Path, eta: int, work: Path) -> dict[st
 
     print(f"\n== training at eta = {eta}", flush=True)
     run_dir = work / f"eta{eta}"
-    sets = [*plan.train_overrides, f"controller.max_staleness={eta}", "run.seed=0", f"model.path={model_dir}",
-            f"run.run_dir={run_dir}"]  # fmt: skip
+    sets = [
+        *plan.train_overrides,
+        f"controller.max_staleness={eta}",
+        "run.seed=0",
+        f"model.path={model_dir}",
+        f"run.run_dir={run_dir}",
+    ]
     t0 = time.perf_counter()
     _, summary = train(load_config(None, sets))
     wall = time.perf_counter() - t0
     report = check_ledger(run_dir)
-    keys = ("steps", "trained_samples", "trained_tokens", "trained_tokens_per_s", "rl_wall_s", "max_staleness_seen",
-            "engine_generated_tokens", "generation_during_training_frac", "stale_groups", "ended_by")  # fmt: skip
+    keys = (
+        "steps",
+        "trained_samples",
+        "trained_tokens",
+        "trained_tokens_per_s",
+        "rl_wall_s",
+        "max_staleness_seen",
+        "engine_generated_tokens",
+        "generation_during_training_frac",
+        "stale_groups",
+        "ended_by",
+    )
     _free(plan.device)
     return {
-        "overrides": sets[:-2], "wall_s": round(wall, 1), **{k: summary.get(k) for k in keys},
-        "ledger_ok": report.ok, "admitted": report.admitted, "lost": len(report.lost),
-        "trained_twice": len(report.trained_twice), "over_bound": len(report.over_bound),
-    }  # fmt: skip
+        "overrides": sets[:-2],
+        "wall_s": round(wall, 1),
+        **{k: summary.get(k) for k in keys},
+        "ledger_ok": report.ok,
+        "admitted": report.admitted,
+        "lost": len(report.lost),
+        "trained_twice": len(report.trained_twice),
+        "over_bound": len(report.over_bound),
+    }
 
 
 def run_check(plan: CheckPlan, work: Path) -> dict[str, Any]:
@@ -378,8 +504,13 @@ def passed(result: dict[str, Any]) -> bool:
 def environment(device: DeviceInfo) -> dict[str, Any]:
     import torch
 
-    env = {"torch": torch.__version__, "python": platform.python_version(), "cpus": os.cpu_count(),
-           "device": dataclasses.asdict(device), "cuda": torch.version.cuda}  # fmt: skip
+    env = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "device": dataclasses.asdict(device),
+        "cuda": torch.version.cuda,
+    }
     try:
         import vllm
 
@@ -403,13 +534,20 @@ def main(argv: list[str] | None = None) -> int:
     device = probe_device(args.cpu)
     plan = plan_check(device, vllm_skip_reason(), budget_s=args.budget_s)
     assert device is not None
-    print(f"device check on {device.kind} ({device.name}): {plan.params:,} parameters in {plan.dtype}, batch sizes "
-          f"{list(plan.batch_sizes)}, eta {list(plan.etas)}; vLLM: {plan.vllm_skip or 'on'}", flush=True)  # fmt: skip
+    print(
+        f"device check on {device.kind} ({device.name}): {plan.params:,} parameters in {plan.dtype}, batch sizes "
+        f"{list(plan.batch_sizes)}, eta {list(plan.etas)}; vLLM: {plan.vllm_skip or 'on'}",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="asyncrl-device-check-") as work:
         result = run_check(plan, Path(work))
-    result.update(plan=dataclasses.asdict(plan), environment=environment(device), passed=passed(result),
-                  wall_s=round(time.perf_counter() - t0, 1),
-                  command="bash scripts/device_check.sh" + (" --cpu" if args.cpu else ""))  # fmt: skip
+    result.update(
+        plan=dataclasses.asdict(plan),
+        environment=environment(device),
+        passed=passed(result),
+        wall_s=round(time.perf_counter() - t0, 1),
+        command="bash scripts/device_check.sh" + (" --cpu" if args.cpu else ""),
+    )
     written = write_text_result(out, json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(f"\ndevice check {'passed' if result['passed'] else 'FAILED'} in {result['wall_s']:.0f} s: {written}")
     return 0 if result["passed"] else 1

@@ -57,8 +57,12 @@ def _one_run(worktree: Path, model_dir: Path, requests: int, slots: int, seed: i
     env = {**os.environ, "PYTHONPATH": str(worktree / "src"), "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [sys.executable, "-c", ONE_RUN, str(model_dir), str(requests), str(slots), str(seed)],
-        check=True, capture_output=True, text=True, env=env, cwd=worktree,
-    )  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=worktree,
+    )
     line = next(x for x in out.stdout.splitlines() if x.startswith("ROW "))
     return json.loads(line[4:])
 
@@ -93,8 +97,11 @@ def main(argv: list[str] | None = None) -> int:
                     row = _one_run(trees[side], model_dir, args.requests, args.slots, args.seed)
                     row["repeat"] = rep
                     rows[side].append(row)
-                    print(f"repeat {rep} {side:6s} {row['useful_tokens_per_s']:8.1f} useful tok/s "
-                          f"({row['wall_s']:.2f} s, {row['decode_steps']} steps)", flush=True)  # fmt: skip
+                    print(
+                        f"repeat {rep} {side:6s} {row['useful_tokens_per_s']:8.1f} useful tok/s "
+                        f"({row['wall_s']:.2f} s, {row['decode_steps']} steps)",
+                        flush=True,
+                    )
         finally:
             for tree in trees.values():
                 git("worktree", "remove", "--force", str(tree))
@@ -109,12 +116,16 @@ def main(argv: list[str] | None = None) -> int:
         "script": "scripts/engine_before_after.py",
         "argv": sys.argv[1:] if argv is None else argv,
         "revisions": revs,
-        "requests": args.requests, "slots": args.slots, "seed": args.seed,
-        "load_avg_start": load_start, "load_avg_end": os.getloadavg(), "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "requests": args.requests,
+        "slots": args.slots,
+        "seed": args.seed,
+        "load_avg_start": load_start,
+        "load_avg_end": os.getloadavg(),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "rows": rows,
         "useful_tokens_per_s": {side: mean_ci95([r["useful_tokens_per_s"] for r in rs]) for side, rs in rows.items()},
         "ratio_after_over_before": {"per_repeat": ratios, **mean_ci95(ratios)},
-    }  # fmt: skip
+    }
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     r = result["ratio_after_over_before"]
     print(f"after / before: {r['mean']:.3f} (95% interval {r['low']:.3f}-{r['high']:.3f}, n={r['n']})")

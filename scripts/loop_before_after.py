@@ -30,9 +30,18 @@ from pathlib import Path
 from engine_before_after import REPO, git
 
 ROW_KEYS = (
-    "max_staleness", "seed", "trained_tokens_per_s", "steady_state_tokens_per_s", "accuracy_before", "accuracy_after",
-    "rl_wall_s", "steps", "trained_tokens", "staleness_mean", "load_avg_1m_start_end",
-)  # fmt: skip
+    "max_staleness",
+    "seed",
+    "trained_tokens_per_s",
+    "steady_state_tokens_per_s",
+    "accuracy_before",
+    "accuracy_after",
+    "rl_wall_s",
+    "steps",
+    "trained_tokens",
+    "staleness_mean",
+    "load_avg_1m_start_end",
+)
 THROUGHPUT_KEYS = ("trained_tokens_per_s", "steady_state_tokens_per_s")
 
 
@@ -43,10 +52,24 @@ def _bench_once(worktree: Path, seed: int, args: argparse.Namespace, scratch: Pa
     moved = (worktree / "benchmarks" / "__main__.py").exists()
     entry = ["-m", "benchmarks"] if moved else ["-m", "asyncrl.cli", "bench"]
     cmd = [
-        sys.executable, *entry, "async", "--workload", args.workload, "--etas", args.etas,
-        "--seeds", str(seed), "--steps", str(args.steps), "--warmup-s", str(args.warmup_s),
-        "--out", str(scratch / f"runs-{worktree.name}"), "--json", str(out_json),
-    ]  # fmt: skip
+        sys.executable,
+        *entry,
+        "async",
+        "--workload",
+        args.workload,
+        "--etas",
+        args.etas,
+        "--seeds",
+        str(seed),
+        "--steps",
+        str(args.steps),
+        "--warmup-s",
+        str(args.warmup_s),
+        "--out",
+        str(scratch / f"runs-{worktree.name}"),
+        "--json",
+        str(out_json),
+    ]
     for override in args.set or []:
         cmd += ["--set", override]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(worktree / "src"), str(worktree)])}
@@ -85,12 +108,12 @@ def summarise(rows: dict[str, list[dict]]) -> dict:
             "steady_state_after_over_before": mean_ci95(_paired(rows, THROUGHPUT_KEYS[1], eta)),
             "accuracy_after_minus_before_points": {"per_seed": acc_diff, **mean_ci95(acc_diff)},
             "accuracy_identical_seeds": identical,
-        }  # fmt: skip
+        }
         if eta:
             out[f"eta{eta}"]["speedup_over_eta0"] = {
                 side: {key: mean_ci95(_speedups(side_rows, key, eta)) for key in THROUGHPUT_KEYS}
                 for side, side_rows in rows.items()
-            }  # fmt: skip
+            }
     return out
 
 
@@ -124,8 +147,11 @@ def main(argv: list[str] | None = None) -> int:
                 for side in ("before", "after") if i % 2 == 0 else ("after", "before"):
                     for row in _bench_once(trees[side], seed, args, scratch):
                         rows[side].append(row)
-                        print(f"seed {seed} {side:6s} eta {row['max_staleness']}: {row['trained_tokens_per_s']:7.1f} "
-                              f"trained tok/s, accuracy {row['accuracy_after']:.4f}", flush=True)  # fmt: skip
+                        print(
+                            f"seed {seed} {side:6s} eta {row['max_staleness']}: {row['trained_tokens_per_s']:7.1f} "
+                            f"trained tok/s, accuracy {row['accuracy_after']:.4f}",
+                            flush=True,
+                        )
         finally:
             for tree in trees.values():
                 git("worktree", "remove", "--force", str(tree))
@@ -133,10 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         "script": "scripts/loop_before_after.py",
         "argv": sys.argv[1:] if argv is None else argv,
         "revisions": revs,
-        "load_avg_start": load_start, "load_avg_end": os.getloadavg(), "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "load_avg_start": load_start,
+        "load_avg_end": os.getloadavg(),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
         "rows": rows,
         "summary": summarise(rows),
-    }  # fmt: skip
+    }
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["summary"], indent=1))
     return 0

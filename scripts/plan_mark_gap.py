@@ -49,8 +49,10 @@ RUNNING_BINS = (0, 20, 30, 40, 50, 60, 80, 129)
 def step_budget(metrics: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Sums over the steps after ``SKIP_STEPS``: wall, wait for a batch, training, weight sync, the rest."""
     rows = metrics[SKIP_STEPS:]
-    sums = {k: sum(float(m.get(k) or 0.0) for m in rows)
-            for k in ("step_wall_s", "wait_for_batch_s", "train_step_s", "weight_sync_s")}  # fmt: skip
+    sums = {
+        k: sum(float(m.get(k) or 0.0) for m in rows)
+        for k in ("step_wall_s", "wait_for_batch_s", "train_step_s", "weight_sync_s")
+    }
     sums["other_s"] = sums["step_wall_s"] - sums["wait_for_batch_s"] - sums["train_step_s"] - sums["weight_sync_s"]
     sums["trained_tokens"] = sum(int(m["trained_tokens"]) for m in rows)
     sums["train_s_per_token"] = sums["train_step_s"] / sums["trained_tokens"] if sums["trained_tokens"] else 0.0
@@ -82,8 +84,9 @@ def ms_per_step_by_running(windows: Sequence[tuple[float, float, float]]) -> dic
         pooled[b][1] += busy
     return {
         f"{RUNNING_BINS[b]}-{RUNNING_BINS[b + 1]}": {"ms_per_step": 1e3 * busy / steps, "decode_steps": steps}
-        for b, (steps, busy) in sorted(pooled.items()) if steps > 0
-    }  # fmt: skip
+        for b, (steps, busy) in sorted(pooled.items())
+        if steps > 0
+    }
 
 
 def throughput(scenario: Scenario, profile: CostProfile, seeds: Sequence[int] = SEEDS) -> float:
@@ -113,8 +116,11 @@ def run_row(run: Path, profile: CostProfile) -> dict[str, Any]:
     slots = scenario.slots * scenario.engines
     return {
         "run_dir": str(run),
-        "setting": {"max_staleness": scenario.max_staleness, "high_water_batches": scenario.high_water_batches,
-                    "interrupt_mode": scenario.interrupt_mode},  # fmt: skip
+        "setting": {
+            "max_staleness": scenario.max_staleness,
+            "high_water_batches": scenario.high_water_batches,
+            "interrupt_mode": scenario.interrupt_mode,
+        },
         "throughput_measured": measured_figures(run, scenario).throughput,
         "throughput_predicted": throughput(scenario, profile),
         "step_time_measured": measured,
@@ -129,7 +135,7 @@ def run_row(run: Path, profile: CostProfile) -> dict[str, Any]:
         "predicted_at_own_speed": throughput(scenario, own_speed(profile, decode_ratio, train_ratio)),
         "windows_measured": decode_windows(metrics, slots),
         "windows_simulated_seed0": decode_windows(sim.raw["metrics"], slots),
-    }  # fmt: skip
+    }
 
 
 def setting_label(row: dict[str, Any]) -> str:
@@ -171,7 +177,7 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "step_time_simulated_seed0": summed("step_time_simulated_seed0"),
             "ms_per_step_by_running_measured": pooled("windows_measured"),
             "ms_per_step_by_running_simulated": pooled("windows_simulated_seed0"),
-        }  # fmt: skip
+        }
     return out
 
 
@@ -185,7 +191,7 @@ def calibration_windows(run: Path, profile: CostProfile) -> dict[str, Any]:
         "run_dir": str(run),
         "ms_per_step_by_running_measured": ms_per_step_by_running(measured),
         "ms_per_step_by_running_simulated": ms_per_step_by_running(decode_windows(sim.raw["metrics"], slots)),
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
@@ -199,11 +205,13 @@ def main() -> None:
     rows = [run_row(Path(r), profile) for r in args.runs.split(",")]
     out: dict[str, Any] = {
         "command": "python scripts/plan_mark_gap.py --profile PROFILE --runs RUN,... --calibration CAL --json OUT",
-        "profile": args.profile, "seeds": list(SEEDS), "skip_steps": SKIP_STEPS,
+        "profile": args.profile,
+        "seeds": list(SEEDS),
+        "skip_steps": SKIP_STEPS,
         "settings": summarise(rows),
         "calibration": calibration_windows(Path(args.calibration), profile) if args.calibration else None,
         "runs": [{k: v for k, v in r.items() if not k.startswith("windows_")} for r in rows],
-    }  # fmt: skip
+    }
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     for label, s in out["settings"].items():
         m, p = s["step_time_measured"], s["step_time_simulated_seed0"]

@@ -53,17 +53,28 @@ def main() -> None:
     rows = []
     for seed in (int(s) for s in args.seeds.split(",")):
         setting = SYNC_CANDIDATES[headline["sync_setting"]] if args.eta == 0 else ASYNC_SETTING
-        over = [*base, *setting, f"run.seed={seed}", f"controller.max_staleness={args.eta}",
-                "controller.snapshot_every_s=15"]  # fmt: skip
+        over = [
+            *base,
+            *setting,
+            f"run.seed={seed}",
+            f"controller.max_staleness={args.eta}",
+            "controller.snapshot_every_s=15",
+        ]
         row = run_and_measure(over, Path(args.out) / f"s{seed}-eta{args.eta}", 60.0)
         snaps = [s for s in row["snapshots"] if s["version"] in versions]
         accuracies = evaluate_snapshots(scoring, snaps)
         curve = [{"version": s["version"], "t": s["t"], "accuracy": a} for s, a in zip(snaps, accuracies, strict=True)]
         rows.append({"seed": seed, "steps": row["steps"], "stale_groups": row["stale_groups"], "curve": curve})
         print(seed, [(c["version"], round(c["accuracy"], 3)) for c in rows[-1]["curve"]], flush=True)
-    payload = {"probe": "reason_continuation", "headline": args.headline, "eta": args.eta, "overrides": base,
-               "sync_setting": headline["sync_setting"], "eval_samples_per_prompt": args.samples_per_prompt,
-               "rows": rows}  # fmt: skip
+    payload = {
+        "probe": "reason_continuation",
+        "headline": args.headline,
+        "eta": args.eta,
+        "overrides": base,
+        "sync_setting": headline["sync_setting"],
+        "eval_samples_per_prompt": args.samples_per_prompt,
+        "rows": rows,
+    }
     Path(args.json).write_text(json.dumps(payload, indent=1))
 
 

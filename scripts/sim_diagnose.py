@@ -46,21 +46,32 @@ def measured_engine(run: Path) -> dict[str, float]:
             steps += decoded / (128 * occupancy)
     decode_s = timeline[-1]["engine_decode_s"] - timeline[0]["engine_decode_s"]
     trained = statistics.fmean(m["trained_tokens"] for m in metrics)
-    return {"decode_s": decode_s, "decode_steps": steps, "ms_per_step": 1e3 * decode_s / steps,
-            "trained_tokens_per_step": trained}  # fmt: skip
+    return {
+        "decode_s": decode_s,
+        "decode_steps": steps,
+        "ms_per_step": 1e3 * decode_s / steps,
+        "trained_tokens_per_step": trained,
+    }
 
 
 def simulated_engine(scenario: Scenario, profile: CostProfile) -> dict[str, float]:
     raw = simulate(scenario, profile).raw
     eng, steps = raw["engine"], raw["engine"]["decode_steps"]
-    return {"decode_s": eng["decode_s"], "decode_steps": steps, "ms_per_step": 1e3 * eng["decode_s"] / steps,
-            "trained_tokens_per_step": raw["trained_tokens"] / scenario.total_steps}  # fmt: skip
+    return {
+        "decode_s": eng["decode_s"],
+        "decode_steps": steps,
+        "ms_per_step": 1e3 * eng["decode_s"] / steps,
+        "trained_tokens_per_step": raw["trained_tokens"] / scenario.total_steps,
+    }
 
 
 def figures(scenario: Scenario, profile: CostProfile) -> dict[str, float]:
     r = simulate(scenario, profile).result
-    return {"throughput": r.steady_state_tokens_per_s, "staleness_mean": r.staleness_mean,
-            "engine_occupancy": r.engine_occupancy}  # fmt: skip
+    return {
+        "throughput": r.steady_state_tokens_per_s,
+        "staleness_mean": r.staleness_mean,
+        "engine_occupancy": r.engine_occupancy,
+    }
 
 
 def diagnose(run: Path, profile: CostProfile) -> dict[str, Any]:
@@ -93,8 +104,12 @@ def main() -> None:
     calibration = args.from_runs.split(",")
     profile = machine_profile(runs=calibration)
     rows = [diagnose(Path(r), profile) for r in args.runs.split(",")]
-    out = {"calibration_runs": calibration, "decode_scale": profile.extra.get("decode_scale"), "rows": rows,
-           "command": "python scripts/sim_diagnose.py --from-runs CAL --runs RUN,... --json OUT"}  # fmt: skip
+    out = {
+        "calibration_runs": calibration,
+        "decode_scale": profile.extra.get("decode_scale"),
+        "rows": rows,
+        "command": "python scripts/sim_diagnose.py --from-runs CAL --runs RUN,... --json OUT",
+    }
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
     for row in rows:
         m, s, p = row["measured"], row["simulated_layout"], row["simulated_packed"]

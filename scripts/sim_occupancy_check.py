@@ -105,9 +105,11 @@ def handoff(run: Path, slots: int) -> dict[str, float]:
     ledger = read_jsonl(run / "trajectories.jsonl")
     aborts = interruptions(ledger)
     return {
-        "transit_share": transit / (n * slots), "admission_lag_share": [low / (n * slots), high / (n * slots)],
-        "interruptions_per_s": aborts / end, "snapshots": n,
-    }  # fmt: skip
+        "transit_share": transit / (n * slots),
+        "admission_lag_share": [low / (n * slots), high / (n * slots)],
+        "interruptions_per_s": aborts / end,
+        "snapshots": n,
+    }
 
 
 @contextmanager
@@ -162,25 +164,33 @@ def check(run: Path, profile: CostProfile, draw_seeds: Sequence[int]) -> dict[st
                 round_trip[str(seconds)] = simulate(scenario, profile).result.engine_occupancy
     exact, phases = snapshot_phases(scenario, profile)
     return {
-        "run_dir": str(run), "max_staleness": scenario.max_staleness, "interrupt_mode": scenario.interrupt_mode,
+        "run_dir": str(run),
+        "max_staleness": scenario.max_staleness,
+        "interrupt_mode": scenario.interrupt_mode,
         "high_water_batches": scenario.high_water_batches,
         "measured": {"occupancy": measured.engine_occupancy, **handoff(run, slots)},
         "interruptions": {
             "measured": interruptions(read_jsonl(run / "trajectories.jsonl")),
-            "simulated": interruptions(sim.raw["ledger"] or []), "steps": scenario.total_steps,
+            "simulated": interruptions(sim.raw["ledger"] or []),
+            "steps": scenario.total_steps,
         },
         "window_estimate": {
             "measured": window_estimate(read_jsonl(run / "metrics.jsonl"), read_jsonl(run / "timeline.jsonl"), slots),
             "simulated": window_estimate(sim.raw["metrics"], sim.raw["timeline"], slots),
         },
         "simulated": {
-            "occupancy": sim.result.engine_occupancy, "snapshot_phases": [min(phases), max(phases)],
+            "occupancy": sim.result.engine_occupancy,
+            "snapshot_phases": [min(phases), max(phases)],
             "snapshot_run_exact": exact,
-            "drawn": {"seeds": list(draw_seeds), "mean": statistics.fmean(drawn), "stdev": statistics.stdev(drawn),
-                      "range": [min(drawn), max(drawn)]},
+            "drawn": {
+                "seeds": list(draw_seeds),
+                "mean": statistics.fmean(drawn),
+                "stdev": statistics.stdev(drawn),
+                "range": [min(drawn), max(drawn)],
+            },
             "abort_round_trip_s": round_trip,
         },
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
@@ -204,8 +214,12 @@ def main() -> None:
             f"transit {m['transit_share']:.3f}; interruptions {row['interruptions']['measured']} / "
             f"{row['interruptions']['simulated']}; round trip {s['abort_round_trip_s']}"
         )
-    out = {"calibration_runs": calibration, "decode_scale": profile.extra.get("decode_scale"), "rows": rows,
-           "command": "python scripts/sim_occupancy_check.py --from-runs CAL --runs RUN,... --json OUT"}  # fmt: skip
+    out = {
+        "calibration_runs": calibration,
+        "decode_scale": profile.extra.get("decode_scale"),
+        "rows": rows,
+        "command": "python scripts/sim_occupancy_check.py --from-runs CAL --runs RUN,... --json OUT",
+    }
     Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
 
 

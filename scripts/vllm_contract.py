@@ -39,18 +39,35 @@ def main() -> int:
     tmp_out = Path(tempfile.mkdtemp(prefix="vllm-contract-")) / "result.json"
     t0 = time.perf_counter()
     tests = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "vllm",
-         "tests/rollout/test_vllm_engine.py"],
-        cwd=ROOT, env={**os.environ, "ASYNCRL_VLLM_CONTRACT_OUT": str(tmp_out)}, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "vllm",
+            "tests/rollout/test_vllm_engine.py",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "ASYNCRL_VLLM_CONTRACT_OUT": str(tmp_out)},
+        check=False,
+    )
     result = json.loads(tmp_out.read_text()) if tmp_out.is_file() else {}
     result["tests"] = {"exit_code": tests.returncode, "wall_s": round(time.perf_counter() - t0, 1)}
     run_dir = Path(tempfile.mkdtemp(prefix="vllm-train-")) / "run"
     overrides = [
-        "rollout.backend=vllm", f"controller.total_steps={args.steps}", "controller.batch_size=4",
-        "rollout.group_size=4", "rollout.max_new_tokens=48", "rollout.max_slots=32", "controller.max_staleness=1",
-        "controller.eval_every=0", "run.seed=0",
-    ]  # fmt: skip
+        "rollout.backend=vllm",
+        f"controller.total_steps={args.steps}",
+        "controller.batch_size=4",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=48",
+        "rollout.max_slots=32",
+        "controller.max_staleness=1",
+        "controller.eval_every=0",
+        "run.seed=0",
+    ]
     cmd = [str(Path(sys.executable).parent / "asyncrl"), "train", "--run-dir", str(run_dir)]
     for o in overrides:
         cmd += ["--set", o]
@@ -64,23 +81,31 @@ def main() -> int:
         "wall_s": round(train_s, 1),
         **(
             {
-                "ledger_ok": report.ok, "admitted": report.admitted, "trained_samples": report.trained,
-                "steps": report.steps, "lost": len(report.lost), "trained_twice": len(report.trained_twice),
-                "over_bound": len(report.over_bound), "problems": report.problems,
+                "ledger_ok": report.ok,
+                "admitted": report.admitted,
+                "trained_samples": report.trained,
+                "steps": report.steps,
+                "lost": len(report.lost),
+                "trained_twice": len(report.trained_twice),
+                "over_bound": len(report.over_bound),
+                "problems": report.problems,
             }
             if report is not None
             else {}
         ),
-    }  # fmt: skip
+    }
     if report is not None:
         summary = run_dir / "summary.json"
         if summary.is_file():
             s = json.loads(summary.read_text())
             result["train_run"]["summary"] = {k: s[k] for k in sorted(s) if isinstance(s[k], int | float)}
     result["environment"] = {
-        "vllm": vllm.__version__, "torch": torch.__version__, "python": platform.python_version(),
-        "cpus": os.cpu_count(), "machine": platform.machine(),
-    }  # fmt: skip
+        "vllm": vllm.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+    }
     out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     print(json.dumps(result, indent=2, sort_keys=True))
     if report is not None:
