@@ -29,8 +29,13 @@ from pathlib import Path
 from asyncrl.config import ConfigError
 
 __all__ = [
-    "ResultFileError", "check_result_path", "replace_result", "write_result", "write_text_result", "write_with_plot",
-]  # fmt: skip
+    "ResultFileError",
+    "check_result_path",
+    "replace_result",
+    "write_result",
+    "write_text_result",
+    "write_with_plot",
+]
 
 
 class ResultFileError(ConfigError):
