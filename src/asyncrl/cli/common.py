@@ -13,9 +13,13 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
     """``--config FILE`` and repeatable ``--set KEY=VALUE``."""
     p.add_argument("--config", help="YAML config file (any subset of the config tree)")
     p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override one field, e.g. --set controller.max_staleness=0 (repeatable)",
-    )  # fmt: skip
+    )
 
 
 def load(args: argparse.Namespace, base: Path | None = None) -> Config:

@@ -33,9 +33,18 @@ def run(args: argparse.Namespace) -> int:
     from asyncrl.rollout.batch_generate import generate_batch
 
     summary = generate_batch(
-        args.model, args.input, args.output, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        greedy=args.greedy, n=args.n, top_p=args.top_p, top_k=args.top_k, seed=args.seed, max_slots=args.max_slots,
+        args.model,
+        args.input,
+        args.output,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        greedy=args.greedy,
+        n=args.n,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        max_slots=args.max_slots,
         device=args.device,
-    )  # fmt: skip
+    )
     print(json.dumps(summary, indent=2))
     return 0

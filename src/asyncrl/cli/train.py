@@ -19,30 +19,37 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("train", help="warm start (cached) then asynchronous RL; writes a run directory")
     add_config_args(p)
     p.add_argument(
-        "--run-dir", help="output directory (default runs/<timestamp>); one run per directory: one that already "
+        "--run-dir",
+        help="output directory (default runs/<timestamp>); one run per directory: one that already "
         "holds a run is refused unless --resume or --overwrite",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--overwrite", action="store_true",
+        "--overwrite",
+        action="store_true",
         help="start a new run in --run-dir even if it holds one: the old run is moved aside to DIR.old-<timestamp> "
         "(never deleted)",
-    )  # fmt: skip
+    )
     p.add_argument("--model", help="local Hugging Face model directory (default: the tiny warm-started model)")
     p.add_argument(
-        "--resume", metavar="RUN_DIR",
+        "--resume",
+        metavar="RUN_DIR",
         help="continue RUN_DIR from its newest checkpoint (its config.yaml, then --config and --set on top); "
         "only the run's length, logging and checkpoint cadence may change unless --allow-change names a key",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--allow-change", action="append", default=[], metavar="KEY",
+        "--allow-change",
+        action="append",
+        default=[],
+        metavar="KEY",
         help="with --resume: let this config key (or section, e.g. trainer) change from the run's saved config "
         "(repeatable or comma-separated); the keys that define the run (model, task, sft, seeds, group and "
         "batch size, staleness bound) never change",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--launcher", choices=get_args(LaunchKind),
+        "--launcher",
+        choices=get_args(LaunchKind),
         help="where the stages run (sets launch.kind; ray: engines, trainer ranks, reward workers as Ray actors)",
-    )  # fmt: skip
+    )
     p.set_defaults(func=run)
 
 
@@ -89,9 +96,22 @@ def run(args: argparse.Namespace) -> int:
         run_dir, summary = result
     else:
         run_dir, summary = train(cfg, resume=bool(args.resume), overwrite=args.overwrite, allow_change=allow)
-    print(json.dumps({k: summary[k] for k in (
-        "accuracy_before", "accuracy_after", "steps", "wall_s", "trained_tokens_per_s", "max_staleness_seen"
-    )}, indent=2))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                k: summary[k]
+                for k in (
+                    "accuracy_before",
+                    "accuracy_after",
+                    "steps",
+                    "wall_s",
+                    "trained_tokens_per_s",
+                    "max_staleness_seen",
+                )
+            },
+            indent=2,
+        )
+    )
     print(f"run directory: {run_dir}")
     stop = summary.get("stop_reason")
     if stop:
