@@ -26,7 +26,24 @@ from asyncrl.config.tree import (
 )
 
 __all__ = [
-    "AgentConfig", "AlgoConfig", "Config", "ConfigError", "ControllerConfig", "EvalConfig", "LaunchConfig",
-    "ModelConfig", "RewardConfig", "RolloutConfig", "RunConfig", "SFTConfig", "TaskConfig", "TrainerConfig",
-    "dump_yaml", "load_config", "parse_override", "to_dict", "validate", "with_values",
-]  # fmt: skip
+    "AgentConfig",
+    "AlgoConfig",
+    "Config",
+    "ConfigError",
+    "ControllerConfig",
+    "EvalConfig",
+    "LaunchConfig",
+    "ModelConfig",
+    "RewardConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "SFTConfig",
+    "TaskConfig",
+    "TrainerConfig",
+    "dump_yaml",
+    "load_config",
+    "parse_override",
+    "to_dict",
+    "validate",
+    "with_values",
+]

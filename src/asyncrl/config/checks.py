@@ -27,9 +27,18 @@ from asyncrl.config.parse import ConfigError, check_choices
 from asyncrl.config.tree import Config
 
 __all__ = [
-    "allowed_range", "ruled_keys", "validate", "validate_algo", "validate_finite", "validate_fixed_lag",
-    "validate_backend", "validate_launch", "validate_ranges", "validate_task", "validate_workflow",
-]  # fmt: skip
+    "allowed_range",
+    "ruled_keys",
+    "validate",
+    "validate_algo",
+    "validate_finite",
+    "validate_fixed_lag",
+    "validate_backend",
+    "validate_launch",
+    "validate_ranges",
+    "validate_task",
+    "validate_workflow",
+]
 
 _WORKFLOW_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
 _ENV_NAME = re.compile(r"[A-Za-z_][\w.-]*|(gym|skyrl|openenv):\S+")
@@ -324,15 +333,27 @@ def validate_fixed_lag(cfg: Config) -> None:
     if k is None:
         return
     needs = [
-        ("controller.max_staleness", cfg.controller.max_staleness >= k, f" >= {k} (the bound the batcher checks)",
-         cfg.controller.max_staleness),
-        ("trainer.weight_transport", cfg.trainer.weight_transport == "tensors", "=tensors (it keeps the last k "
-         "exports in memory)", cfg.trainer.weight_transport),
+        (
+            "controller.max_staleness",
+            cfg.controller.max_staleness >= k,
+            f" >= {k} (the bound the batcher checks)",
+            cfg.controller.max_staleness,
+        ),
+        (
+            "trainer.weight_transport",
+            cfg.trainer.weight_transport == "tensors",
+            "=tensors (it keeps the last k exports in memory)",
+            cfg.trainer.weight_transport,
+        ),
         ("launch.kind", cfg.launch.kind == "local", "=local", cfg.launch.kind),
         ("launch.engine_urls", not cfg.launch.engine_urls, " empty (engines of this process)", cfg.launch.engine_urls),
-        ("controller.eval_every", cfg.controller.eval_every == 0, "=0 (an evaluation between steps would swap the "
-         "engine's weights while the next batch generates)", cfg.controller.eval_every),
-    ]  # fmt: skip
+        (
+            "controller.eval_every",
+            cfg.controller.eval_every == 0,
+            "=0 (an evaluation between steps would swap the engine's weights while the next batch generates)",
+            cfg.controller.eval_every,
+        ),
+    ]
     if cfg.controller.adaptive:
         needs.append(("controller.adaptive", False, "=false (the lag sets staleness itself)", True))
     for key, ok, wanted, got in needs:
@@ -347,11 +368,15 @@ def validate_backend(cfg: Config) -> None:
     if r.gpu_memory_fraction is not None and r.gpu_memory_fraction > 1:
         raise ConfigError(f"rollout.gpu_memory_fraction must be in (0, 1] or null, got {r.gpu_memory_fraction}")
     if r.backend != "vllm":
-        for key, value, default in (("tensor_parallel_size", r.tensor_parallel_size, 1),
-                                    ("gpu_memory_fraction", r.gpu_memory_fraction, None)):  # fmt: skip
+        for key, value, default in (
+            ("tensor_parallel_size", r.tensor_parallel_size, 1),
+            ("gpu_memory_fraction", r.gpu_memory_fraction, None),
+        ):
             if value != default:
-                raise ConfigError(f"rollout.{key} sizes vLLM engines (rollout.backend=vllm), got {value!r} with "
-                                  f"rollout.backend={r.backend}")  # fmt: skip
+                raise ConfigError(
+                    f"rollout.{key} sizes vLLM engines (rollout.backend=vllm), got {value!r} with "
+                    f"rollout.backend={r.backend}"
+                )
     if r.backend == "sglang":
         _validate_sglang(cfg)
     if r.backend != "vllm":
@@ -366,12 +391,20 @@ def validate_backend(cfg: Config) -> None:
     needs = [
         ("rollout.top_p", r.top_p == 1.0, "=1 (vLLM's processed log-probs are of the truncated distribution)", r.top_p),
         ("rollout.top_k", r.top_k == 0, "=0 (vLLM's processed log-probs are of the truncated distribution)", r.top_k),
-        ("launch.kind", cfg.launch.kind == "local", "=local (the vLLM engine runs in the launcher's process)",
-         cfg.launch.kind),
+        (
+            "launch.kind",
+            cfg.launch.kind == "local",
+            "=local (the vLLM engine runs in the launcher's process)",
+            cfg.launch.kind,
+        ),
         ("launch.engine_urls", not cfg.launch.engine_urls, " empty (engines of this process)", cfg.launch.engine_urls),
-        ("rollout.prefix_reuse", not (r.prefix_reuse and r.interrupt_mode == "keep"), "=false with "
-         "interrupt_mode=keep (prefix caching is off there: no KV of old weights is reused)", r.prefix_reuse),
-    ]  # fmt: skip
+        (
+            "rollout.prefix_reuse",
+            not (r.prefix_reuse and r.interrupt_mode == "keep"),
+            "=false with interrupt_mode=keep (prefix caching is off there: no KV of old weights is reused)",
+            r.prefix_reuse,
+        ),
+    ]
     greedy_eval = cfg.eval.greedy or cfg.eval.report_greedy
     needs.append(
         (
@@ -401,15 +434,31 @@ def _validate_sglang(cfg: Config) -> None:
             raise ConfigError(f"rollout.sglang_urls: {url!r} is not an http://host:port URL")
     greedy_eval = cfg.eval.greedy or cfg.eval.report_greedy
     needs = [
-        ("trainer.weight_transport", cfg.trainer.weight_transport == "safetensors", "=safetensors (the servers load "
-         "each version from trainer.weight_export_dir)", cfg.trainer.weight_transport),
-        ("launch.kind", cfg.launch.kind == "local", "=local (the SGLang clients run in the launcher's process)",
-         cfg.launch.kind),
-        ("launch.engine_urls", not cfg.launch.engine_urls, " empty (the servers are rollout.sglang_urls)",
-         cfg.launch.engine_urls),
-        ("eval.greedy and eval.report_greedy", r.temperature == 1.0 or not greedy_eval, f"=false with "
-         f"rollout.temperature={r.temperature} (SGLang reports argmax log-probs at temperature 1)", True),
-    ]  # fmt: skip
+        (
+            "trainer.weight_transport",
+            cfg.trainer.weight_transport == "safetensors",
+            "=safetensors (the servers load each version from trainer.weight_export_dir)",
+            cfg.trainer.weight_transport,
+        ),
+        (
+            "launch.kind",
+            cfg.launch.kind == "local",
+            "=local (the SGLang clients run in the launcher's process)",
+            cfg.launch.kind,
+        ),
+        (
+            "launch.engine_urls",
+            not cfg.launch.engine_urls,
+            " empty (the servers are rollout.sglang_urls)",
+            cfg.launch.engine_urls,
+        ),
+        (
+            "eval.greedy and eval.report_greedy",
+            r.temperature == 1.0 or not greedy_eval,
+            f"=false with rollout.temperature={r.temperature} (SGLang reports argmax log-probs at temperature 1)",
+            True,
+        ),
+    ]
     for key, ok, wanted, got in needs:
         if not ok:
             raise ConfigError(f"rollout.backend=sglang needs {key}{wanted}, got {got!r}")
