@@ -138,8 +138,10 @@ class AdaptiveLimits:
             or self.weight_sq_limit <= 1
             or not 0 <= self.capped_limit <= 1
         ):
-            raise ValueError(f"AdaptiveLimits: bound >= 0, 0 < wait_target < 1, weight_sq_limit > 1 and "
-                             f"0 <= capped_limit <= 1 required, got {self}")  # fmt: skip
+            raise ValueError(
+                f"AdaptiveLimits: bound >= 0, 0 < wait_target < 1, weight_sq_limit > 1 and "
+                f"0 <= capped_limit <= 1 required, got {self}"
+            )
 
 
 class AdaptivePolicy:
@@ -238,8 +240,21 @@ class AdaptivePolicy:
 
     def state_dict(self) -> dict[str, float | int | bool | str | None]:
         """Everything ``load_state_dict`` needs to go on where it was (saved with a checkpoint)."""
-        keys = ("ceiling", "mark", "eta", "wait_share", "occupancy", "weight_sq", "capped", "stale_share",
-                "since_change", "since_degraded", "probe_steps", "probed", "last_reason")  # fmt: skip
+        keys = (
+            "ceiling",
+            "mark",
+            "eta",
+            "wait_share",
+            "occupancy",
+            "weight_sq",
+            "capped",
+            "stale_share",
+            "since_change",
+            "since_degraded",
+            "probe_steps",
+            "probed",
+            "last_reason",
+        )
         return {k: getattr(self, k) for k in keys}
 
     def load_state_dict(self, state: dict[str, float | int | bool | str | None]) -> None:
@@ -267,10 +282,14 @@ def observation_of(metrics: Mapping[str, Any], stale_groups: int, batch_groups: 
         return None if value is None else float(value)
 
     return StepObservation(
-        wait_s=float(metrics["wait_for_batch_s"]), wall_s=float(metrics["step_wall_s"]),
-        engine_occupancy=number("engine_slot_occupancy"), weight_sq_mean=number("behav_weight_sq_mean"),
-        capped_frac=number("behav_capped_frac"), stale_groups=stale_groups, batch_groups=batch_groups,
-    )  # fmt: skip
+        wait_s=float(metrics["wait_for_batch_s"]),
+        wall_s=float(metrics["step_wall_s"]),
+        engine_occupancy=number("engine_slot_occupancy"),
+        weight_sq_mean=number("behav_weight_sq_mean"),
+        capped_frac=number("behav_capped_frac"),
+        stale_groups=stale_groups,
+        batch_groups=batch_groups,
+    )
 
 
 class AdaptiveAdmission:

@@ -92,21 +92,33 @@ class LedgerReport:
     def require(self) -> LedgerReport:
         """Raise ``LedgerViolation`` naming the first findings of each kind unless ``ok``; returns self."""
         if not self.ok:
-            parts = [f"{name} ({len(found)}): {found[:5]}" for name, found in (
-                ("lost", self.lost), ("trained twice", self.trained_twice),
-                ("over the staleness bound", self.over_bound), ("other", self.problems),
-            ) if found]  # fmt: skip
+            parts = [
+                f"{name} ({len(found)}): {found[:5]}"
+                for name, found in (
+                    ("lost", self.lost),
+                    ("trained twice", self.trained_twice),
+                    ("over the staleness bound", self.over_bound),
+                    ("other", self.problems),
+                )
+                if found
+            ]
             raise LedgerViolation("; ".join(parts))
         return self
 
     def counts(self) -> dict[str, int]:
         """The numbers of the report (for a JSON summary)."""
         return {
-            "admitted": self.admitted, "readmitted": self.readmitted, "trained_samples": self.trained,
-            "steps": self.steps, "resumes": self.resumes, "open_prompts": self.open_prompts,
-            "lost": len(self.lost), "trained_twice": len(self.trained_twice),
-            "over_bound": len(self.over_bound), "other_problems": len(self.problems),
-        }  # fmt: skip
+            "admitted": self.admitted,
+            "readmitted": self.readmitted,
+            "trained_samples": self.trained,
+            "steps": self.steps,
+            "resumes": self.resumes,
+            "open_prompts": self.open_prompts,
+            "lost": len(self.lost),
+            "trained_twice": len(self.trained_twice),
+            "over_bound": len(self.over_bound),
+            "other_problems": len(self.problems),
+        }
 
 
 def check_ledger(
@@ -243,9 +255,13 @@ def _check_fates(ledger: list[Line], limits: LedgerLimits, ended: bool, report: 
 
 
 def _check_training(
-    ledger: list[Line], metrics: list[Line], limits: LedgerLimits, ended: bool, total_steps: int | None,
+    ledger: list[Line],
+    metrics: list[Line],
+    limits: LedgerLimits,
+    ended: bool,
+    total_steps: int | None,
     report: LedgerReport,
-) -> None:  # fmt: skip
+) -> None:
     """No sample trained twice or past the bound; every step once with a full batch."""
     trained = [r for r in ledger if r["status"] == "trained"]
     bound_of = {r["prompt_id"]: r.get("max_staleness") for r in ledger if r["status"] == "admitted"}  # the last

@@ -177,9 +177,15 @@ class Controller:
         self._resumed = resume is not None
         state = self._restore(resume) if resume is not None else ControllerState()
         self.recorder = RunRecorder(
-            state, rundir, engine, self.gate, self.buffer,
-            tokenizer=tokenizer, total_steps=c.total_steps, progress=settings.progress,
-        )  # fmt: skip
+            state,
+            rundir,
+            engine,
+            self.gate,
+            self.buffer,
+            tokenizer=tokenizer,
+            total_steps=c.total_steps,
+            progress=settings.progress,
+        )
 
     @property
     def state(self) -> ControllerState:
@@ -209,23 +215,40 @@ class Controller:
         """The controller's share of a checkpoint (see ``controller.resume``); one consistent cut:
         call it on the event-loop thread between two training steps."""
         return take_snapshot(
-            self.state, self.recorder.now(), self.gate.accepted - len(self.buffer), self.adaptive, self.source,
-            list(self._readmit) + self.recorder.open_indices(), self.rundir.offsets(), self.checkpoint_extra,
-        )  # fmt: skip
+            self.state,
+            self.recorder.now(),
+            self.gate.accepted - len(self.buffer),
+            self.adaptive,
+            self.source,
+            list(self._readmit) + self.recorder.open_indices(),
+            self.rundir.offsets(),
+            self.checkpoint_extra,
+        )
 
     async def _checkpoint(self, executor: ThreadPoolExecutor) -> None:
         snapshot = self.snapshot()
         with self.recorder.checkpointing():
-            await save_checkpoint(executor, self.trainer, self.rundir.path, snapshot, self.tokenizer,
-                                  self.settings.controller.keep_checkpoints)  # fmt: skip
+            await save_checkpoint(
+                executor,
+                self.trainer,
+                self.rundir.path,
+                snapshot,
+                self.tokenizer,
+                self.settings.controller.keep_checkpoints,
+            )
         self._last_checkpoint_step = snapshot["step"]
 
     async def _snapshot_policy(self, executor: ThreadPoolExecutor, *, final: bool = False) -> None:
         """The published policy into ``snapshots/`` when due (``controller.snapshots``)."""
         await self._snapshots.maybe_save(
-            executor, self.trainer, self.tokenizer, self.published_version, self.state.step, self.recorder.now(),
+            executor,
+            self.trainer,
+            self.tokenizer,
+            self.published_version,
+            self.state.step,
+            self.recorder.now(),
             final=final,
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------ admission and episodes
     async def _admit_loop(self) -> None:
@@ -272,9 +295,14 @@ class Controller:
 
     async def _attempt(self, prompt: Prompt, version: int, on_sample_done: Callable[[int], None]) -> Group:
         episode = self.workflow(
-            self.engine, prompt, self.sampling, self.settings.group_size, self._timed_score, version,
+            self.engine,
+            prompt,
+            self.sampling,
+            self.settings.group_size,
+            self._timed_score,
+            version,
             on_sample_done,
-        )  # fmt: skip
+        )
         timeout = self.settings.controller.episode_timeout_s
         return await (asyncio.wait_for(episode, timeout) if timeout > 0 else episode)
 

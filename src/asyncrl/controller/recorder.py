@@ -212,10 +212,16 @@ class RunRecorder:
     def log_timeline(self, version: int) -> None:
         """One ``timeline.jsonl`` sample: what each component is doing now."""
         sample = timeline_sample(
-            self.now(), self.engine.stats(), trainer_busy=self.trainer_busy, checkpointing=self.checkpoint_in_progress,
-            reward_in_flight=self.rewards_in_flight, buffer_groups=len(self.buffer), running_groups=self.gate.running,
-            version=version, generating_samples=self.gate.generating,
-        )  # fmt: skip
+            self.now(),
+            self.engine.stats(),
+            trainer_busy=self.trainer_busy,
+            checkpointing=self.checkpoint_in_progress,
+            reward_in_flight=self.rewards_in_flight,
+            buffer_groups=len(self.buffer),
+            running_groups=self.gate.running,
+            version=version,
+            generating_samples=self.gate.generating,
+        )
         self.rundir.log_timeline(sample)
 
     # ------------------------------------------------------------------ the step
@@ -246,16 +252,29 @@ class RunRecorder:
         """The step's ``StepRecord``; the per-step accumulators start again."""
         now, engine_now = time.perf_counter(), self.engine.stats()
         times = StepTimes(
-            train_start_s=self._train_start, end_s=self.now(), wall_s=now - self._last_time, wait_s=self._wait_s,
-            train_s=self._train_s, sync_s=self._sync_s, checkpoint_s=self._checkpoint_s,
-        )  # fmt: skip
+            train_start_s=self._train_start,
+            end_s=self.now(),
+            wall_s=now - self._last_time,
+            wait_s=self._wait_s,
+            train_s=self._train_s,
+            sync_s=self._sync_s,
+            checkpoint_s=self._checkpoint_s,
+        )
         record = StepRecord(
-            step=step, groups=groups, result=result, trained_tokens=trained_tokens, times=times,
-            engine_before=self._last_engine, engine_after=engine_now,
-            generated_during_train=self._generated_during_train, state=self.state, buffer_groups=len(self.buffer),
-            running_groups=self.gate.running, reward_latency_s=self._reward_latency,
+            step=step,
+            groups=groups,
+            result=result,
+            trained_tokens=trained_tokens,
+            times=times,
+            engine_before=self._last_engine,
+            engine_after=engine_now,
+            generated_during_train=self._generated_during_train,
+            state=self.state,
+            buffer_groups=len(self.buffer),
+            running_groups=self.gate.running,
+            reward_latency_s=self._reward_latency,
             rollout_rewards=self._rollout_rewards,
-        )  # fmt: skip
+        )
         self._reward_latency, self._rollout_rewards, self._checkpoint_s = [], [], 0.0
         self._last_time, self._last_engine = now, engine_now
         return record

@@ -67,16 +67,18 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
     rollout = [(m["time_s"], m["rollout_accuracy"]) for m in metrics if m.get("rollout_accuracy") is not None]
     if rollout:
         ax.plot(*zip(*rollout, strict=True), label="rollout accuracy (every scored sample)", color="tab:blue")
-        ax.plot(*zip(*_smooth(rollout), strict=True), color="tab:blue", linewidth=2.5, alpha=0.5,
-                label="  moving average")  # fmt: skip
+        ax.plot(
+            *zip(*_smooth(rollout), strict=True), color="tab:blue", linewidth=2.5, alpha=0.5, label="  moving average"
+        )
     filtered = config.get("algo", {}).get("filter_equal_rewards")
     label = "trained-batch accuracy" + (" (after dynamic sampling: biased to mixed groups)" if filtered else "")
     ax.plot(t, [m["accuracy"] for m in metrics], label=label, color="tab:orange", alpha=0.6, linestyle="--")
     if summary.get("accuracy_before") is not None:
         ax.scatter([0], [summary["accuracy_before"]], color="k", marker="o", zorder=3, label="held-out before RL")
     if summary.get("accuracy_after") is not None:
-        ax.scatter([t[-1]], [summary["accuracy_after"]], color="r", marker="*", s=120, zorder=3,
-                   label="held-out after RL")  # fmt: skip
+        ax.scatter(
+            [t[-1]], [summary["accuracy_after"]], color="r", marker="*", s=120, zorder=3, label="held-out after RL"
+        )
     ax.set_xlabel("RL wall time (s)")
     ax.set_ylabel("accuracy (fraction of reward 1)")
     ax.set_ylim(-0.02, 1.02)
@@ -89,10 +91,20 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
     step_rate = [m.get("trained_tokens_per_s_step") for m in metrics]
     if all(v is not None for v in step_rate):
         ax.plot(t, step_rate, label="trained tokens/s (per step)", color="tab:blue", alpha=0.5)
-    ax.plot(t, [m["trained_tokens_per_s"] for m in metrics], label="effective: trained tokens/s (since start)",
-            color="tab:blue", linewidth=2.5)  # fmt: skip
-    ax.plot(t, [m["generated_tokens_per_s"] for m in metrics], label="generated tokens/s (per step)",
-            color="tab:green", alpha=0.7)  # fmt: skip
+    ax.plot(
+        t,
+        [m["trained_tokens_per_s"] for m in metrics],
+        label="effective: trained tokens/s (since start)",
+        color="tab:blue",
+        linewidth=2.5,
+    )
+    ax.plot(
+        t,
+        [m["generated_tokens_per_s"] for m in metrics],
+        label="generated tokens/s (per step)",
+        color="tab:green",
+        alpha=0.7,
+    )
     ax.set_xlabel("RL wall time (s)")
     ax.set_ylabel("tokens / s")
     ax.set_ylim(bottom=0)
@@ -124,10 +136,12 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
     return written
 
 
-_TOOL_RATES = (("tool_call_correct_rate", "correct calls", "tab:green"),
-               ("tool_call_hit_rate", "calls hitting the needed result", "tab:blue"),
-               ("tool_call_malformed_rate", "malformed calls", "tab:red"),
-               ("episode_tool_call_frac", "episodes that call the tool", "tab:purple"))  # fmt: skip
+_TOOL_RATES = (
+    ("tool_call_correct_rate", "correct calls", "tab:green"),
+    ("tool_call_hit_rate", "calls hitting the needed result", "tab:blue"),
+    ("tool_call_malformed_rate", "malformed calls", "tab:red"),
+    ("episode_tool_call_frac", "episodes that call the tool", "tab:purple"),
+)
 
 
 def _tool_use(plt: Any, metrics: list[dict], summary: dict[str, Any], path: Path) -> Path:
@@ -136,15 +150,24 @@ def _tool_use(plt: Any, metrics: list[dict], summary: dict[str, Any], path: Path
     before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
     end = metrics[-1]["time_s"]
     held = [(0.0, before)] if before else []
-    held += [(m["time_s"], {k[5:]: v for k, v in m.items() if k.startswith("eval_")}) for m in metrics
-             if "eval_accuracy" in m]  # fmt: skip
+    held += [
+        (m["time_s"], {k[5:]: v for k, v in m.items() if k.startswith("eval_")})
+        for m in metrics
+        if "eval_accuracy" in m
+    ]
     held += [(end, after)] if after else []
     if held:
         top.plot(
             [t for t, _ in held], [e["accuracy"] for _, e in held], marker="o", color="k", label="held-out accuracy"
         )
-    top.plot([m["time_s"] for m in metrics], [m["accuracy"] for m in metrics], color="tab:orange", alpha=0.5,
-             linestyle="--", label="trained-batch accuracy")  # fmt: skip
+    top.plot(
+        [m["time_s"] for m in metrics],
+        [m["accuracy"] for m in metrics],
+        color="tab:orange",
+        alpha=0.5,
+        linestyle="--",
+        label="trained-batch accuracy",
+    )
     top.set_ylabel("accuracy")
     top.set_ylim(-0.02, 1.02)
     top.legend(fontsize=8)
@@ -156,8 +179,13 @@ def _tool_use(plt: Any, metrics: list[dict], summary: dict[str, Any], path: Path
         if points:
             bottom.plot(*zip(*points, strict=True), color=color, marker="o", label=f"{label} (held-out)")
     turns = bottom.twinx()
-    turns.plot([m["time_s"] for m in metrics], [m["episode_turns_mean"] for m in metrics], color="gray",
-               linestyle=":", label="turns per episode (rollouts)")  # fmt: skip
+    turns.plot(
+        [m["time_s"] for m in metrics],
+        [m["episode_turns_mean"] for m in metrics],
+        color="gray",
+        linestyle=":",
+        label="turns per episode (rollouts)",
+    )
     turns.set_ylabel("turns per episode")
     turns.set_ylim(bottom=0)
     bottom.set_ylabel("fraction of attempted calls\n(purple: of episodes)")
@@ -180,8 +208,14 @@ def _smooth(points: list[tuple[float, float]], window: int = 5) -> list[tuple[fl
     return out
 
 
-def _timeline(plt: Any, metrics: list[dict], timeline: list[dict], config: dict[str, Any], path: Path,
-              waits: list[tuple[float, float]]) -> Path:  # fmt: skip
+def _timeline(
+    plt: Any,
+    metrics: list[dict],
+    timeline: list[dict],
+    config: dict[str, Any],
+    path: Path,
+    waits: list[tuple[float, float]],
+) -> Path:
     """Engine, trainer, reward and queues on one time axis (like the AReaL paper's Figure 1); ``waits``:
     the tool waits of the ledger, drawn as the count of episodes waiting on a tool."""
     ctrl, rollout = config.get("controller", {}), config.get("rollout", {})
@@ -189,15 +223,29 @@ def _timeline(plt: Any, metrics: list[dict], timeline: list[dict], config: dict[
     fig, axes = plt.subplots(4, 1, figsize=(11, 7.5), sharex=True, height_ratios=[2, 1, 1, 1.5])
     if timeline:
         tt = [s["t"] for s in timeline]
-        axes[0].fill_between(tt, [s["engine_running"] for s in timeline], step="post", alpha=0.6,
-                             label="running samples (decoding)")  # fmt: skip
+        axes[0].fill_between(
+            tt, [s["engine_running"] for s in timeline], step="post", alpha=0.6, label="running samples (decoding)"
+        )
         if "engine_waiting" in timeline[0]:
-            axes[0].plot(tt, [s["engine_waiting"] for s in timeline], drawstyle="steps-post", color="tab:gray",
-                         label="waiting requests (a group, or one resubmitted sample)")  # fmt: skip
+            axes[0].plot(
+                tt,
+                [s["engine_waiting"] for s in timeline],
+                drawstyle="steps-post",
+                color="tab:gray",
+                label="waiting requests (a group, or one resubmitted sample)",
+            )
         if waits:
             wt, waiting = waiting_over_time(waits)
-            axes[0].fill_between(wt, waiting, step="post", facecolor="none", edgecolor="tab:purple", hatch="///",
-                                 linewidth=0.8, label="episodes waiting on a tool")  # fmt: skip
+            axes[0].fill_between(
+                wt,
+                waiting,
+                step="post",
+                facecolor="none",
+                edgecolor="tab:purple",
+                hatch="///",
+                linewidth=0.8,
+                label="episodes waiting on a tool",
+            )
         if rollout.get("max_slots"):
             axes[0].axhline(rollout["max_slots"], color="k", linestyle=":", linewidth=1, label="decode slots")
         axes[0].legend(fontsize=7, loc="upper right")
@@ -206,13 +254,15 @@ def _timeline(plt: Any, metrics: list[dict], timeline: list[dict], config: dict[
         if not any(rewards):
             verifier = config.get("task", {}).get("verifier", "?")
             note = f"verifier '{verifier}' scores inline in microseconds: never seen in flight"
-            axes[2].text(0.5, 0.75, note, transform=axes[2].transAxes, ha="center", va="center", fontsize=8,
-                         color="tab:green")  # fmt: skip
+            axes[2].text(
+                0.5, 0.75, note, transform=axes[2].transAxes, ha="center", va="center", fontsize=8, color="tab:green"
+            )
         axes[3].plot(tt, [s["buffer_groups"] for s in timeline], drawstyle="steps-post", label="buffer (groups)")
         axes[3].plot(tt, [s["running_groups"] for s in timeline], drawstyle="steps-post", label="in flight (groups)")
         if ctrl.get("max_concurrent"):
-            axes[3].axhline(ctrl["max_concurrent"], color="tab:orange", linestyle=":", linewidth=1,
-                            label="max_concurrent")  # fmt: skip
+            axes[3].axhline(
+                ctrl["max_concurrent"], color="tab:orange", linestyle=":", linewidth=1, label="max_concurrent"
+            )
         axes[3].legend(fontsize=7, loc="upper right")
     axes[0].set_ylabel("engine")
     for m in metrics:
@@ -224,8 +274,10 @@ def _timeline(plt: Any, metrics: list[dict], timeline: list[dict], config: dict[
     axes[2].set_ylabel("reward\nin flight")
     axes[3].set_ylabel("queues")
     axes[3].set_xlabel("RL wall time (s)")
-    axes[0].set_title(f"Activity timeline (max_staleness={eta}): engine, trainer (orange: step, red: weight sync), "
-                      "reward, queues", fontsize=9)  # fmt: skip
+    axes[0].set_title(
+        f"Activity timeline (max_staleness={eta}): engine, trainer (orange: step, red: weight sync), reward, queues",
+        fontsize=9,
+    )
     for ax in axes:
         ax.grid(alpha=0.3)
     return save_figure(fig, path)

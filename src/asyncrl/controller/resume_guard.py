@@ -36,21 +36,39 @@ from asyncrl.config import Config, to_dict
 from asyncrl.controller.resume import latest_checkpoint
 from asyncrl.controller.rundir import RunDirError
 
-FREE_KEYS = frozenset({
-    "controller.total_steps", "controller.max_rl_time_s", "controller.eval_every",
-    "controller.snapshot_every_s", "controller.checkpoint_every", "controller.keep_checkpoints",
-    "run.progress", "run.torch_threads", "run.run_dir",
-    "reward.num_workers", "launch.ray_address", "launch.ray_num_cpus", "launch.startup_timeout_s",
-})  # fmt: skip
+FREE_KEYS = frozenset(
+    {
+        "controller.total_steps",
+        "controller.max_rl_time_s",
+        "controller.eval_every",
+        "controller.snapshot_every_s",
+        "controller.checkpoint_every",
+        "controller.keep_checkpoints",
+        "run.progress",
+        "run.torch_threads",
+        "run.run_dir",
+        "reward.num_workers",
+        "launch.ray_address",
+        "launch.ray_num_cpus",
+        "launch.startup_timeout_s",
+    }
+)
 """Keys a resume may change without being asked: duration, logging and checkpoint cadence, resources."""
 
 FIXED_PREFIXES = ("model.", "task.", "sft.")
 """Sections that define the run: the starting model, its warm start, the prompts."""
 
-FIXED_KEYS = frozenset({
-    "run.seed", "rollout.group_size", "rollout.workflow", "controller.batch_size", "controller.max_staleness",
-    "controller.fixed_lag", "controller.adaptive",
-})  # fmt: skip
+FIXED_KEYS = frozenset(
+    {
+        "run.seed",
+        "rollout.group_size",
+        "rollout.workflow",
+        "controller.batch_size",
+        "controller.max_staleness",
+        "controller.fixed_lag",
+        "controller.adaptive",
+    }
+)
 """Single keys that define the run: the seed, the group and batch sizes, the staleness bound and the
 admission rules the ledger's staleness budget is replayed under."""
 
@@ -151,11 +169,15 @@ def check_restartable(run_dir: str | Path) -> None:
     never ended (``metrics.jsonl`` empty, no ``summary.json``, no final ``checkpoint/``); else
     :class:`ResumeRefused`."""
     run = Path(run_dir)
-    held = [name for name, found in (
-        ("metrics.jsonl (trained steps)", _nonempty(run / "metrics.jsonl")),
-        ("summary.json (the run ended)", (run / "summary.json").exists()),
-        ("checkpoint/ (its final model)", (run / "checkpoint").exists()),
-    ) if found]  # fmt: skip
+    held = [
+        name
+        for name, found in (
+            ("metrics.jsonl (trained steps)", _nonempty(run / "metrics.jsonl")),
+            ("summary.json (the run ended)", (run / "summary.json").exists()),
+            ("checkpoint/ (its final model)", (run / "checkpoint").exists()),
+        )
+        if found
+    ]
     if held:
         raise ResumeRefused(
             f"cannot resume {run}: it has no checkpoint to resume from (checkpoints/ is missing or empty), "

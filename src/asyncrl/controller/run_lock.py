@@ -84,8 +84,12 @@ class RunLock:
         self._fd: int | None = fd
         left = _read_holder(self.path)
         self.stale = left or None
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-              "command": " ".join(Path(sys.argv[0]).name if i == 0 else a for i, a in enumerate(sys.argv))}  # fmt: skip
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.time(),
+            "command": " ".join(Path(sys.argv[0]).name if i == 0 else a for i, a in enumerate(sys.argv)),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(me).encode(), 0)
 

@@ -52,8 +52,15 @@ from asyncrl.types import Group, Trajectory
 JSONL_FILES = ("metrics.jsonl", "trajectories.jsonl", "timeline.jsonl", "snapshots.jsonl")
 
 
-RUN_MARKERS = ("config.yaml", "metrics.jsonl", "trajectories.jsonl", "timeline.jsonl", "summary.json",
-               "checkpoints", "checkpoint")  # fmt: skip
+RUN_MARKERS = (
+    "config.yaml",
+    "metrics.jsonl",
+    "trajectories.jsonl",
+    "timeline.jsonl",
+    "summary.json",
+    "checkpoints",
+    "checkpoint",
+)
 """Names whose presence means a directory already holds (part of) a run."""
 _RUN_ID = re.compile(rb'"run_id": "([^"\\]*)"')
 
@@ -79,7 +86,7 @@ def episode_entry(traj: Trajectory, rl_offset: float | None = None) -> dict[str,
         if rl_offset is not None and t.tool_calls and t.tool_started_at is not None:
             start = t.tool_started_at + rl_offset
             turn["tool_wait"] = [round(start, 4), round(start + t.tool_latency_s, 4)]
-        turns.append(turn)  # fmt: skip
+        turns.append(turn)
     return {
         "episode_end": traj.end,
         "model_tokens": sum(traj.loss_mask),
@@ -430,8 +437,14 @@ class RunDir:
     ) -> None:
         """A prompt was admitted (``stream_index``: its position in the prompt stream; ``max_staleness``:
         the η in force for it, written when admission sets it per step, ``controller.adaptive``)."""
-        line = {"prompt_id": prompt_id, "sample_idx": None, "status": "admitted", "stream_index": stream_index,
-                "start_version": start_version, "readmitted": readmitted}  # fmt: skip
+        line = {
+            "prompt_id": prompt_id,
+            "sample_idx": None,
+            "status": "admitted",
+            "stream_index": stream_index,
+            "start_version": start_version,
+            "readmitted": readmitted,
+        }
         if max_staleness is not None:
             line["max_staleness"] = max_staleness
         self._write_ledger(line)
@@ -439,8 +452,9 @@ class RunDir:
     def log_resumed(self, step: int, readmit: int) -> None:
         """A marker: the run resumed here, at training step ``step``, with ``readmit`` prompts to
         admit again (the staleness counters restart from the groups trained so far)."""
-        self._write_ledger({"prompt_id": None, "sample_idx": None, "status": "resumed", "step": step,
-                            "readmit": readmit})  # fmt: skip
+        self._write_ledger(
+            {"prompt_id": None, "sample_idx": None, "status": "resumed", "step": step, "readmit": readmit}
+        )
 
     def log_prompt_dropped(self, prompt_id: str, start_version: int, status: str, reason: str) -> None:
         """A prompt that ends without samples: ``in_flight`` at the end of a run, or

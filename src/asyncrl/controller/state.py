@@ -50,13 +50,21 @@ class ControllerState:
         staleness, the fate counts); ``trained_tokens_per_s`` over the RL wall time."""
         rl_wall = self.rl_elapsed_s
         return {
-            "steps": self.step, "stop_reason": self.stop_reason, "resumes": self.resumes, "rl_wall_s": rl_wall,
-            "trained_tokens": self.trained_tokens, "trained_samples": self.trained_samples,
+            "steps": self.step,
+            "stop_reason": self.stop_reason,
+            "resumes": self.resumes,
+            "rl_wall_s": rl_wall,
+            "trained_tokens": self.trained_tokens,
+            "trained_samples": self.trained_samples,
             "trained_tokens_per_s": self.trained_tokens / rl_wall if rl_wall > 0 else 0.0,
             "max_staleness_seen": self.max_staleness_seen,
             "staleness_hist": {str(k): v for k, v in sorted(self.staleness_hist.items())},
-            "admitted_prompts": self.admitted, "readmitted_prompts": self.readmitted,
-            "filtered_groups": self.filtered_groups, "stale_groups": self.stale_groups,
-            "reward_failures": self.reward_failures, "engine_failures": self.engine_failures,
-            "episode_retries": self.episode_retries, "skipped_steps": self.skipped_steps,
-        }  # fmt: skip
+            "admitted_prompts": self.admitted,
+            "readmitted_prompts": self.readmitted,
+            "filtered_groups": self.filtered_groups,
+            "stale_groups": self.stale_groups,
+            "reward_failures": self.reward_failures,
+            "engine_failures": self.engine_failures,
+            "episode_retries": self.episode_retries,
+            "skipped_steps": self.skipped_steps,
+        }
