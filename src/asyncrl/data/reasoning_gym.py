@@ -28,8 +28,15 @@ from typing import Any
 
 from asyncrl.types import KIND_KEY, Prompt
 
-__all__ = ["ENTRY_KEY", "calculator_expression", "dataset_names", "dataset_specs", "load_entries",
-           "reasoning_gym_prompts", "worked_solution"]  # fmt: skip
+__all__ = [
+    "ENTRY_KEY",
+    "calculator_expression",
+    "dataset_names",
+    "dataset_specs",
+    "load_entries",
+    "reasoning_gym_prompts",
+    "worked_solution",
+]
 
 ENTRY_KEY = "reasoning_gym_entry"
 """The ``Prompt.meta`` key of the reasoning-gym entry (``question``, ``answer``, ``metadata``)."""

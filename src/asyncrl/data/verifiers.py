@@ -31,8 +31,9 @@ def _tasks(taskset_id: str, count: int, seed: int) -> list[Any]:
     try:
         taskset = load_taskset(taskset_config_type(taskset_id)(id=taskset_id))
     except (ImportError, AttributeError, TypeError, ValueError) as e:
-        raise ConfigError(f"task.datasets={taskset_id}: not a verifiers taskset ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0]})") from None  # fmt: skip
+        raise ConfigError(
+            f"task.datasets={taskset_id}: not a verifiers taskset ({type(e).__name__}: {str(e).splitlines()[0]})"
+        ) from None
     if not taskset.bounded:
         taskset = taskset.take(count)
     tasks = list(taskset)
