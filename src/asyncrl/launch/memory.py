@@ -82,11 +82,14 @@ def shape_of_hf_config(hf_config: Any) -> ModelShape:
         if isinstance(m, torch.nn.Linear) and m is not out
     )
     return ModelShape(
-        params=sum(p.numel() for p in model.parameters()), layers=int(text.num_hidden_layers),
-        kv_heads=int(getattr(text, "num_key_value_heads", None) or heads), head_dim=head_dim,
-        vocab=int(text.vocab_size), max_positions=int(getattr(text, "max_position_embeddings", 0) or 0),
+        params=sum(p.numel() for p in model.parameters()),
+        layers=int(text.num_hidden_layers),
+        kv_heads=int(getattr(text, "num_key_value_heads", None) or heads),
+        head_dim=head_dim,
+        vocab=int(text.vocab_size),
+        max_positions=int(getattr(text, "max_position_embeddings", 0) or 0),
         linears=linears,
-    )  # fmt: skip
+    )
 
 
 def model_shape(cfg: Config, model_dir: str | Path | None = None) -> ModelShape | None:
@@ -109,11 +112,18 @@ def model_shape(cfg: Config, model_dir: str | Path | None = None) -> ModelShape 
     spec = tiny_spec(cfg.sft)
     vocab = len(dict.fromkeys((*TINY_SPECIAL_TOKENS, *TINY_CHARACTERS)))  # build_tiny_tokenizer's vocabulary
 
-    return shape_of_hf_config(LlamaConfig(
-        vocab_size=vocab, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
-        max_position_embeddings=spec.max_position_embeddings, tie_word_embeddings=True,
-    ))  # fmt: skip
+    return shape_of_hf_config(
+        LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=spec.hidden_size,
+            intermediate_size=spec.intermediate_size,
+            num_hidden_layers=spec.num_layers,
+            num_attention_heads=spec.num_heads,
+            num_key_value_heads=spec.num_kv_heads,
+            max_position_embeddings=spec.max_position_embeddings,
+            tie_word_embeddings=True,
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -184,8 +194,10 @@ def _engine_parts(cfg: Config, shape: ModelShape) -> tuple[MemoryPart, ...]:
     seq = engine_max_seq_len(cfg)
     if r.backend == "local":
         kv = 2 * shape.layers * (r.max_slots + 1) * shape.kv_heads * seq * shape.head_dim * size
-        formula = (f"2 (K, V) x {shape.layers} layers x {r.max_slots + 1} slots x {shape.kv_heads} KV heads x "
-                   f"{seq} tokens x head_dim {shape.head_dim} x {size} B")  # fmt: skip
+        formula = (
+            f"2 (K, V) x {shape.layers} layers x {r.max_slots + 1} slots x {shape.kv_heads} KV heads x "
+            f"{seq} tokens x head_dim {shape.head_dim} x {size} B"
+        )
         return weights, MemoryPart("engine KV cache", kv, formula)
     if r.backend == "vllm":
         from asyncrl.rollout.vllm_engine import VLLMEngine
@@ -221,10 +233,13 @@ def _trainer_parts(cfg: Config, shape: ModelShape, ranks: int) -> tuple[MemoryPa
         from asyncrl.launch.stages import engine_max_seq_len
 
         tokens = t.padded_micro_batch_size * engine_max_seq_len(cfg)
-    parts.append(MemoryPart(
-        "logits of a micro-batch", LOGITS_COPIES * tokens * shape.vocab * 4,
-        f"{LOGITS_COPIES} (fp32 logits, gradient) x {tokens:,} tokens x vocab {shape.vocab:,} x 4 B",
-    ))  # fmt: skip
+    parts.append(
+        MemoryPart(
+            "logits of a micro-batch",
+            LOGITS_COPIES * tokens * shape.vocab * 4,
+            f"{LOGITS_COPIES} (fp32 logits, gradient) x {tokens:,} tokens x vocab {shape.vocab:,} x 4 B",
+        )
+    )
     return tuple(parts)
 
 
@@ -253,12 +268,15 @@ def estimate_memory(cfg: Config, shape: ModelShape) -> MemoryEstimate:
     notes = ["activations beyond one micro-batch's logits, and the allocator's slack, are not counted"]
     if remote:
         urls = " with launch.engine_urls" if cfg.launch.engine_urls else ""
-        notes.append(f"rollout.backend={cfg.rollout.backend}{urls}: the engines are servers elsewhere, their memory "
-                     "not counted")  # fmt: skip
+        notes.append(
+            f"rollout.backend={cfg.rollout.backend}{urls}: the engines are servers elsewhere, their memory not counted"
+        )
     if cfg.rollout.backend == "vllm" and cfg.model.device.startswith("cuda"):
         share = cfg.rollout.gpu_memory_fraction or 0.9
-        notes.append(f"vLLM asks at start for {share:g} of the GPU's total memory free (rollout.gpu_memory_fraction, "
-                     "vLLM's default 0.9), whatever else the estimate counts there")  # fmt: skip
+        notes.append(
+            f"vLLM asks at start for {share:g} of the GPU's total memory free (rollout.gpu_memory_fraction, "
+            "vLLM's default 0.9), whatever else the estimate counts there"
+        )
     if cfg.launch.kind != "ray":
         role = "engine + trainer" + (f" (rank 0 of {ranks})" if ranks > 1 else "")
         return MemoryEstimate((DeviceNeed(cfg.model.device, role, engine + trainer),), tuple(notes))

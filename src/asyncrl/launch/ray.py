@@ -166,10 +166,11 @@ def _build_trainer(cfg: Config, model_dir: str, placement: RayPlacement) -> RayT
     launch = cfg.launch
     remote_cls = ray.remote(TrainerRank)
     ranks = [
-        remote_cls.options(**placement.options(placement.n_engines + r, launch.cpus_per_trainer,
-                                               launch.gpus_per_trainer)).remote(r, launch.trainer_ranks, model_dir, cfg)
+        remote_cls.options(
+            **placement.options(placement.n_engines + r, launch.cpus_per_trainer, launch.gpus_per_trainer)
+        ).remote(r, launch.trainer_ranks, model_dir, cfg)
         for r in range(launch.trainer_ranks)
-    ]  # fmt: skip
+    ]
     init_method = ray.get(ranks[0].rendezvous.remote(), timeout=launch.startup_timeout_s)
     versions = ray.get([rank.setup.remote(init_method) for rank in ranks], timeout=launch.startup_timeout_s)
     transport = "disk" if (launch.engine_mode == "server" or launch.engine_urls) else launch.weight_sync

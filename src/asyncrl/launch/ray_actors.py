@@ -120,9 +120,12 @@ class TrainerRank:
         backend = "nccl" if self.cfg.launch.gpus_per_trainer > 0 else "gloo"
         if self.world_size > 1:
             init_distributed(
-                backend, self.cfg.trainer.dist_timeout_s, rank=self.rank, world_size=self.world_size,
+                backend,
+                self.cfg.trainer.dist_timeout_s,
+                rank=self.rank,
+                world_size=self.world_size,
                 init_method=init_method,
-            )  # fmt: skip
+            )
         device = stage_device(self.cfg, self.cfg.launch.gpus_per_trainer)
         model, self.tokenizer = load_model(self.cfg, self.model_dir, device=device)
         self.trainer = build_trainer(self.cfg, model, self.tokenizer, device=device)

@@ -81,13 +81,20 @@ def loop_settings(cfg: Config, stop_token_ids: tuple[int, ...] = ()) -> LoopSett
     (``rollout.*`` with the tokenizer's ``stop_token_ids``), the group size, the verifier's name, progress."""
     r = cfg.rollout
     sampling = SamplingParams(
-        max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
         stop_token_ids=stop_token_ids,
-    )  # fmt: skip
+    )
     return LoopSettings(
-        controller=cfg.controller, algo=cfg.algo, sampling=sampling, group_size=r.group_size,
-        verifier=cfg.task.verifier, progress=cfg.run.progress,
-    )  # fmt: skip
+        controller=cfg.controller,
+        algo=cfg.algo,
+        sampling=sampling,
+        group_size=r.group_size,
+        verifier=cfg.task.verifier,
+        progress=cfg.run.progress,
+    )
 
 
 def _lock(run_dir: Path) -> RunLock:
@@ -245,11 +252,18 @@ async def run_stages(
         before = dict(snapshot["launcher"]["before"]) if snapshot is not None else await measure()
         print(f"held-out accuracy before RL: {before['accuracy']:.3f} (greedy {before.get('greedy_accuracy')})")
         controller = Controller(
-            loop_settings(cfg, stages.stop_token_ids), engine, trainer, PromptSource(train_prompts, cfg.run.seed),
-            score, rundir, tokenizer=tokenizer, resume=snapshot,
-            evaluator=evaluator, workflow=workflow,
+            loop_settings(cfg, stages.stop_token_ids),
+            engine,
+            trainer,
+            PromptSource(train_prompts, cfg.run.seed),
+            score,
+            rundir,
+            tokenizer=tokenizer,
+            resume=snapshot,
+            evaluator=evaluator,
+            workflow=workflow,
             checkpoint_extra={"before": before},
-        )  # fmt: skip
+        )
         handlers = _install_stop_handlers(controller)
         try:
             state = await controller.run()
@@ -279,9 +293,14 @@ async def run_stages(
 
 
 def _summary(
-    cfg: Config, state: ControllerState, before: EvalResult, after: EvalResult | None, engine_stats: dict[str, Any],
-    run_dir: Path, model_dir: Path,
-) -> dict[str, Any]:  # fmt: skip
+    cfg: Config,
+    state: ControllerState,
+    before: EvalResult,
+    after: EvalResult | None,
+    engine_stats: dict[str, Any],
+    run_dir: Path,
+    model_dir: Path,
+) -> dict[str, Any]:
     """``summary.json`` (DESIGN §7) but the launcher's times and entries: held-out accuracy before and after,
     the controller's counters (``ControllerState.summary``), the engine's, and how the run ended."""
     generated = engine_stats.get("generated_tokens", 0.0)

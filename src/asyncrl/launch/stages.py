@@ -276,18 +276,27 @@ def build_workflow(cfg: Config, tokenizer: Any, stop_token_ids: tuple[int, ...])
             a = cfg.agent
             latency = ToolLatency(a.tool_latency, a.tool_latency_median_s, a.tool_latency_sigma, seed=cfg.run.seed)
             settings = AgentSettings(
-                tool_format=a.tool_format, max_turns=a.max_turns, max_tokens=a.max_tokens,
-                max_turn_tokens=a.max_turn_tokens, stop_at_tool_close=a.stop_at_tool_close,
-                malformed_penalty=a.malformed_penalty, tool_latency=latency,
-            )  # fmt: skip
+                tool_format=a.tool_format,
+                max_turns=a.max_turns,
+                max_tokens=a.max_tokens,
+                max_turn_tokens=a.max_turn_tokens,
+                stop_at_tool_close=a.stop_at_tool_close,
+                malformed_penalty=a.malformed_penalty,
+                tool_latency=latency,
+            )
             return AgentWorkflow(tokenizer, _env_factory(cfg), settings, end_of_turn_ids=stop_token_ids)
         case "openai_agent":
             from asyncrl.rollout.openai_workflow import DoorSettings, OpenAIAgentWorkflow
 
             a = cfg.agent
-            door = DoorSettings(tool_format=a.tool_format, max_tokens=a.max_tokens, max_turn_tokens=a.max_turn_tokens,
-                                max_seq_len=engine_max_seq_len(cfg), episode_mode=a.episode_mode,
-                                reward_discount=a.reward_discount)  # fmt: skip
+            door = DoorSettings(
+                tool_format=a.tool_format,
+                max_tokens=a.max_tokens,
+                max_turn_tokens=a.max_turn_tokens,
+                max_seq_len=engine_max_seq_len(cfg),
+                episode_mode=a.episode_mode,
+                reward_discount=a.reward_discount,
+            )
             agent = import_callable(str(a.entrypoint), "agent.entrypoint=")
             return OpenAIAgentWorkflow(tokenizer, agent, door, end_of_turn_ids=stop_token_ids)
         case spec:

@@ -68,9 +68,10 @@ def _serve(conn: Any, model_dir: str, cfg: Config) -> None:
                 case "export_weights":
                     update = trainer.export_weights(*args)
                     if update.tensors is not None:  # plain CPU copies: they cross the pipe pickled
-                        update = type(update)(version=update.version, tensors={
-                            k: v.detach().to("cpu").clone() for k, v in update.tensors.items()
-                        })  # fmt: skip
+                        update = type(update)(
+                            version=update.version,
+                            tensors={k: v.detach().to("cpu").clone() for k, v in update.tensors.items()},
+                        )
                     value = update
                 case "save_checkpoint":
                     value = trainer.save_checkpoint(*args)

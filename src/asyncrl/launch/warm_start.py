@@ -120,11 +120,19 @@ def run_warm_start(cfg: Config, out_dir: str | Path) -> dict[str, float]:
             break
         abandoned_steps += int(stats["sft_abandoned_at"])
         abandoned_s += stats["sft_wall_s"]
-        print(f"warm start: loss {stats['sft_loss']:.3f} > {sft.restart_loss_above} at step {sft.restart_check_step} "
-              f"with sft.seed={seed}: built again, sft.seed={seed + RESTART_SEED_STRIDE}", flush=True)  # fmt: skip
+        print(
+            f"warm start: loss {stats['sft_loss']:.3f} > {sft.restart_loss_above} at step {sft.restart_check_step} "
+            f"with sft.seed={seed}: built again, sft.seed={seed + RESTART_SEED_STRIDE}",
+            flush=True,
+        )
     if sft.restart_check_step:
-        stats = {**stats, "sft_restarts": float(attempt), "sft_seed": float(seed),
-                 "sft_abandoned_steps": float(abandoned_steps), "sft_abandoned_wall_s": abandoned_s}  # fmt: skip
+        stats = {
+            **stats,
+            "sft_restarts": float(attempt),
+            "sft_seed": float(seed),
+            "sft_abandoned_steps": float(abandoned_steps),
+            "sft_abandoned_wall_s": abandoned_s,
+        }
     if cfg.sft.second_stage_steps:
         second = fine_tune_in_place(second_stage_config(cfg), out)
         stats = {**stats, **{f"second_stage_{k}": v for k, v in second.items()}}
@@ -137,13 +145,16 @@ def second_stage_config(cfg: Config) -> Config:
     demonstrations that call the tool), for ``fine_tune_in_place``; the restart's at their defaults (off: the
     second stage continues the first, it is never started again)."""
     sft, defaults = cfg.sft, SFTConfig()
-    return with_values(cfg, {
-        "sft.steps": sft.second_stage_steps,
-        "sft.lr": sft.second_stage_lr,
-        "sft.warmup_steps": sft.second_stage_warmup_steps,
-        "sft.tool_call_fraction": sft.second_stage_tool_call_fraction,
-        **{f"sft.{k}": getattr(defaults, k) for k in SFT_RESTART_FIELDS},
-    })  # fmt: skip
+    return with_values(
+        cfg,
+        {
+            "sft.steps": sft.second_stage_steps,
+            "sft.lr": sft.second_stage_lr,
+            "sft.warmup_steps": sft.second_stage_warmup_steps,
+            "sft.tool_call_fraction": sft.second_stage_tool_call_fraction,
+            **{f"sft.{k}": getattr(defaults, k) for k in SFT_RESTART_FIELDS},
+        },
+    )
 
 
 def fine_tune_in_place(
