@@ -94,10 +94,14 @@ class JudgeClient:
 
     def _body(self, question: str, response: str, reference: str) -> bytes:
         content = TEMPLATE.format(question=question, reference=reference, response=response)
-        return json.dumps({
-            "model": self.target.model, "messages": [{"role": "user", "content": content}],
-            "temperature": 0.0, "max_tokens": MAX_TOKENS,
-        }).encode()  # fmt: skip
+        return json.dumps(
+            {
+                "model": self.target.model,
+                "messages": [{"role": "user", "content": content}],
+                "temperature": 0.0,
+                "max_tokens": MAX_TOKENS,
+            }
+        ).encode()
 
     async def judge(self, question: str, response: str, reference: str) -> float:
         """The verdict on ``response``: 1.0 or 0.0; raises asyncio.TimeoutError (none in ``timeout_s``),

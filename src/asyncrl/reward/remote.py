@@ -96,10 +96,16 @@ class RewardServer:
         self.read_timeout_s = read_timeout_s
         handlers = {"health": self._health, "score": self._score}
         self.http = JsonServer(
-            "reward server", [Route(method, path, handlers[name]) for (method, path), name in ROUTES.items()], _error,
-            self.auth, max_body_bytes=max_body_bytes, request_timeout_s=read_timeout_s,
-            idle_timeout_s=read_timeout_s, backlog=1024, not_found=_not_found,
-        )  # fmt: skip
+            "reward server",
+            [Route(method, path, handlers[name]) for (method, path), name in ROUTES.items()],
+            _error,
+            self.auth,
+            max_body_bytes=max_body_bytes,
+            request_timeout_s=read_timeout_s,
+            idle_timeout_s=read_timeout_s,
+            backlog=1024,
+            not_found=_not_found,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self.service: RewardService | None = None
