@@ -134,9 +134,13 @@ def _stop_ids(
 
 
 def turn_record(
-    seg: ModelSegment, parsed: ParsedTurn, env_tokens: int = 0, step: StepResult | None = None, latency: float = 0.0,
+    seg: ModelSegment,
+    parsed: ParsedTurn,
+    env_tokens: int = 0,
+    step: StepResult | None = None,
+    latency: float = 0.0,
     started_at: float | None = None,
-) -> TurnRecord:  # fmt: skip
+) -> TurnRecord:
     """One model turn's record: its segment, the calls parsed from it, the glue that followed (``env_tokens``),
     the environment's answer (``step``; None: not stepped), its latency and the wall-clock time the
     environment's step began (``started_at``; None: not stepped) (also the OpenAI door's sessions')."""
@@ -233,16 +237,28 @@ async def run_agent_episode(
 class AgentWorkflow:
     """A group of multi-turn episodes behind ``workflow.run_episode``'s call (see the module docstring)."""
 
-    def __init__(self, tokenizer: Any, make_env: EnvFactory, settings: AgentSettings | None = None,
-                 end_of_turn_ids: tuple[int, ...] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tokenizer: Any,
+        make_env: EnvFactory,
+        settings: AgentSettings | None = None,
+        end_of_turn_ids: tuple[int, ...] = (),
+    ) -> None:
         """``end_of_turn_ids``: the tokens that end a model turn (default: the tokenizer's EOS; the
         sampling params' stop tokens count too)."""
         self.renderer = ChatRenderer(tokenizer, end_of_turn_ids)
         self.make_env = make_env
         self.settings = settings or AgentSettings()
 
-    async def _episode(self, engine: RolloutEngine, prompt: Prompt, sampling: SamplingParams, score: ScoreFn,
-                       i: int, on_sample_done: SampleDone | None) -> ScoredEpisode:  # fmt: skip
+    async def _episode(
+        self,
+        engine: RolloutEngine,
+        prompt: Prompt,
+        sampling: SamplingParams,
+        score: ScoreFn,
+        i: int,
+        on_sample_done: SampleDone | None,
+    ) -> ScoredEpisode:
         env = self.make_env()
         latency = self.settings.tool_latency
         if latency.active:
@@ -272,8 +288,10 @@ class AgentWorkflow:
         on_sample_done: SampleDone | None = None,
     ) -> Group:
         """``group_size`` episodes of ``prompt``; ``on_sample_done(i)`` as episode ``i`` ends."""
-        episodes = await asyncio.gather(*(
-            self._episode(engine, prompt, episode_sampling, score, i, on_sample_done)
-            for i, episode_sampling in enumerate(episode_samplings(sampling, group_size))
-        ))  # fmt: skip
+        episodes = await asyncio.gather(
+            *(
+                self._episode(engine, prompt, episode_sampling, score, i, on_sample_done)
+                for i, episode_sampling in enumerate(episode_samplings(sampling, group_size))
+            )
+        )
         return group_of_episodes(prompt, episodes, start_version)

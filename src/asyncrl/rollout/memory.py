@@ -88,9 +88,15 @@ def available_bytes(device: str | torch.device) -> tuple[int, str] | None:
 
 
 def check_kv_fits(
-    *, layers: int, slots: int, kv_heads: int, max_seq_len: int, head_dim: int, dtype: torch.dtype,
+    *,
+    layers: int,
+    slots: int,
+    kv_heads: int,
+    max_seq_len: int,
+    head_dim: int,
+    dtype: torch.dtype,
     device: str | torch.device,
-) -> None:  # fmt: skip
+) -> None:
     """Raise ``KVCacheTooLarge`` unless the KV cache of these dimensions (``slots`` counts the
     scratch slot) fits in ``HEADROOM`` of the memory available on ``device``."""
     need = kv_cache_bytes(

@@ -313,8 +313,14 @@ def chunk_response(
     chunk_id: str, created: int, model: str, choices: list[dict[str, Any]], usage: dict[str, int] | None = None
 ) -> dict[str, Any]:
     """One ``chat.completion.chunk``; ``usage``: the last chunk's (``stream_options.include_usage``)."""
-    chunk = {"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model,
-             "system_fingerprint": None, "choices": choices}  # fmt: skip
+    chunk = {
+        "id": chunk_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": choices,
+    }
     if usage is not None:
         chunk["usage"] = usage
     return chunk

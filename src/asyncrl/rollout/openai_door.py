@@ -201,14 +201,20 @@ class ChatDoor:
         return [
             Route("POST", "/v1/chat/completions", lambda req: self.chat(req.json(), None)),
             Route("GET", "/v1/models", lambda req: self.models()),
-            Route("POST", "/sessions/{session_id}/v1/chat/completions",
-                  lambda req: self.chat(req.json(), _session_id(req))),
+            Route(
+                "POST",
+                "/sessions/{session_id}/v1/chat/completions",
+                lambda req: self.chat(req.json(), _session_id(req)),
+            ),
             Route("GET", "/sessions/{session_id}/v1/models", lambda req: self.models(_session_id(req))),
             Route("POST", "/sessions/{session_id}/end", lambda req: self.end_session(_session_id(req), req.json())),
-            Route("POST", "/sessions/{session_id}/completions/{completion_id}/reward",
-                  lambda req: self.completion_reward(_session_id(req), req.params["completion_id"], req.json())),
+            Route(
+                "POST",
+                "/sessions/{session_id}/completions/{completion_id}/reward",
+                lambda req: self.completion_reward(_session_id(req), req.params["completion_id"], req.json()),
+            ),
             Route("GET", "/sessions/{session_id}", lambda req: self.session_record(_session_id(req))),
-        ]  # fmt: skip
+        ]
 
     async def models(self, session_id: str | None = None) -> dict[str, Any]:
         """``/v1/models`` (the same under a session's ``base_url``, its id checked by the route)."""
@@ -218,20 +224,26 @@ class ChatDoor:
         """404 ``model_not_found`` (OpenAI's answer) for a model this door does not serve; no name is this one."""
         if name and name != self.model_name and not self.serves_any_model:
             raise HTTPError(
-                404, f"The model {name!r} does not exist here: this server serves {self.model_name!r} (GET /v1/models)",
+                404,
+                f"The model {name!r} does not exist here: this server serves {self.model_name!r} (GET /v1/models)",
                 code="model_not_found",
-            )  # fmt: skip
+            )
 
     def open_session(
-        self, session_id: str, sampling: SamplingParams | None = None, max_tokens: int | None = None,
-        *, branching: bool = False,
-    ) -> ChatSession:  # fmt: skip
+        self,
+        session_id: str,
+        sampling: SamplingParams | None = None,
+        max_tokens: int | None = None,
+        *,
+        branching: bool = False,
+    ) -> ChatSession:
         """Open session ``session_id`` (``sampling``: what every call of it samples with; ``branching``: it takes
         any history and concurrent calls, each call one completion, ``rollout.openai_tree``)."""
         if not SESSION_ID.fullmatch(session_id):
             raise ValueError(f"bad session id {session_id!r}")
-        session = ChatSession(session_id, self.renderer, self.tool_format, sampling=sampling, max_tokens=max_tokens,
-                              branching=branching)  # fmt: skip
+        session = ChatSession(
+            session_id, self.renderer, self.tool_format, sampling=sampling, max_tokens=max_tokens, branching=branching
+        )
         return self.store.add(session)
 
     async def end_session(self, session_id: str, body: Any) -> dict[str, Any]:
@@ -246,8 +258,11 @@ class ChatDoor:
         if session is None:
             raise HTTPError(404, f"no session {session_id}")
         if not session.branching:
-            raise HTTPError(400, f"session {session_id} is one linear conversation, one reward (/end); rewards "
-                                 "per completion need agent.episode_mode=tree or individual")  # fmt: skip
+            raise HTTPError(
+                400,
+                f"session {session_id} is one linear conversation, one reward (/end); rewards "
+                "per completion need agent.episode_mode=tree or individual",
+            )
         set_reward(session.completions, completion_id, float(reward or 0.0))
         return {"session_id": session_id, "completion_id": completion_id, "reward": reward}
 
@@ -322,12 +337,18 @@ class ChatDoor:
         if name is not None and name not in names:
             raise HTTPError(400, f"tool_choice names {name!r}, which is not one of this session's tools {names}")
         if name is not None and not TOOL_NAME.fullmatch(name):
-            raise HTTPError(400, f"tool_choice: the door writes the call of {name[:70]!r} for the model, and a tool "
-                                 "name it writes must be 1-64 characters of [A-Za-z0-9_-] (OpenAI's rule)")  # fmt: skip
+            raise HTTPError(
+                400,
+                f"tool_choice: the door writes the call of {name[:70]!r} for the model, and a tool "
+                "name it writes must be 1-64 characters of [A-Za-z0-9_-] (OpenAI's rule)",
+            )
         text = call_opening(self.tool_format, name)
         if not text:
-            raise HTTPError(400, f"tool_choice='required' with several tools: the {self.tool_format!r} format has no "
-                                 "opening common to every call; name the tool")  # fmt: skip
+            raise HTTPError(
+                400,
+                f"tool_choice='required' with several tools: the {self.tool_format!r} format has no "
+                "opening common to every call; name the tool",
+            )
         return text, tuple(int(t) for t in self.tokenizer.encode(text, add_special_tokens=False))
 
     def _close_ids(self, tools: tuple[dict[str, Any], ...]) -> tuple[int, ...]:
@@ -337,9 +358,13 @@ class ChatDoor:
         return tuple(int(i[0]) for i in ids if len(i) == 1)
 
     def _sampling(
-        self, req: ChatRequest, own: SamplingParams | None, prompt_len: int, budget: int,
+        self,
+        req: ChatRequest,
+        own: SamplingParams | None,
+        prompt_len: int,
+        budget: int,
         tools: tuple[dict[str, Any], ...] = (),
-    ) -> SamplingParams:  # fmt: skip
+    ) -> SamplingParams:
         """The call's sampling: the session's (a workflow's) or the request's, within every budget. A
         session's own ``max_new_tokens`` is a cap: a request's larger ``max_tokens`` is lowered to it;
         ``parallel_tool_calls=false`` adds the one-token closes of a call to the stops."""
@@ -359,14 +384,24 @@ class ChatDoor:
         if own is not None:
             return replace(own, max_new_tokens=min(cap, budget), stop_token_ids=stops)
         return SamplingParams(
-            max_new_tokens=min(cap, budget), temperature=req.temperature, top_p=req.top_p,
-            greedy=req.temperature == 0, stop_token_ids=stops, seed=req.seed,
-        )  # fmt: skip
+            max_new_tokens=min(cap, budget),
+            temperature=req.temperature,
+            top_p=req.top_p,
+            greedy=req.temperature == 0,
+            stop_token_ids=stops,
+            seed=req.seed,
+        )
 
     def _turn(
-        self, req: ChatRequest, c: Completion, sampling: SamplingParams, lead: str, *, parse: bool,
+        self,
+        req: ChatRequest,
+        c: Completion,
+        sampling: SamplingParams,
+        lead: str,
+        *,
+        parse: bool,
         tools: tuple[dict[str, Any], ...],
-    ) -> _Turn:  # fmt: skip
+    ) -> _Turn:
         """One finished completion as the reply: its text (``lead``, the forced opening, then the model's text
         without the stop token it ended at, unless that token closes a call), calls parsed when ``parse``."""
         ids = c.output_ids
@@ -416,8 +451,11 @@ class ChatDoor:
             for delta in choice_deltas(i, turn.reply, pieces, req.logprobs):
                 events.append(sse(chunk_response(chunk_id, created, model, [delta]) | usage))
         if req.include_usage:
-            tokens = {"prompt_tokens": answer.prompt_tokens, "completion_tokens": answer.produced,
-                      "total_tokens": answer.prompt_tokens + answer.produced}  # fmt: skip
+            tokens = {
+                "prompt_tokens": answer.prompt_tokens,
+                "completion_tokens": answer.produced,
+                "total_tokens": answer.prompt_tokens + answer.produced,
+            }
             events.append(sse(chunk_response(chunk_id, created, model, [], tokens)))
         return [*events, sse("[DONE]")]
 
@@ -477,9 +515,15 @@ class DoorServer:
         self.door = door
         self.auth = ApiKeyAuth(api_key, "openai door")
         self.http = JsonServer(
-            "openai door", door.routes(), error_body, self.auth, max_body_bytes=max_body_bytes,
-            request_timeout_s=request_timeout_s, idle_timeout_s=idle_timeout_s, backlog=128,
-        )  # fmt: skip
+            "openai door",
+            door.routes(),
+            error_body,
+            self.auth,
+            max_body_bytes=max_body_bytes,
+            request_timeout_s=request_timeout_s,
+            idle_timeout_s=idle_timeout_s,
+            backlog=128,
+        )
 
     @property
     def port(self) -> int:

@@ -70,59 +70,119 @@ _SESSION = "; in a session opened by a training workflow, the workflow's samplin
 class ChatBody:
     """A ``POST /v1/chat/completions`` body; a key it does not name is a 400 listing those it does."""
 
-    messages: Annotated[list[Any], Spec("a non-empty list of messages", bool),
-                        Door("supported", "text content (a string or text parts); roles system, developer (as "
-                             "system), user, assistant (with its tool_calls), tool")]  # fmt: skip
-    model: Annotated[str | None, Door("supported", "must be the served model's name (else 404 model_not_found); a "
-                                      "training workflow's door answers to any name")] = None  # fmt: skip
+    messages: Annotated[
+        list[Any],
+        Spec("a non-empty list of messages", bool),
+        Door(
+            "supported",
+            "text content (a string or text parts); roles system, developer (as "
+            "system), user, assistant (with its tool_calls), tool",
+        ),
+    ]
+    model: Annotated[
+        str | None,
+        Door(
+            "supported",
+            "must be the served model's name (else 404 model_not_found); a "
+            "training workflow's door answers to any name",
+        ),
+    ] = None
     audio: Annotated[Any, _neutral(), Door("refused", "text only: no audio output")] = None
     frequency_penalty: Annotated[Any, _neutral(0), Door("refused", _NO_PENALTY)] = None
     function_call: Annotated[Any, _neutral(), Door("refused", "deprecated by OpenAI: use tool_choice")] = None
     functions: Annotated[Any, _neutral(), Door("refused", "deprecated by OpenAI: use tools")] = None
-    logit_bias: Annotated[Any, Spec("null or {}", lambda v: v == {}),
-                          Door("refused", "the engine applies no bias (the behaviour log-probs must be those of the "
-                               "distribution sampled)")] = None  # fmt: skip
-    logprobs: Annotated[bool | None, Door("supported", "each token's log-prob as sampled (the behaviour log-prob "
-                                          "the trainer gets) and its raw bytes")] = None  # fmt: skip
-    max_completion_tokens: Annotated[int | None, Spec("an integer >= 1", lambda v: v >= 1),
-                                     Door("supported", "the turn's token cap (the stop token counts), within the "
-                                          "session's and the engine's budget")] = None  # fmt: skip
+    logit_bias: Annotated[
+        Any,
+        Spec("null or {}", lambda v: v == {}),
+        Door(
+            "refused", "the engine applies no bias (the behaviour log-probs must be those of the distribution sampled)"
+        ),
+    ] = None
+    logprobs: Annotated[
+        bool | None,
+        Door(
+            "supported", "each token's log-prob as sampled (the behaviour log-prob the trainer gets) and its raw bytes"
+        ),
+    ] = None
+    max_completion_tokens: Annotated[
+        int | None,
+        Spec("an integer >= 1", lambda v: v >= 1),
+        Door("supported", "the turn's token cap (the stop token counts), within the session's and the engine's budget"),
+    ] = None
     max_tokens: Annotated[
         int | None,
         Spec("an integer >= 1", lambda v: v >= 1),
         Door("supported", "as max_completion_tokens (which wins when both are given)"),
     ] = None
     metadata: Annotated[dict | None, Door("ignored", "nothing is stored")] = None
-    modalities: Annotated[Any, Spec('null or ["text"]', lambda v: v == ["text"]),
-                          Door("supported", '["text"] only; audio output is a 400')] = None  # fmt: skip
+    modalities: Annotated[
+        Any,
+        Spec('null or ["text"]', lambda v: v == ["text"]),
+        Door("supported", '["text"] only; audio output is a 400'),
+    ] = None
     moderation: Annotated[Any, _neutral(), Door("refused", "no moderation is run on input or output")] = None
-    n: Annotated[int | None, Door("supported", "choices of an unrecorded call (at most the engine's slots); 1 in "
-                                  "a session (one conversation)")] = None  # fmt: skip
-    parallel_tool_calls: Annotated[bool | None, Door("supported", "false: at most one call per turn (the turn "
-                                                     "stops after the first call's close when that is one token; "
-                                                     "further calls are not returned)")] = None  # fmt: skip
+    n: Annotated[
+        int | None,
+        Door(
+            "supported", "choices of an unrecorded call (at most the engine's slots); 1 in a session (one conversation)"
+        ),
+    ] = None
+    parallel_tool_calls: Annotated[
+        bool | None,
+        Door(
+            "supported",
+            "false: at most one call per turn (the turn "
+            "stops after the first call's close when that is one token; "
+            "further calls are not returned)",
+        ),
+    ] = None
     prediction: Annotated[Any, _neutral(), Door("refused", "no speculative decoding of a predicted output")] = None
     presence_penalty: Annotated[Any, _neutral(0), Door("refused", _NO_PENALTY)] = None
     prompt_cache_key: Annotated[str | None, Door("ignored", "prefix reuse is the engine's own, by tokens")] = None
     prompt_cache_options: Annotated[Any, Door("ignored", "prefix reuse is the engine's own, by tokens")] = None
     prompt_cache_retention: Annotated[Any, Door("ignored", "prefix reuse is the engine's own, by tokens")] = None
-    reasoning_effort: Annotated[Any, _neutral(), Door("refused", "the chat template is rendered as it is; no "
-                                                      "control of a model's reasoning length")] = None  # fmt: skip
-    response_format: Annotated[Any, Spec('null or {"type": "text"}', lambda v: v == {"type": "text"}),
-                               Door("supported", '{"type": "text"} only; json_object and json_schema are a 400 '
-                                    "(no constrained decoding)")] = None  # fmt: skip
+    reasoning_effort: Annotated[
+        Any,
+        _neutral(),
+        Door("refused", "the chat template is rendered as it is; no control of a model's reasoning length"),
+    ] = None
+    response_format: Annotated[
+        Any,
+        Spec('null or {"type": "text"}', lambda v: v == {"type": "text"}),
+        Door("supported", '{"type": "text"} only; json_object and json_schema are a 400 (no constrained decoding)'),
+    ] = None
     safety_identifier: Annotated[str | None, Door("ignored", "nothing is reported")] = None
     seed: Annotated[int | None, Door("supported", "the sampler's seed" + _SESSION)] = None
     service_tier: Annotated[str | None, Door("ignored", "one tier")] = None
-    stop: Annotated[Any, Door("supported", f"up to 4 strings of one token each (at most {MAX_STOP_CHARS} "
-                              "characters); a string of several tokens is a 400")] = None  # fmt: skip
-    store: Annotated[bool | None, Door("ignored", "nothing is stored for OpenAI's tools (a session is recorded "
-                                       "for training whatever this says)")] = None  # fmt: skip
-    stream: Annotated[bool | None, Door("supported", "server-sent events: chat.completion.chunk objects with "
-                                        "delta, the last with finish_reason, then data: [DONE]")] = None  # fmt: skip
-    stream_options: Annotated[dict | None, Door("supported", "include_usage: a last chunk with usage; "
-                                                "include_obfuscation: accepted, no padding is sent; only with "
-                                                "stream")] = None  # fmt: skip
+    stop: Annotated[
+        Any,
+        Door(
+            "supported",
+            f"up to 4 strings of one token each (at most {MAX_STOP_CHARS} "
+            "characters); a string of several tokens is a 400",
+        ),
+    ] = None
+    store: Annotated[
+        bool | None,
+        Door("ignored", "nothing is stored for OpenAI's tools (a session is recorded for training whatever this says)"),
+    ] = None
+    stream: Annotated[
+        bool | None,
+        Door(
+            "supported",
+            "server-sent events: chat.completion.chunk objects with "
+            "delta, the last with finish_reason, then data: [DONE]",
+        ),
+    ] = None
+    stream_options: Annotated[
+        dict | None,
+        Door(
+            "supported",
+            "include_usage: a last chunk with usage; "
+            "include_obfuscation: accepted, no padding is sent; only with "
+            "stream",
+        ),
+    ] = None
     temperature: Annotated[float | None, _range(0, 2), Door("supported", "0 is greedy" + _SESSION)] = None
     tool_choice: Annotated[
         Any,
@@ -132,12 +192,21 @@ class ChatBody:
             '"function", ...} (the call\'s opening is written for the model)',
         ),
     ] = None
-    tools: Annotated[list[Any] | None, Door("supported", "function tools, rendered by the chat template; "
-                                            "strict: true is a 400 (no constrained decoding)")] = None  # fmt: skip
-    top_logprobs: Annotated[Any, _neutral(0), Door("refused", "0 only: the engine returns the sampled token's "
-                                                   "log-prob, not its distribution")] = None  # fmt: skip
-    top_p: Annotated[float | None, Spec("a number in (0, 1]", lambda v: 0 < v <= 1),
-                     Door("supported", "nucleus sampling" + _SESSION)] = None  # fmt: skip
+    tools: Annotated[
+        list[Any] | None,
+        Door(
+            "supported",
+            "function tools, rendered by the chat template; strict: true is a 400 (no constrained decoding)",
+        ),
+    ] = None
+    top_logprobs: Annotated[
+        Any,
+        _neutral(0),
+        Door("refused", "0 only: the engine returns the sampled token's log-prob, not its distribution"),
+    ] = None
+    top_p: Annotated[
+        float | None, Spec("a number in (0, 1]", lambda v: 0 < v <= 1), Door("supported", "nucleus sampling" + _SESSION)
+    ] = None
     user: Annotated[str | None, Door("ignored", "nothing is reported")] = None
     verbosity: Annotated[Any, _neutral(), Door("refused", "no control of the reply's length but max_tokens")] = None
     web_search_options: Annotated[Any, _neutral(), Door("refused", "no web search")] = None
@@ -192,8 +261,10 @@ def _tools(raw: list[Any] | None) -> tuple[dict[str, Any], ...]:
         ):
             raise _bad(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}")
         if fn.get("strict"):
-            raise _bad(f"tools[{i}].function.strict=true: this server cannot guarantee arguments that follow the "
-                       "schema (no constrained decoding); send strict false or leave it out")  # fmt: skip
+            raise _bad(
+                f"tools[{i}].function.strict=true: this server cannot guarantee arguments that follow the "
+                "schema (no constrained decoding); send strict false or leave it out"
+            )
         params = fn.get("parameters")
         if params is None:
             continue
@@ -257,8 +328,10 @@ def _stop_ids(raw: Any, tokenizer: Any) -> tuple[int, ...]:
     ids = []
     for s in stops:
         if len(s) > MAX_STOP_CHARS:
-            raise _bad(f"a stop string of {len(s)} characters; only single-token stops (at most {MAX_STOP_CHARS} "
-                       "characters) are supported")  # fmt: skip
+            raise _bad(
+                f"a stop string of {len(s)} characters; only single-token stops (at most {MAX_STOP_CHARS} "
+                "characters) are supported"
+            )
         enc = tokenizer.encode(s, add_special_tokens=False)
         if len(enc) != 1:
             raise _bad(f"stop {s!r} is {len(enc)} tokens in this tokenizer; only single-token stops are supported")
@@ -303,8 +376,10 @@ def parse_chat_request(body: Any, *, tokenizer: Any, max_slots: int, max_chars: 
     if max_chars is not None:
         chars = request_chars(messages, tools)
         if chars > max_chars:
-            raise _bad(f"the messages and tools hold {chars} characters; this server reads at most {max_chars} "
-                       "per request (max_request_chars)")  # fmt: skip
+            raise _bad(
+                f"the messages and tools hold {chars} characters; this server reads at most {max_chars} "
+                "per request (max_request_chars)"
+            )
     n = 1 if b.n is None else b.n
     if not 1 <= n <= max_slots:
         raise _bad(f"n must be an int in [1, {max_slots}]")
@@ -313,14 +388,22 @@ def parse_chat_request(body: Any, *, tokenizer: Any, max_slots: int, max_chars: 
     choice, forced = _tool_choice(b.tool_choice, tools)
     seed = b.seed
     return ChatRequest(
-        messages=messages, tools=tools, model=b.model or "",
+        messages=messages,
+        tools=tools,
+        model=b.model or "",
         max_tokens=b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens,
-        temperature=1.0 if b.temperature is None else b.temperature, top_p=1.0 if b.top_p is None else b.top_p,
-        stop_ids=_stop_ids(b.stop, tokenizer), n=n, seed=None if seed is None else seed % (1 << 31),
-        logprobs=bool(b.logprobs), tool_choice=choice, forced_tool=forced,
-        parallel_tool_calls=b.parallel_tool_calls is not False, stream=bool(b.stream),
+        temperature=1.0 if b.temperature is None else b.temperature,
+        top_p=1.0 if b.top_p is None else b.top_p,
+        stop_ids=_stop_ids(b.stop, tokenizer),
+        n=n,
+        seed=None if seed is None else seed % (1 << 31),
+        logprobs=bool(b.logprobs),
+        tool_choice=choice,
+        forced_tool=forced,
+        parallel_tool_calls=b.parallel_tool_calls is not False,
+        stream=bool(b.stream),
         include_usage=_stream_options(b),
-    )  # fmt: skip
+    )
 
 
 def reward_body(body: Any, route: str, *, optional: bool) -> float | None:

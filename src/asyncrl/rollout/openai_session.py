@@ -132,14 +132,20 @@ class ChatSession:
         ):
             raise HTTPError(400, self._divergence(req.messages))
         if req.tools and req.tools != self.tools:
-            raise HTTPError(400, f"session {self.session_id}: the tools changed between calls. A session's tools are "
-                                 "in its opening, recorded as the model saw them: a call may send them again or "
-                                 "none (a final answer: its calls are not read), not others; start another "
-                                 "session for other tools")  # fmt: skip
+            raise HTTPError(
+                400,
+                f"session {self.session_id}: the tools changed between calls. A session's tools are "
+                "in its opening, recorded as the model saw them: a call may send them again or "
+                "none (a final answer: its calls are not read), not others; start another "
+                "session for other tools",
+            )
         new = req.messages[len(prev) :]
         if any(m["role"] == "assistant" for m in new):
-            raise HTTPError(400, f"session {self.session_id}: new messages may not hold an assistant turn the "
-                                 "model did not write (start another session for another conversation)")  # fmt: skip
+            raise HTTPError(
+                400,
+                f"session {self.session_id}: new messages may not hold an assistant turn the "
+                "model did not write (start another session for another conversation)",
+            )
         new_messages = template_messages(new, self.tool_format, tool_tags(self.tools))
         env = self.renderer.env_ids(self.history, new_messages, self.tools, self.last_closed_by)
         env = (*env, *lead_ids)
@@ -191,8 +197,9 @@ class ChatSession:
             self.ids.extend(plan.env_ids)
             last = self.turns[-1]
             waited = plan.arrived_at - self.last_reply_at  # the agent's time: reply out -> this call in
-            self.turns[-1] = replace(last, env_tokens=len(plan.env_ids), tool_latency_s=waited,
-                                     tool_started_at=self.last_reply_wall)  # fmt: skip
+            self.turns[-1] = replace(
+                last, env_tokens=len(plan.env_ids), tool_latency_s=waited, tool_started_at=self.last_reply_wall
+            )
             self.history += [Message("assistant", self.last_text), *plan.new_history]
         self.segments.append(segment)
         self.ids.extend(segment.token_ids)
@@ -231,20 +238,36 @@ class ChatSession:
 
     def summary(self) -> dict[str, Any]:
         """The record as JSON (``GET /sessions/<id>``): ids, loss mask, log-probs, versions, turns."""
-        out: dict[str, Any] = {"session_id": self.session_id, "ended": self.ended, "reward": self.reward,
-                               "calls": self.calls}  # fmt: skip
+        out: dict[str, Any] = {
+            "session_id": self.session_id,
+            "ended": self.ended,
+            "reward": self.reward,
+            "calls": self.calls,
+        }
         if self.branching:
             return out | {"completions": openai_tree.summary(self.completions)}
         if self.segments:
             t = self.trajectory()
             out |= {
-                "prompt_ids": list(t.prompt_ids), "response_ids": list(t.response_ids),
-                "loss_mask": list(t.loss_mask), "behav_logprobs": list(t.behav_logprobs),
-                "versions": list(t.versions), "end": t.end,
-                "turns": [{"model_tokens": r.model_tokens, "env_tokens": r.env_tokens, "min_version": r.min_version,
-                           "max_version": r.max_version, "tool_calls": list(r.tool_calls), "malformed": r.malformed,
-                           "finish_reason": r.finish_reason} for r in t.turns],
-            }  # fmt: skip
+                "prompt_ids": list(t.prompt_ids),
+                "response_ids": list(t.response_ids),
+                "loss_mask": list(t.loss_mask),
+                "behav_logprobs": list(t.behav_logprobs),
+                "versions": list(t.versions),
+                "end": t.end,
+                "turns": [
+                    {
+                        "model_tokens": r.model_tokens,
+                        "env_tokens": r.env_tokens,
+                        "min_version": r.min_version,
+                        "max_version": r.max_version,
+                        "tool_calls": list(r.tool_calls),
+                        "malformed": r.malformed,
+                        "finish_reason": r.finish_reason,
+                    }
+                    for r in t.turns
+                ],
+            }
         return out
 
 
@@ -293,10 +316,16 @@ class SessionStore:
         if self.max_open is not None and len(self.open) >= self.max_open:
             idle = next((s for s in self.open.values() if not s.busy), None)
             if idle is None:
-                raise HTTPError(429, f"this server holds at most {self.max_open} open sessions and each has a call "
-                                     "running: end sessions (POST /sessions/<id>/end) or retry later")  # fmt: skip
-            self._drop(idle, f"was evicted: this server holds at most {self.max_open} open sessions and it was the "
-                             "least recently used")  # fmt: skip
+                raise HTTPError(
+                    429,
+                    f"this server holds at most {self.max_open} open sessions and each has a call "
+                    "running: end sessions (POST /sessions/<id>/end) or retry later",
+                )
+            self._drop(
+                idle,
+                f"was evicted: this server holds at most {self.max_open} open sessions and it was the "
+                "least recently used",
+            )
             self.evicted += 1
         session.last_used = self.clock()
         self.open[sid] = session

@@ -136,9 +136,13 @@ def spent(records: Sequence[CompletionRecord]) -> int:
 
 
 def plan_call(
-    records: Sequence[CompletionRecord], renderer: ChatRenderer, fmt: ToolFormat, req: ChatRequest,
-    lead_ids: tuple[int, ...], budget_left: Callable[[int], int],
-) -> TurnPlan:  # fmt: skip
+    records: Sequence[CompletionRecord],
+    renderer: ChatRenderer,
+    fmt: ToolFormat,
+    req: ChatRequest,
+    lead_ids: tuple[int, ...],
+    budget_left: Callable[[int], int],
+) -> TurnPlan:
     """The ids a call of a branching session generates from (module docstring); ``budget_left(glue)``: the
     session's tokens left after ``glue`` more."""
     arrived_at = time.monotonic()
@@ -154,9 +158,15 @@ def plan_call(
 
 
 def record_call(
-    records: list[CompletionRecord], req: ChatRequest, plan: TurnPlan, segment: ModelSegment, reply: Reply,
-    text: str, parsed: ParsedTurn, closed_by: int | None,
-) -> str:  # fmt: skip
+    records: list[CompletionRecord],
+    req: ChatRequest,
+    plan: TurnPlan,
+    segment: ModelSegment,
+    reply: Reply,
+    text: str,
+    parsed: ParsedTurn,
+    closed_by: int | None,
+) -> str:
     """Append a call of a branching session (after the engine answered ``plan``); its completion id."""
     kind: EnvKind = "user"
     if plan.parent is None:
@@ -167,11 +177,25 @@ def record_call(
         if any(m["role"] == "tool" for m in req.messages[len(rec.conversation) :]):
             kind = "tool"
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-    records.append(CompletionRecord(
-        completion_id, plan.parent, plan.input_ids, plan.env_ids, kind, segment, turn_record(segment, parsed),
-        (*req.messages, normalized(reply.message)), history, text, closed_by, tools, plan.arrived_at,
-        time.monotonic(), time.time(),
-    ))  # fmt: skip
+    records.append(
+        CompletionRecord(
+            completion_id,
+            plan.parent,
+            plan.input_ids,
+            plan.env_ids,
+            kind,
+            segment,
+            turn_record(segment, parsed),
+            (*req.messages, normalized(reply.message)),
+            history,
+            text,
+            closed_by,
+            tools,
+            plan.arrived_at,
+            time.monotonic(),
+            time.time(),
+        )
+    )
     return completion_id
 
 
@@ -215,8 +239,14 @@ def chain_trajectory(records: Sequence[CompletionRecord], indices: Sequence[int]
     turns: list[TurnRecord] = []
     for prev, nxt in zip(indices, indices[1:], strict=False):
         p, n = records[prev], records[nxt]
-        turns.append(replace(p.turn, env_tokens=len(n.env_ids), tool_latency_s=n.arrived_at - p.replied_at,
-                             tool_started_at=p.replied_wall))  # fmt: skip
+        turns.append(
+            replace(
+                p.turn,
+                env_tokens=len(n.env_ids),
+                tool_latency_s=n.arrived_at - p.replied_at,
+                tool_started_at=p.replied_wall,
+            )
+        )
         segments += [EnvSegment(n.env_ids, n.env_kind), n.segment]
     last = records[indices[-1]].turn
     turns.append(last)
@@ -234,7 +264,7 @@ def episode_samples(
                 Trajectory(prompt_ids=r.input_ids, segments=(r.segment,), turns=(r.turn,), end=_end(r.turn)),
                 rewards[i],
                 (i,),
-            )  # fmt: skip
+            )
             for i, r in enumerate(records)
         ]
     parents = {r.parent for r in records}
@@ -250,8 +280,15 @@ def last_chain(records: Sequence[CompletionRecord]) -> Trajectory:
 def summary(records: Sequence[CompletionRecord]) -> list[dict[str, Any]]:
     """Each completion as JSON (``GET /sessions/<id>`` of a branching session)."""
     return [
-        {"id": r.completion_id, "parent": r.parent, "prompt_ids": list(r.input_ids),
-         "output_ids": list(r.segment.token_ids), "behav_logprobs": list(r.segment.behav_logprobs),
-         "versions": list(r.segment.versions), "finish_reason": r.segment.finish_reason, "reward": r.reward}
+        {
+            "id": r.completion_id,
+            "parent": r.parent,
+            "prompt_ids": list(r.input_ids),
+            "output_ids": list(r.segment.token_ids),
+            "behav_logprobs": list(r.segment.behav_logprobs),
+            "versions": list(r.segment.versions),
+            "finish_reason": r.segment.finish_reason,
+            "reward": r.reward,
+        }
         for r in records
-    ]  # fmt: skip
+    ]

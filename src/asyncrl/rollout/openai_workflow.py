@@ -114,10 +114,16 @@ class OpenAIAgentWorkflow:
 
     def _door(self, engine: RolloutEngine) -> DoorServer:
         door = ChatDoor(
-            engine, self.tokenizer, model_name=self.model_name, tool_format=self.settings.tool_format,
-            end_of_turn_ids=self.end_of_turn_ids, max_seq_len=self.settings.max_seq_len,
-            open_sessions_on_call=False, serves_any_model=True, max_request_chars=self.settings.max_request_chars,
-        )  # fmt: skip
+            engine,
+            self.tokenizer,
+            model_name=self.model_name,
+            tool_format=self.settings.tool_format,
+            end_of_turn_ids=self.end_of_turn_ids,
+            max_seq_len=self.settings.max_seq_len,
+            open_sessions_on_call=False,
+            serves_any_model=True,
+            max_request_chars=self.settings.max_request_chars,
+        )
         return DoorServer(door, self.api_key)
 
     async def __call__(
@@ -135,10 +141,12 @@ class OpenAIAgentWorkflow:
         await server.start()
         try:
             per_call = replace(sampling, max_new_tokens=self.settings.max_turn_tokens or sampling.max_new_tokens)
-            episodes = await asyncio.gather(*(
-                self._episode(server, prompt, episode_sampling, score, i, on_sample_done)
-                for i, episode_sampling in enumerate(episode_samplings(per_call, group_size))
-            ))  # fmt: skip
+            episodes = await asyncio.gather(
+                *(
+                    self._episode(server, prompt, episode_sampling, score, i, on_sample_done)
+                    for i, episode_sampling in enumerate(episode_samplings(per_call, group_size))
+                )
+            )
         finally:
             await server.stop()
         if self.settings.episode_mode == "linear":
@@ -149,9 +157,14 @@ class OpenAIAgentWorkflow:
         )
 
     async def _episode(
-        self, server: DoorServer, prompt: Prompt, sampling: SamplingParams, score: ScoreFn, i: int,
+        self,
+        server: DoorServer,
+        prompt: Prompt,
+        sampling: SamplingParams,
+        score: ScoreFn,
+        i: int,
         on_sample_done: SampleDone | None,
-    ) -> list[ScoredEpisode]:  # fmt: skip
+    ) -> list[ScoredEpisode]:
         """Episode ``i``'s samples (one in linear mode), each with its reward."""
         session_id = f"s{i}-{uuid.uuid4().hex[:12]}"
         branching = self.settings.episode_mode != "linear"

@@ -58,8 +58,9 @@ class SamplingBody:
     seed: int | None = None
     """An alias of ``sampling_seed``."""
     ignore_eos: bool = False
-    stop: Annotated[Any, Spec("empty (string stop sequences are not supported; use 'stop_token_ids')",
-                              lambda v: not v)] = None  # fmt: skip
+    stop: Annotated[
+        Any, Spec("empty (string stop sequences are not supported; use 'stop_token_ids')", lambda v: not v)
+    ] = None
     frequency_penalty: Annotated[Any, _neutral(0.0)] = None
     presence_penalty: Annotated[Any, _neutral(0.0)] = None
     repetition_penalty: Annotated[Any, _neutral(1.0)] = None
@@ -85,8 +86,9 @@ class GenerateBody:
     send more (``image_data``, ``lora_path``, ...)."""
 
     unknown_fields: ClassVar[str] = "ignore"
-    input_ids: Annotated[list[int] | list[list[int]] | None,
-                         Spec("a non-empty list of ints (or a list of such lists)", _prompt_ids)] = None  # fmt: skip
+    input_ids: Annotated[
+        list[int] | list[list[int]] | None, Spec("a non-empty list of ints (or a list of such lists)", _prompt_ids)
+    ] = None
     text: Annotated[str | list[str] | None, Spec("a string or a non-empty list of strings", _texts)] = None
     sampling_params: SamplingBody | None = None
     return_logprob: bool = False
@@ -191,8 +193,10 @@ def _tokenised(
     _check_samples(len(texts), n, max_samples)
     chars = sum(len(t) for t in texts)
     if max_chars is not None and chars > max_chars:
-        raise bad_request(f"'text' holds {chars} characters; this server reads at most {max_chars} per "
-                          "request (max_request_chars): send fewer or shorter prompts, or 'input_ids'")  # fmt: skip
+        raise bad_request(
+            f"'text' holds {chars} characters; this server reads at most {max_chars} per "
+            "request (max_request_chars): send fewer or shorter prompts, or 'input_ids'"
+        )
     for t in texts:  # JSON escapes can carry lone surrogates, which no tokenizer encodes
         try:
             t.encode("utf-8")

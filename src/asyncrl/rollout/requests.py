@@ -48,8 +48,16 @@ class Sample:
     """A running sample: lives in one slot."""
 
     __slots__ = (
-        "request", "index", "limit", "output_ids", "logprobs", "versions", "position", "last_token", "interruptions"
-    )  # fmt: skip
+        "request",
+        "index",
+        "limit",
+        "output_ids",
+        "logprobs",
+        "versions",
+        "position",
+        "last_token",
+        "interruptions",
+    )
 
     def __init__(self, request: Request, index: int, limit: int) -> None:
         self.request, self.index, self.limit = request, index, limit

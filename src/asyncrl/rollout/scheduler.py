@@ -127,9 +127,14 @@ class Scheduler:
     """Slots, the waiting queue and the step plan of ``LocalEngine`` (see the module docstring)."""
 
     def __init__(
-        self, *, max_slots: int, max_seq_len: int, prefill_token_budget: int, scratch_slot: int,
+        self,
+        *,
+        max_slots: int,
+        max_seq_len: int,
+        prefill_token_budget: int,
+        scratch_slot: int,
         prefix_reuse: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.max_slots = max_slots
         self.prefix_reuse = prefix_reuse
         self.max_seq_len = max_seq_len
@@ -314,9 +319,13 @@ class Scheduler:
                 return None
             samples, tokens, positions, write_slots = [], [], [], []
         batch = ForwardBatch(
-            tokens, positions, write_slots, [p.slots[0] for p in prefills], [p.prefill_ids for p in prefills],
+            tokens,
+            positions,
+            write_slots,
+            [p.slots[0] for p in prefills],
+            [p.prefill_ids for p in prefills],
             [p.reused for p in prefills] if any(p.reused for p in prefills) else [],
-        )  # fmt: skip
+        )
         return StepPlan(tuple(samples), num_decode, prefills, batch)
 
     def update(self, plan: StepPlan, output: StepOutput) -> list[Finished]:
