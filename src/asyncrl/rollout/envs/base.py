@@ -24,8 +24,16 @@ from asyncrl.rollout.tools import ParsedTurn, ToolCall
 from asyncrl.types import EnvKind, Prompt
 
 __all__ = [
-    "EnvOptions", "EnvReset", "Environment", "Message", "ModelTurn", "StepResult", "Tool", "ToolEnv", "ToolError",
-]  # fmt: skip
+    "EnvOptions",
+    "EnvReset",
+    "Environment",
+    "Message",
+    "ModelTurn",
+    "StepResult",
+    "Tool",
+    "ToolEnv",
+    "ToolError",
+]
 
 
 @dataclass(frozen=True)

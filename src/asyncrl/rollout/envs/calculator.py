@@ -22,8 +22,13 @@ from asyncrl.rollout.envs.base import EnvOptions, Tool, ToolEnv, ToolError
 from asyncrl.types import Prompt
 
 __all__ = [
-    "CALCULATOR_SYSTEM", "calculator_env", "calculator_reward", "calculator_tool", "evaluate_expression", "make",
-]  # fmt: skip
+    "CALCULATOR_SYSTEM",
+    "calculator_env",
+    "calculator_reward",
+    "calculator_tool",
+    "evaluate_expression",
+    "make",
+]
 
 MAX_DIGITS = 60
 """Largest operand or result, in decimal digits."""

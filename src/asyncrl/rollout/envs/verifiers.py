@@ -170,8 +170,14 @@ class VerifiersEnv:
             for i, m in enumerate(self.messages)
         ]
         task = TraceTask(type=type(self.task).__name__, data=self.task.data, key=self.task.key, hash=self.task.hash)
-        tools = [vf.Tool(name=s["function"]["name"], description=s["function"]["description"],
-                         parameters=s["function"]["parameters"]) for s in self.schemas]  # fmt: skip
+        tools = [
+            vf.Tool(
+                name=s["function"]["name"],
+                description=s["function"]["description"],
+                parameters=s["function"]["parameters"],
+            )
+            for s in self.schemas
+        ]
         return vf.Trace(task=task, agent=AgentInfo(config=vf.AgentConfig()), nodes=nodes, tools=tools)
 
     async def score(self) -> float:
