@@ -19,10 +19,13 @@ __all__ = ["CALLS_BEGIN", "CALLS_END", "format_call", "parse"]
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
 _CALL = re.compile(
-    re.escape(CALL_BEGIN) + r"(?P<type>[^<\n]*)" + re.escape(SEP)
-    + r"(?P<name>[^\n]*)\n```(?:json)?\n(?P<args>.*?)\n```" + re.escape(CALL_END),
+    re.escape(CALL_BEGIN)
+    + r"(?P<type>[^<\n]*)"
+    + re.escape(SEP)
+    + r"(?P<name>[^\n]*)\n```(?:json)?\n(?P<args>.*?)\n```"
+    + re.escape(CALL_END),
     re.S,
-)  # fmt: skip
+)
 
 
 def parse(text: str) -> ParsedTurn:
