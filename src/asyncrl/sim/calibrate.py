@@ -107,8 +107,12 @@ def decode_scale(profile: CostProfile, runs: Sequence[str | Path], measured_s: f
 
 def scale_decode(engine: EngineCost, scale: float) -> EngineCost:
     """``engine`` with its three decode costs multiplied by ``scale``."""
-    return replace(engine, decode_base_s=engine.decode_base_s * scale, decode_per_seq_s=engine.decode_per_seq_s * scale,
-                   decode_per_ctx_token_s=engine.decode_per_ctx_token_s * scale)  # fmt: skip
+    return replace(
+        engine,
+        decode_base_s=engine.decode_base_s * scale,
+        decode_per_seq_s=engine.decode_per_seq_s * scale,
+        decode_per_ctx_token_s=engine.decode_per_ctx_token_s * scale,
+    )
 
 
 def _run_measurements(runs: Sequence[str | Path]) -> dict[str, Any]:
@@ -125,8 +129,13 @@ def _run_measurements(runs: Sequence[str | Path]) -> dict[str, Any]:
             prefill_s += timeline[-1]["engine_prefill_s"] - timeline[0]["engine_prefill_s"]
             prefill_tokens += timeline[-1]["engine_prefill_tokens"] - timeline[0]["engine_prefill_tokens"]
             decode_s += timeline[-1]["engine_decode_s"] - timeline[0]["engine_decode_s"]
-    return {"points": points, "sync": sync, "reward": reward, "decode_s": decode_s,
-            "prefill": prefill_s / prefill_tokens if prefill_tokens > 0 else None}  # fmt: skip
+    return {
+        "points": points,
+        "sync": sync,
+        "reward": reward,
+        "decode_s": decode_s,
+        "prefill": prefill_s / prefill_tokens if prefill_tokens > 0 else None,
+    }
 
 
 def machine_profile(
@@ -159,27 +168,45 @@ def machine_profile(
     files = sorted({r["_file"] for r in rows})
     run_names = ", ".join(str(r) for r in runs)
     sources = [
-        Source("engine.decode_*", "measured", f"docs/results/{DECODE_FILE} ({len(decode['rows'])} rows of `python -m "
-               f"benchmarks decode`, one torch thread) fitted on relative error; worst row off by {worst:.0%}"),
-        Source("trainer.base_s, trainer.per_token_s", "measured",
-               f"per-step train_step_s against trained_tokens of {run_names} (the runs' workload only: "
-               "a token of a long sequence costs more than one of a short one)" if from_runs else
-               f"mean step time against trained tokens per step of the {len(rows)} max_staleness=0 rows of "
-               f"{', '.join(files)} (trainer alone, one thread, packed micro-batches, proximal forward included)"),
-        Source("sync.export_s, engine.update_s", "measured",
-               "median weight_sync_s of the same rows minus the engine's own load time (time_budget."
-               "engine_update_s per step of bench_headline_reason.json)"
-               + (f"; sync from {run_names}" if runs else "")),
-        Source("engine.prefill_per_token_s", "measured" if measured["prefill"] is not None else "assumption",
-               f"timeline prefill seconds per prefill token of {run_names}" if measured["prefill"] is not None else
-               "a prompt token costs one row of a decode step (LocalEngine runs prefill rows in the decode forward): "
-               "engine.decode_per_seq_s"),
-        Source("reward.latency_s", "measured" if measured["reward"] else "assumption",
-               f"median reward_latency_p50_s of {run_names}" if measured["reward"] else
-               "0: the arithmetic verifier scores inline in microseconds (controller/report.py notes it)"),
+        Source(
+            "engine.decode_*",
+            "measured",
+            f"docs/results/{DECODE_FILE} ({len(decode['rows'])} rows of `python -m "
+            f"benchmarks decode`, one torch thread) fitted on relative error; worst row off by {worst:.0%}",
+        ),
+        Source(
+            "trainer.base_s, trainer.per_token_s",
+            "measured",
+            f"per-step train_step_s against trained_tokens of {run_names} (the runs' workload only: "
+            "a token of a long sequence costs more than one of a short one)"
+            if from_runs
+            else f"mean step time against trained tokens per step of the {len(rows)} max_staleness=0 rows of "
+            f"{', '.join(files)} (trainer alone, one thread, packed micro-batches, proximal forward included)",
+        ),
+        Source(
+            "sync.export_s, engine.update_s",
+            "measured",
+            "median weight_sync_s of the same rows minus the engine's own load time (time_budget."
+            "engine_update_s per step of bench_headline_reason.json)" + (f"; sync from {run_names}" if runs else ""),
+        ),
+        Source(
+            "engine.prefill_per_token_s",
+            "measured" if measured["prefill"] is not None else "assumption",
+            f"timeline prefill seconds per prefill token of {run_names}"
+            if measured["prefill"] is not None
+            else "a prompt token costs one row of a decode step (LocalEngine runs prefill rows in the decode forward): "
+            "engine.decode_per_seq_s",
+        ),
+        Source(
+            "reward.latency_s",
+            "measured" if measured["reward"] else "assumption",
+            f"median reward_latency_p50_s of {run_names}"
+            if measured["reward"]
+            else "0: the arithmetic verifier scores inline in microseconds (controller/report.py notes it)",
+        ),
         Source("engine.max_slots", "published", "rollout.max_slots default of the config (128)"),
         Source("trainer.parallel_efficiency", "assumption", "1.0: one trainer rank on this machine"),
-    ]  # fmt: skip
+    ]
     profile = CostProfile(
         name=name,
         hardware="this 2-core CPU machine: the engine on one thread, the trainer process on the other",
@@ -198,9 +225,11 @@ def machine_profile(
 def _in_run_decode(profile: CostProfile, runs: Sequence[str | Path], measured_s: float) -> CostProfile:
     """``profile`` with its decode costs scaled to the runs' engines (``decode_scale``), saying so."""
     scale = decode_scale(profile, runs, measured_s)
-    note = (f"; LocalEngine's slot layout (engine.slot_prefix_rows: idle rows, padded attention) and scaled by "
-            f"{scale:.3f}, with which the simulations of {', '.join(map(str, runs))} (their own config and prompts "
-            f"in order, seed 0) decode for as long as their engines did ({measured_s:.1f} s)")  # fmt: skip
+    note = (
+        f"; LocalEngine's slot layout (engine.slot_prefix_rows: idle rows, padded attention) and scaled by "
+        f"{scale:.3f}, with which the simulations of {', '.join(map(str, runs))} (their own config and prompts "
+        f"in order, seed 0) decode for as long as their engines did ({measured_s:.1f} s)"
+    )
     sources = tuple(replace(s, source=s.source + note) if s.fields == "engine.decode_*" else s for s in profile.sources)
     return replace(
         profile,

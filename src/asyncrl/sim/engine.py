@@ -43,9 +43,17 @@ class EngineTotals:
     """Cumulative counters of all engines (``LocalEngine.stats`` names, summed as ``EnginePool``)."""
 
     __slots__ = (
-        "generated", "decode_steps", "decode_tokens", "decode_s", "prefill_s", "prefill_tokens", "update_s",
-        "running_s", "running", "waiting",
-    )  # fmt: skip
+        "generated",
+        "decode_steps",
+        "decode_tokens",
+        "decode_s",
+        "prefill_s",
+        "prefill_tokens",
+        "update_s",
+        "running_s",
+        "running",
+        "waiting",
+    )
 
     def __init__(self) -> None:
         self.generated = self.decode_steps = self.decode_tokens = self.prefill_tokens = 0
@@ -67,10 +75,32 @@ class SimEngine:
     """One engine (see the module docstring). ``t`` is the engine's clock at step ``steps``."""
 
     __slots__ = (
-        "index", "slots", "kv_cap", "a", "b", "c", "p", "update_cost", "t", "steps", "run", "groups", "ctx",
-        "waiting", "version", "updates", "seq", "token", "next_t", "next_step", "plan", "per_sample", "on_end", "tot",
+        "index",
+        "slots",
+        "kv_cap",
+        "a",
+        "b",
+        "c",
+        "p",
+        "update_cost",
+        "t",
+        "steps",
+        "run",
+        "groups",
+        "ctx",
+        "waiting",
+        "version",
+        "updates",
+        "seq",
+        "token",
+        "next_t",
+        "next_step",
+        "plan",
+        "per_sample",
+        "on_end",
+        "tot",
         "layout",
-    )  # fmt: skip
+    )
 
     def __init__(
         self, index: int, cost: EngineCost, slots: int, on_end: SampleEnd, totals: EngineTotals, per_sample: bool

@@ -17,10 +17,25 @@ class SimGroup:
     """One admitted prompt group (see the module docstring)."""
 
     __slots__ = (
-        "gid", "prompt_len", "lengths", "left", "pending", "last_end", "admit_version", "min_version",
-        "max_version", "engine", "report", "live", "interrupts", "finish_t", "samples", "status", "bound",
+        "gid",
+        "prompt_len",
+        "lengths",
+        "left",
+        "pending",
+        "last_end",
+        "admit_version",
+        "min_version",
+        "max_version",
+        "engine",
+        "report",
+        "live",
+        "interrupts",
+        "finish_t",
+        "samples",
+        "status",
+        "bound",
         "rejected",
-    )  # fmt: skip
+    )
 
     def __init__(self, gid: int, prompt_len: int, lengths: list[int], admit_version: int) -> None:
         self.gid = gid
@@ -84,6 +99,10 @@ def simulated(record: Group) -> SimGroup:
 
 def buffer_record(grp: SimGroup) -> BufferedGroup:
     return BufferedGroup(
-        prompt=SIM_PROMPT, completions=(), rewards=(), start_version=grp.admit_version, oldest=grp.min_version,
+        prompt=SIM_PROMPT,
+        completions=(),
+        rewards=(),
+        start_version=grp.admit_version,
+        oldest=grp.min_version,
         sim=grp,
-    )  # fmt: skip
+    )

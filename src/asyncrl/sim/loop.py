@@ -54,9 +54,13 @@ class Simulator:
         s = scenario.resolved(e.devices, profile.trainer.devices_per_rank, e.max_slots)
         self.s, self.profile = s, profile
         self.gate = StalenessGate(
-            s.batch_size, s.max_staleness, s.max_concurrent, high_water=s.high_water_batches * s.batch_size,
-            high_water_unit=s.high_water_unit, group_size=s.group_size,
-        )  # fmt: skip
+            s.batch_size,
+            s.max_staleness,
+            s.max_concurrent,
+            high_water=s.high_water_batches * s.batch_size,
+            high_water_unit=s.high_water_unit,
+            group_size=s.group_size,
+        )
         self.adaptive = (
             AdaptiveAdmission(AdaptiveLimits(s.max_staleness), self.gate, s.batch_size) if s.adaptive else None
         )
@@ -66,9 +70,16 @@ class Simulator:
         self.engines = [SimEngine(i, e, s.slots, self._sample_end, self.totals, self.reports) for i in range(s.engines)]
         self.router = Router(s.engines)
         self.lengths = LengthSampler(
-            s.lengths, s.group_size, s.max_new_tokens, median=s.length_median, sigma=s.length_sigma,
-            within_sigma=s.length_within_sigma, ledger=s.ledger or None, ordered=s.ledger_ordered, seed=s.seed,
-        )  # fmt: skip
+            s.lengths,
+            s.group_size,
+            s.max_new_tokens,
+            median=s.length_median,
+            sigma=s.length_sigma,
+            within_sigma=s.length_within_sigma,
+            ledger=s.ledger or None,
+            ordered=s.ledger_ordered,
+            seed=s.seed,
+        )
         self.rng = random.Random(s.seed)
         self.reward_s = s.reward_latency_s if s.reward_latency_s >= 0 else profile.reward.latency_s
         self.abort = s.interrupt_mode == "abort"
@@ -247,9 +258,11 @@ class Simulator:
             return
         wait = self.s.stragglers == "wait"
         if wait and must_wait_for_stragglers(
-            self.step, self.s.batch_size, self.buffer.last_steps(self.s.max_staleness),
+            self.step,
+            self.s.batch_size,
+            self.buffer.last_steps(self.s.max_staleness),
             (g.admit_version + self._bound(g) for g in self.in_flight.values()),
-        ):  # fmt: skip
+        ):
             return  # a group still generating must be in this batch: the trainer waits for it
         batch, stale = self.buffer.take_fresh(
             self.step, self.s.max_staleness, self.s.batch_size, nearest_bound_first=wait

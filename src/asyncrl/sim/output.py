@@ -93,10 +93,16 @@ def summarise(raw: dict[str, Any], scenario: Scenario, profile: str) -> SimResul
     groups["admitted"] = raw["admitted"]
     slots = scenario.slots * scenario.engines
     return SimResult(
-        profile=profile, steps=len(metrics), sim_time_s=end,
-        steady_state_tokens_per_s=thr.steady_state_tokens_per_s, whole_run_tokens_per_s=thr.whole_run_tokens_per_s,
-        window_start_s=window, trained_tokens=raw["trained_tokens"], generated_tokens=eng["generated_tokens"],
-        staleness_hist=hist, staleness_mean=sum(k * v for k, v in hist.items()) / max(1, trained_groups),
+        profile=profile,
+        steps=len(metrics),
+        sim_time_s=end,
+        steady_state_tokens_per_s=thr.steady_state_tokens_per_s,
+        whole_run_tokens_per_s=thr.whole_run_tokens_per_s,
+        window_start_s=window,
+        trained_tokens=raw["trained_tokens"],
+        generated_tokens=eng["generated_tokens"],
+        staleness_hist=hist,
+        staleness_mean=sum(k * v for k, v in hist.items()) / max(1, trained_groups),
         max_staleness_seen=max(hist) if hist else 0,
         engine_busy_frac=eng["busy_s"] / (end * scenario.engines) if end > 0 else 0.0,
         engine_decode_frac=eng["decode_s"] / (end * scenario.engines) if end > 0 else 0.0,
@@ -105,12 +111,17 @@ def summarise(raw: dict[str, Any], scenario: Scenario, profile: str) -> SimResul
         slot_utilisation=eng["decode_tokens"] / (scenario.slots * eng["decode_steps"]) if eng["decode_steps"] else 0.0,
         trainer_busy_frac=(raw["train_busy_s"] + raw["sync_busy_s"]) / end if end > 0 else 0.0,
         interruptions_per_sample=raw["interrupts"] / max(1, raw["trained_samples"]),
-        prefill_tokens=eng["prefill_tokens"], groups=groups, engines=scenario.engines,
-        trainer_ranks=scenario.trainer_ranks, slots=scenario.slots, wall_s=raw["wall_s"], cpu_s=raw.get("cpu_s", 0.0),
+        prefill_tokens=eng["prefill_tokens"],
+        groups=groups,
+        engines=scenario.engines,
+        trainer_ranks=scenario.trainer_ranks,
+        slots=scenario.slots,
+        wall_s=raw["wall_s"],
+        cpu_s=raw.get("cpu_s", 0.0),
         events=raw["events"],
         events_per_s=raw["events"] / max(raw["wall_s"], 1e-9),
         **setting_means(metrics, scenario.max_staleness, scenario.high_water_batches),
-    )  # fmt: skip
+    )
 
 
 def _config_view(scenario: Scenario) -> dict[str, Any]:
@@ -118,16 +129,25 @@ def _config_view(scenario: Scenario) -> dict[str, Any]:
     s = scenario
     return {
         "controller": {
-            "batch_size": s.batch_size, "max_staleness": s.max_staleness, "max_concurrent": s.max_concurrent,
-            "high_water_batches": s.high_water_batches, "high_water_unit": s.high_water_unit,
-            "total_steps": s.total_steps, "weight_sync": s.weight_sync,
+            "batch_size": s.batch_size,
+            "max_staleness": s.max_staleness,
+            "max_concurrent": s.max_concurrent,
+            "high_water_batches": s.high_water_batches,
+            "high_water_unit": s.high_water_unit,
+            "total_steps": s.total_steps,
+            "weight_sync": s.weight_sync,
         },
-        "rollout": {"group_size": s.group_size, "max_slots": s.slots, "interrupt_mode": s.interrupt_mode,
-                    "num_engines": s.engines, "max_new_tokens": s.max_new_tokens},
+        "rollout": {
+            "group_size": s.group_size,
+            "max_slots": s.slots,
+            "interrupt_mode": s.interrupt_mode,
+            "num_engines": s.engines,
+            "max_new_tokens": s.max_new_tokens,
+        },
         "task": {"verifier": "simulated"},
         "algo": {"filter_equal_rewards": s.filter_prob > 0},
         "sim": s.to_dict(),
-    }  # fmt: skip
+    }
 
 
 def write_run_dir(path: str | Path, raw: dict[str, Any], scenario: Scenario, result: SimResult) -> Path:
@@ -148,13 +168,22 @@ def write_run_dir(path: str | Path, raw: dict[str, Any], scenario: Scenario, res
     jsonl("trajectories.jsonl", raw["ledger"] or [])
     (out / "config.yaml").write_text(yaml.safe_dump(_config_view(scenario), sort_keys=False))
     summary = {
-        "run_id": run_id, "simulated": True, "steps": result.steps, "rl_wall_s": result.sim_time_s,
-        "trained_tokens": result.trained_tokens, "trained_samples": raw["trained_samples"],
-        "trained_tokens_per_s": result.whole_run_tokens_per_s, "max_staleness": scenario.max_staleness,
-        "max_staleness_seen": result.max_staleness_seen, "staleness_hist": result.staleness_hist,
-        "admitted_prompts": result.groups["admitted"], "filtered_groups": result.groups["filtered"],
-        "stale_groups": result.groups["stale"], "engine_generated_tokens": result.generated_tokens,
-        "ledger_kept": raw["ledger"] is not None, "result": result.as_row(),
-    }  # fmt: skip
+        "run_id": run_id,
+        "simulated": True,
+        "steps": result.steps,
+        "rl_wall_s": result.sim_time_s,
+        "trained_tokens": result.trained_tokens,
+        "trained_samples": raw["trained_samples"],
+        "trained_tokens_per_s": result.whole_run_tokens_per_s,
+        "max_staleness": scenario.max_staleness,
+        "max_staleness_seen": result.max_staleness_seen,
+        "staleness_hist": result.staleness_hist,
+        "admitted_prompts": result.groups["admitted"],
+        "filtered_groups": result.groups["filtered"],
+        "stale_groups": result.groups["stale"],
+        "engine_generated_tokens": result.generated_tokens,
+        "ledger_kept": raw["ledger"] is not None,
+        "result": result.as_row(),
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return out

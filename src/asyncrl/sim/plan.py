@@ -76,8 +76,7 @@ class Setting:
 
     def label(self) -> str:
         mark = f"hw{self.high_water_batches}" if self.high_water_batches else "no-mark"
-        return (f"{self.split.engines}e:{self.split.trainer_ranks}t eta{self.max_staleness} {mark} "
-                f"{self.interrupt_mode}")  # fmt: skip
+        return f"{self.split.engines}e:{self.split.trainer_ranks}t eta{self.max_staleness} {mark} {self.interrupt_mode}"
 
 
 @dataclass(frozen=True)
@@ -104,10 +103,21 @@ class Prediction:
     @staticmethod
     def of(setting: Setting, phase: str, r: SimResult) -> Prediction:
         return Prediction(
-            setting, phase, r.steps, r.steady_state_tokens_per_s, r.whole_run_tokens_per_s, r.staleness_mean,
-            r.max_staleness_seen, r.engine_busy_frac, r.engine_occupancy, r.trainer_busy_frac,
-            r.interruptions_per_sample, r.groups.get("stale", 0), r.sim_time_s, r.cpu_s,
-        )  # fmt: skip
+            setting,
+            phase,
+            r.steps,
+            r.steady_state_tokens_per_s,
+            r.whole_run_tokens_per_s,
+            r.staleness_mean,
+            r.max_staleness_seen,
+            r.engine_busy_frac,
+            r.engine_occupancy,
+            r.trainer_busy_frac,
+            r.interruptions_per_sample,
+            r.groups.get("stale", 0),
+            r.sim_time_s,
+            r.cpu_s,
+        )
 
     def as_row(self) -> dict[str, Any]:
         row = asdict(self)
@@ -235,12 +245,19 @@ def corner_settings(split: Split, request: PlanRequest) -> list[Setting]:
 def scenario_of(setting: Setting, request: PlanRequest, steps: int) -> Scenario:
     """The simulated scenario of a candidate: the workload's keys, the setting, the profile, the horizon."""
     keys = {
-        **request.workload.scenario, "profile": request.profile.name, "gpus": 0,
-        "engines": setting.split.engines, "trainer_ranks": setting.split.trainer_ranks,
-        "max_staleness": setting.max_staleness, "high_water_batches": setting.high_water_batches,
-        "interrupt_mode": setting.interrupt_mode, "total_steps": steps, "seed": request.seed,
-        "ledger_rows": 0, "timeline_lines": 200,
-    }  # fmt: skip
+        **request.workload.scenario,
+        "profile": request.profile.name,
+        "gpus": 0,
+        "engines": setting.split.engines,
+        "trainer_ranks": setting.split.trainer_ranks,
+        "max_staleness": setting.max_staleness,
+        "high_water_batches": setting.high_water_batches,
+        "interrupt_mode": setting.interrupt_mode,
+        "total_steps": steps,
+        "seed": request.seed,
+        "ledger_rows": 0,
+        "timeline_lines": 200,
+    }
     return with_overrides(Scenario(), keys)
 
 
@@ -251,10 +268,11 @@ def feasible(
     preds = list(predictions)
     best = max(p.steady_state_tokens_per_s for p in preds)
     return [
-        p for p in preds
+        p
+        for p in preds
         if p.steady_state_tokens_per_s >= target_fraction * best
         and (max_mean_staleness is None or p.staleness_mean <= max_mean_staleness)
-    ]  # fmt: skip
+    ]
 
 
 def choose(
@@ -268,8 +286,11 @@ def choose(
         raise ValueError("no candidate was simulated")
     ok = feasible(preds, target_fraction, max_mean_staleness)
     if not ok:
-        lowest = min(p.staleness_mean for p in preds if p.steady_state_tokens_per_s >= target_fraction * max(
-            q.steady_state_tokens_per_s for q in preds))  # fmt: skip
+        lowest = min(
+            p.staleness_mean
+            for p in preds
+            if p.steady_state_tokens_per_s >= target_fraction * max(q.steady_state_tokens_per_s for q in preds)
+        )
         raise ValueError(
             f"no candidate within {target_fraction:.0%} of the best throughput has mean staleness <= "
             f"{max_mean_staleness} (the lowest such is {lowest:.2f}): raise --max-mean-staleness or lower --target"
@@ -360,11 +381,17 @@ def setting_overrides(setting: Setting, request: PlanRequest) -> list[str]:
     sp = setting.split
     slots = request.workload.scenario.get("slots") or request.profile.engine.max_slots
     if (sp.engines, sp.trainer_ranks) != (1, 1):
-        out += ["launch.kind=ray", f"rollout.num_engines={sp.engines}", f"launch.trainer_ranks={sp.trainer_ranks}",
-                f"launch.gpus_per_engine={request.profile.engine.devices}",
-                f"launch.gpus_per_trainer={request.profile.trainer.devices_per_rank}",
-                f"rollout.max_slots={slots}"]  # fmt: skip
-    out += [f"controller.max_staleness={setting.max_staleness}",
-            f"controller.high_water_batches={setting.high_water_batches}",
-            f"rollout.interrupt_mode={setting.interrupt_mode}"]  # fmt: skip
+        out += [
+            "launch.kind=ray",
+            f"rollout.num_engines={sp.engines}",
+            f"launch.trainer_ranks={sp.trainer_ranks}",
+            f"launch.gpus_per_engine={request.profile.engine.devices}",
+            f"launch.gpus_per_trainer={request.profile.trainer.devices_per_rank}",
+            f"rollout.max_slots={slots}",
+        ]
+    out += [
+        f"controller.max_staleness={setting.max_staleness}",
+        f"controller.high_water_batches={setting.high_water_batches}",
+        f"rollout.interrupt_mode={setting.interrupt_mode}",
+    ]
     return out

@@ -66,8 +66,16 @@ def _bench_workload(name: str, median: float, p90: float, prompt_len: int, filte
 
     overrides = tuple(WORKLOADS[name])
     base = from_config(load_config(None, list(overrides)))
-    keys = ("batch_size", "group_size", "max_concurrent", "high_water_unit", "weight_sync", "max_new_tokens",
-            "interrupt_mode", "high_water_batches")  # fmt: skip
+    keys = (
+        "batch_size",
+        "group_size",
+        "max_concurrent",
+        "high_water_unit",
+        "weight_sync",
+        "max_new_tokens",
+        "interrupt_mode",
+        "high_water_batches",
+    )
     scenario = {k: getattr(base, k) for k in keys}
     scenario.update(lengths="lognormal", prompt_len=prompt_len, filter_prob=filter_prob, **_lognormal(median, p90))
     return PlanWorkload(name, scenario, overrides, source, bench_workload=name)
@@ -85,7 +93,7 @@ def named_workloads() -> dict[str, PlanWorkload]:
             "bench async `task`: the default arithmetic task (B=16 x G=8, up to 160 tokens); lengths fitted to "
             "median 19 / p90 37 of the 9 synchronous runs of docs/results/bench_async_task_seeds*.json; prompt "
             "~10 tokens and 29% of groups filtered (equal rewards) from the same rows",
-        ),  # fmt: skip
+        ),
         "long": _bench_workload(
             "long",
             350,
@@ -96,7 +104,7 @@ def named_workloads() -> dict[str, PlanWorkload]:
             "tokens, keep, mark in samples); lengths fitted to median ~350 / p90 ~1,150 of the synchronous "
             "runs of docs/results/bench_async_long_samples_keep_seeds*.json; prompt ~105 tokens (trained / "
             "generated tokens 1.21), no filter",
-        ),  # fmt: skip
+        ),
         "areal-math": PlanWorkload(
             "areal-math",
             {
@@ -118,7 +126,7 @@ def named_workloads() -> dict[str, PlanWorkload]:
             (),
             "AReaL's math RL setup (arXiv 2505.24298, docs/results/sim_512gpu_scenario.yaml): 512 prompts x 16, "
             "up to 27,648 new tokens; log-normal lengths of median 5,000 tokens (an assumption)",
-        ),  # fmt: skip
+        ),
     }
 
 
@@ -138,9 +146,12 @@ def resolve_workload(spec: str) -> PlanWorkload:
         # other settings than the run's, where its admission order says nothing (validation keeps it)
         s = replace(from_run(path), ledger_ordered=False)
         return PlanWorkload(
-            f"run:{path.name}", _workload_keys(s), (), f"replayed from the ledger of {path}",
+            f"run:{path.name}",
+            _workload_keys(s),
+            (),
+            f"replayed from the ledger of {path}",
             config_file=str(path / "config.yaml"),
-        )  # fmt: skip
+        )
     if path.is_file():
         s = load_scenario(path)
         return PlanWorkload(f"scenario:{path.name}", _workload_keys(s), (), f"scenario file {path}")
@@ -153,7 +164,17 @@ def resolve_workload(spec: str) -> PlanWorkload:
 def _workload_keys(s: Scenario) -> dict[str, Any]:
     """A scenario's keys less the devices and the settings the planner chooses."""
     data = s.to_dict()
-    for key in (*PLANNED_KEYS, "profile", "slots", "inference_fraction", "total_steps", "seed", "warmup_steps",
-                "timeline_lines", "timeline_period_s", "ledger_rows"):  # fmt: skip
+    for key in (
+        *PLANNED_KEYS,
+        "profile",
+        "slots",
+        "inference_fraction",
+        "total_steps",
+        "seed",
+        "warmup_steps",
+        "timeline_lines",
+        "timeline_period_s",
+        "ledger_rows",
+    ):
         data.pop(key, None)
     return data

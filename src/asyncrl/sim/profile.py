@@ -159,12 +159,16 @@ def check_profile(p: CostProfile) -> None:
     """Raises ``ValueError`` on a negative cost, a non-positive size or an unknown source kind."""
     e, t = p.engine, p.trainer
     costs = {
-        "engine.decode_base_s": e.decode_base_s, "engine.decode_per_seq_s": e.decode_per_seq_s,
+        "engine.decode_base_s": e.decode_base_s,
+        "engine.decode_per_seq_s": e.decode_per_seq_s,
         "engine.decode_per_ctx_token_s": e.decode_per_ctx_token_s,
-        "engine.prefill_per_token_s": e.prefill_per_token_s, "engine.update_s": e.update_s,
-        "trainer.base_s": t.base_s, "trainer.per_token_s": t.per_token_s,
-        "sync.export_s": p.sync.export_s, "reward.latency_s": p.reward.latency_s,
-    }  # fmt: skip
+        "engine.prefill_per_token_s": e.prefill_per_token_s,
+        "engine.update_s": e.update_s,
+        "trainer.base_s": t.base_s,
+        "trainer.per_token_s": t.per_token_s,
+        "sync.export_s": p.sync.export_s,
+        "reward.latency_s": p.reward.latency_s,
+    }
     bad = [k for k, v in costs.items() if not v >= 0.0]
     if bad:
         raise ValueError(f"profile {p.name!r}: negative or missing costs {bad}")

@@ -92,22 +92,34 @@ class Recorder:
         # a prefill or a weight load already charged past t (only counted where the engines are current)
         ahead = sum(eng.t - t for eng in sim.engines if eng.t > t) if sync else 0.0
         return {
-            "generated_tokens": float(tot.generated), "decode_tokens": float(tot.decode_tokens),
-            "decode_steps": float(tot.decode_steps), "decode_s": tot.decode_s, "prefill_s": tot.prefill_s,
-            "prefill_tokens": float(tot.prefill_tokens), "update_s": tot.update_s,
+            "generated_tokens": float(tot.generated),
+            "decode_tokens": float(tot.decode_tokens),
+            "decode_steps": float(tot.decode_steps),
+            "decode_s": tot.decode_s,
+            "prefill_s": tot.prefill_s,
+            "prefill_tokens": float(tot.prefill_tokens),
+            "update_s": tot.update_s,
             "busy_s": max(0.0, tot.decode_s + tot.prefill_s + tot.update_s - ahead),
-            "running_samples": float(tot.running), "waiting_requests": float(tot.waiting),
-            "max_slots": float(sim.s.slots * len(sim.engines)), "engines": float(len(sim.engines)),
-        }  # fmt: skip
+            "running_samples": float(tot.running),
+            "waiting_requests": float(tot.waiting),
+            "max_slots": float(sim.s.slots * len(sim.engines)),
+            "engines": float(len(sim.engines)),
+        }
 
     def sample(self, t: float, exact: bool = False) -> None:
         """One timeline line at time ``t`` (``exact``: engines brought to ``t`` whatever their number)."""
         sim = self.sim
         line = timeline_sample(
-            t, self.engine_stats(t, sync=exact or self.exact), trainer_busy=sim.training, checkpointing=False,
-            reward_in_flight=sim.scoring, buffer_groups=len(sim.buffer), running_groups=sim.gate.running,
-            version=sim.published, generating_samples=sim.gate.generating,
-        )  # fmt: skip
+            t,
+            self.engine_stats(t, sync=exact or self.exact),
+            trainer_busy=sim.training,
+            checkpointing=False,
+            reward_in_flight=sim.scoring,
+            buffer_groups=len(sim.buffer),
+            running_groups=sim.gate.running,
+            version=sim.published,
+            generating_samples=sim.gate.generating,
+        )
         if self.timeline and t <= self.timeline[-1]["t"]:
             self.timeline[-1] = line
             return
@@ -128,18 +140,31 @@ class Recorder:
             return
         trained = grp.status == "trained"
         dropped = None if trained else ("equal_rewards" if grp.status == "filtered" else grp.status)
-        self.ledger.append({  # its admission, as the controller's ledger has it (the admission order)
-            "prompt_id": str(grp.gid), "sample_idx": None, "status": "admitted", "stream_index": grp.gid - 1,
-            "start_version": grp.admit_version,
-        })  # fmt: skip
+        self.ledger.append(
+            {  # its admission, as the controller's ledger has it (the admission order)
+                "prompt_id": str(grp.gid),
+                "sample_idx": None,
+                "status": "admitted",
+                "stream_index": grp.gid - 1,
+                "start_version": grp.admit_version,
+            }
+        )
         for idx, (length, intr, version) in enumerate(grp.samples):
-            self.ledger.append({
-                "prompt_id": str(grp.gid), "sample_idx": idx, "status": grp.status,
-                "start_version": grp.admit_version, "min_version": grp.min_version, "max_version": version,
-                "response_len": length, "num_interruptions": intr,
-                "trained_step": step if trained else None, "dropped": dropped,
-                **({} if grp.bound is None else {"max_staleness": grp.bound}),
-            })  # fmt: skip
+            self.ledger.append(
+                {
+                    "prompt_id": str(grp.gid),
+                    "sample_idx": idx,
+                    "status": grp.status,
+                    "start_version": grp.admit_version,
+                    "min_version": grp.min_version,
+                    "max_version": version,
+                    "response_len": length,
+                    "num_interruptions": intr,
+                    "trained_step": step if trained else None,
+                    "dropped": dropped,
+                    **({} if grp.bound is None else {"max_staleness": grp.bound}),
+                }
+            )
 
     def train_start(self, now: float, tokens: int) -> None:
         self._train_start = now
@@ -171,26 +196,43 @@ class Recorder:
         wall = max(now - self._last_time, 1e-12)
         busy = engine["busy_s"] - self._last_engine["busy_s"]
         sim = self.sim
-        self.metrics.append({
-            "step": step, "version": step + 1, "time_s": now, "train_start_s": self._train_start,
-            "reward": None, "accuracy": None, "rollout_reward": None, "rollout_accuracy": None,
-            "response_len": sum(sum(g.lengths) for g in groups) / samples,
-            "trained_tokens": self._tokens, "trained_tokens_per_s": self.trained_tokens / max(now, 1e-12),
-            "trained_tokens_per_s_step": self._tokens / wall,
-            "generated_tokens_per_s": (engine["generated_tokens"] - self._last_engine["generated_tokens"]) / wall,
-            "engine_busy_frac": min(1.0, busy / (wall * len(sim.engines))),
-            "engine_slot_occupancy": slot_occupancy(self._last_engine, engine),
-            "trainer_busy_frac": min(1.0, (train_s + sync_s) / wall), "step_wall_s": wall,
-            "wait_for_batch_s": max(0.0, self._train_start - self._last_time),
-            "train_step_s": train_s, "weight_sync_s": sync_s, "checkpoint_s": 0.0,
-            "staleness_mean": sum(staleness) / len(staleness), "staleness_max": max(staleness),
-            "staleness_hist": dict(Counter(staleness)),
-            "interruptions_per_sample": sum(g.interrupts for g in groups) / samples,
-            "buffer_groups": len(sim.buffer), "running_groups": sim.gate.running,
-            "engine_waiting_requests": engine["waiting_requests"], "admitted_total": sim.gid,
-            "filtered_groups_total": self.statuses["filtered"], "stale_groups_total": self.statuses["stale"],
-            "applied": True, "simulated": True,
-        })  # fmt: skip
+        self.metrics.append(
+            {
+                "step": step,
+                "version": step + 1,
+                "time_s": now,
+                "train_start_s": self._train_start,
+                "reward": None,
+                "accuracy": None,
+                "rollout_reward": None,
+                "rollout_accuracy": None,
+                "response_len": sum(sum(g.lengths) for g in groups) / samples,
+                "trained_tokens": self._tokens,
+                "trained_tokens_per_s": self.trained_tokens / max(now, 1e-12),
+                "trained_tokens_per_s_step": self._tokens / wall,
+                "generated_tokens_per_s": (engine["generated_tokens"] - self._last_engine["generated_tokens"]) / wall,
+                "engine_busy_frac": min(1.0, busy / (wall * len(sim.engines))),
+                "engine_slot_occupancy": slot_occupancy(self._last_engine, engine),
+                "trainer_busy_frac": min(1.0, (train_s + sync_s) / wall),
+                "step_wall_s": wall,
+                "wait_for_batch_s": max(0.0, self._train_start - self._last_time),
+                "train_step_s": train_s,
+                "weight_sync_s": sync_s,
+                "checkpoint_s": 0.0,
+                "staleness_mean": sum(staleness) / len(staleness),
+                "staleness_max": max(staleness),
+                "staleness_hist": dict(Counter(staleness)),
+                "interruptions_per_sample": sum(g.interrupts for g in groups) / samples,
+                "buffer_groups": len(sim.buffer),
+                "running_groups": sim.gate.running,
+                "engine_waiting_requests": engine["waiting_requests"],
+                "admitted_total": sim.gid,
+                "filtered_groups_total": self.statuses["filtered"],
+                "stale_groups_total": self.statuses["stale"],
+                "applied": True,
+                "simulated": True,
+            }
+        )
         self._last_time, self._last_engine = now, engine
 
     # ------------------------------------------------------------------ the end
@@ -205,14 +247,30 @@ class Recorder:
         for grp in sim.in_flight.values():
             self.statuses["in_flight"] += 1
             if grp.samples is not None:
-                self.ledger.append({"prompt_id": str(grp.gid), "sample_idx": None, "status": "in_flight",
-                                    "start_version": grp.admit_version})  # fmt: skip
+                self.ledger.append(
+                    {
+                        "prompt_id": str(grp.gid),
+                        "sample_idx": None,
+                        "status": "in_flight",
+                        "start_version": grp.admit_version,
+                    }
+                )
         return {
-            "metrics": self.metrics, "timeline": self.timeline, "ledger": self.ledger if sim.keep_samples else None,
-            "staleness": dict(self.staleness), "statuses": dict(self.statuses),
-            "finished_tokens": dict(self.finished_tokens), "engine": self.engine_stats(sim.now, sync=True),
+            "metrics": self.metrics,
+            "timeline": self.timeline,
+            "ledger": self.ledger if sim.keep_samples else None,
+            "staleness": dict(self.staleness),
+            "statuses": dict(self.statuses),
+            "finished_tokens": dict(self.finished_tokens),
+            "engine": self.engine_stats(sim.now, sync=True),
             "running_s": sim.totals.running_s,
-            "trained_tokens": self.trained_tokens, "trained_samples": self.trained_samples,
-            "interrupts": self.interrupts, "train_busy_s": self.train_busy_s, "sync_busy_s": self.sync_busy_s,
-            "end_s": sim.now, "admitted": sim.gid, "events": sim.n_events, "wall_s": wall_s,
-        }  # fmt: skip
+            "trained_tokens": self.trained_tokens,
+            "trained_samples": self.trained_samples,
+            "interrupts": self.interrupts,
+            "train_busy_s": self.train_busy_s,
+            "sync_busy_s": self.sync_busy_s,
+            "end_s": sim.now,
+            "admitted": sim.gid,
+            "events": sim.n_events,
+            "wall_s": wall_s,
+        }

@@ -119,15 +119,26 @@ class Scenario:
 def check_scenario(s: Scenario) -> None:
     """Raises ``ValueError`` naming the first setting that cannot be simulated."""
     choices = {
-        "high_water_unit": (s.high_water_unit, HighWaterUnit), "weight_sync": (s.weight_sync, WeightSyncMode),
-        "interrupt_mode": (s.interrupt_mode, InterruptMode), "lengths": (s.lengths, LengthKind),
+        "high_water_unit": (s.high_water_unit, HighWaterUnit),
+        "weight_sync": (s.weight_sync, WeightSyncMode),
+        "interrupt_mode": (s.interrupt_mode, InterruptMode),
+        "lengths": (s.lengths, LengthKind),
         "stragglers": (s.stragglers, StragglerPolicy),
         "sample_reports": (s.sample_reports, SampleReports),
-    }  # fmt: skip
+    }
     for key, (value, alias) in choices.items():
         check_choice(value, alias, f"scenario.{key}")
-    positive = ("engines", "trainer_ranks", "batch_size", "group_size", "max_concurrent", "total_steps",
-                "max_new_tokens", "prompt_len", "timeline_lines")  # fmt: skip
+    positive = (
+        "engines",
+        "trainer_ranks",
+        "batch_size",
+        "group_size",
+        "max_concurrent",
+        "total_steps",
+        "max_new_tokens",
+        "prompt_len",
+        "timeline_lines",
+    )
     for key in positive:
         if getattr(s, key) < 1:
             raise ValueError(f"scenario.{key} must be >= 1, got {getattr(s, key)}")
@@ -194,12 +205,22 @@ def from_config(cfg: Config, **extra: Any) -> Scenario:
         raise ValueError("controller.fixed_lag is not simulated (it is a synchronous loop with lagged weights)")
     engines = r.num_engines if cfg.launch.kind == "ray" else 1
     base = Scenario(
-        engines=engines, slots=r.max_slots, trainer_ranks=cfg.launch.trainer_ranks, batch_size=c.batch_size,
-        group_size=r.group_size, max_staleness=c.max_staleness, max_concurrent=c.max_concurrent,
-        high_water_batches=c.high_water_batches, high_water_unit=c.high_water_unit, adaptive=c.adaptive,
-        weight_sync=c.weight_sync, stragglers=c.stragglers,
-        interrupt_mode=r.interrupt_mode, total_steps=c.total_steps, max_new_tokens=r.max_new_tokens,
-    )  # fmt: skip
+        engines=engines,
+        slots=r.max_slots,
+        trainer_ranks=cfg.launch.trainer_ranks,
+        batch_size=c.batch_size,
+        group_size=r.group_size,
+        max_staleness=c.max_staleness,
+        max_concurrent=c.max_concurrent,
+        high_water_batches=c.high_water_batches,
+        high_water_unit=c.high_water_unit,
+        adaptive=c.adaptive,
+        weight_sync=c.weight_sync,
+        stragglers=c.stragglers,
+        interrupt_mode=r.interrupt_mode,
+        total_steps=c.total_steps,
+        max_new_tokens=r.max_new_tokens,
+    )
     return with_overrides(base, extra)
 
 
