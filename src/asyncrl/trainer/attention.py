@@ -79,9 +79,14 @@ def _attend_segments(
         if len(starts) == 1:
             s = starts[0]
             out[:, :, s : s + length] = _sdpa(
-                q[:, :, s : s + length], k[:, :, s : s + length], v[:, :, s : s + length],
-                mask=None, causal=True, scale=scale, dropout=dropout,
-            )  # fmt: skip
+                q[:, :, s : s + length],
+                k[:, :, s : s + length],
+                v[:, :, s : s + length],
+                mask=None,
+                causal=True,
+                scale=scale,
+                dropout=dropout,
+            )
             continue
         # [1, H, N, D] -> [n, H, length, D] for the n segments of this length
         idx = torch.tensor(starts, device=q.device)[:, None] + torch.arange(length, device=q.device)[None, :]

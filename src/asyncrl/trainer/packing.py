@@ -331,9 +331,11 @@ class PaddedMicroBatch:
 
 
 def pad(
-    token_lists: Sequence[Sequence[int]], sample_indices: Sequence[int], device: str | torch.device = "cpu",
+    token_lists: Sequence[Sequence[int]],
+    sample_indices: Sequence[int],
+    device: str | torch.device = "cpu",
     pad_id: int = 0,
-) -> PaddedMicroBatch:  # fmt: skip
+) -> PaddedMicroBatch:
     """Right-pad sequences into one ``[B, T]`` micro-batch."""
     if not token_lists:
         raise ValueError("pad() needs at least one sequence")

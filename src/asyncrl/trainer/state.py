@@ -167,8 +167,12 @@ class TrainerStateMixin:
         if self.rank == 0:
             logger.info(
                 "weights v%d exported (%s): %.1f MB in %.3f s (gather %.3f s)",
-                self.version, transport, nbytes / 1e6, seconds, t_gather,
-            )  # fmt: skip
+                self.version,
+                transport,
+                nbytes / 1e6,
+                seconds,
+                t_gather,
+            )
 
     def _export_dir(self) -> Path:
         if self._export_root is None:

@@ -109,8 +109,12 @@ class Trainer(TrainerStateMixin):
         dtype = next(model.parameters()).dtype
         if self.leader:
             assert self.ctx is not None
-            kwargs = {"temperature": temperature, "device": self.device.type, "version": version,
-                      "total_steps": total_steps}  # fmt: skip
+            kwargs = {
+                "temperature": temperature,
+                "device": self.device.type,
+                "version": version,
+                "total_steps": total_steps,
+            }
             dist_mod.send_command(self.ctx, "init", dist_mod.init_payload(model, dtype, train_cfg, algo_cfg, kwargs))
         self._caller_model = model
         model.to(self.device)
@@ -420,9 +424,9 @@ class Trainer(TrainerStateMixin):
                 g.mul_(coef)
         return norm
 
-    def _kl_term(self, micro: MicroBatch, logp: torch.Tensor, mask: torch.Tensor, denom: float) -> tuple[
-        torch.Tensor, dict[str, float]
-    ]:  # fmt: skip
+    def _kl_term(
+        self, micro: MicroBatch, logp: torch.Tensor, mask: torch.Tensor, denom: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         """``kl_coef`` x the aggregated KL estimate to the frozen initial weights, and its token mean."""
         with torch.no_grad(), self._autocast():
             ref_logp = micro.token_logp(self.ref_model(**micro.model_inputs()).logits, self.temperature)
