@@ -56,11 +56,14 @@ def test_the_product_never_imports_the_benchmarks() -> None:
 
 def test_a_product_import_of_the_benchmarks_fails_the_contract(tmp_path: Path) -> None:
     """Planted in a copy of the tree: a function-level ``from benchmarks...`` and a type-only ``import tests``."""
-    package = plant(tmp_path, {
-        "sim/__init__.py": "",
-        "sim/driver.py": "def go():\n    from benchmarks.headline import run\n",
-        "types.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import tests.conftest\n",
-    })  # fmt: skip
+    package = plant(
+        tmp_path,
+        {
+            "sim/__init__.py": "",
+            "sim/driver.py": "def go():\n    from benchmarks.headline import run\n",
+            "types.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import tests.conftest\n",
+        },
+    )
     assert outside_import_violations(package, rules.OUTSIDE_THE_PRODUCT) == [
         "asyncrl/sim/driver.py:2: the product must not import 'benchmarks' (outside the package)",
         "asyncrl/types.py:3: the product must not import 'tests' (outside the package)",

@@ -49,9 +49,18 @@ def test_new_keys_are_fresh_and_long() -> None:
 
 @pytest.mark.parametrize(
     "host,loop",
-    [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("localhost", True), ("0.0.0.0", False),
-     ("", False), ("::", False), ("10.1.2.3", False), ("192.168.0.1", False)],
-)  # fmt: skip
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("", False),
+        ("::", False),
+        ("10.1.2.3", False),
+        ("192.168.0.1", False),
+    ],
+)
 def test_is_loopback(host: str, loop: bool) -> None:
     assert is_loopback(host) is loop
 
@@ -68,8 +77,16 @@ def test_non_loopback_bind_needs_a_key() -> None:
 def test_decision_and_refusal_log(caplog: pytest.LogCaptureFixture) -> None:
     auth = ApiKeyAuth("s3cret-key", "engine server")
     assert auth.valid("Bearer s3cret-key") and auth.valid("bearer   s3cret-key ")
-    for bad in (None, "", "Bearer", "Bearer s3cret-ke", "Bearer s3cret-key2", "Basic s3cret-key", "s3cret-key",
-                "Bearer é"):  # fmt: skip
+    for bad in (
+        None,
+        "",
+        "Bearer",
+        "Bearer s3cret-ke",
+        "Bearer s3cret-key2",
+        "Basic s3cret-key",
+        "s3cret-key",
+        "Bearer é",
+    ):
         assert not auth.valid(bad)
     assert auth.allows("GET", "/health", None, "1.2.3.4:5")  # the open route
     assert not auth.allows("GET", "/health_generate", None, "1.2.3.4:5")
@@ -100,8 +117,17 @@ def test_confine_path(tmp_path: Path) -> None:
     assert confine_path(str(root / "v00000009"), root).name == "v00000009"  # missing but inside: the loader says
     (root / "link").symlink_to(outside)
     (root / "v00000001" / "up").symlink_to("../..")
-    for escape in (str(outside), "../elsewhere", str(root / ".." / "elsewhere"), str(root / "link"),
-                   "link/x", "v00000001/up", "v00000001/up/elsewhere", "/etc/passwd", "a\x00b"):  # fmt: skip
+    for escape in (
+        str(outside),
+        "../elsewhere",
+        str(root / ".." / "elsewhere"),
+        str(root / "link"),
+        "link/x",
+        "v00000001/up",
+        "v00000001/up/elsewhere",
+        "/etc/passwd",
+        "a\x00b",
+    ):
         with pytest.raises(PathOutsideRoot):
             confine_path(escape, root)
     # a root given through a symlink is the directory it points to

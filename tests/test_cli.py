@@ -33,8 +33,9 @@ def trained(monkeypatch: pytest.MonkeyPatch) -> list[Config]:
 def _saved_run(tmp_path: Path) -> Path:
     run = tmp_path / "run"
     run.mkdir()
-    saved = load_config(None, ["controller.total_steps=3", "controller.batch_size=5", "rollout.group_size=3",
-                               "rollout.temperature=0.7"])  # fmt: skip
+    saved = load_config(
+        None, ["controller.total_steps=3", "controller.batch_size=5", "rollout.group_size=3", "rollout.temperature=0.7"]
+    )
     dump_yaml(saved, run / "config.yaml")
     return run
 

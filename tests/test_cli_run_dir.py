@@ -42,9 +42,12 @@ def test_resume_refuses_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 @pytest.mark.parametrize("where", ["a-file", "under-a-file", "unwritable"])
 def test_an_unusable_path_is_one_line_before_anything_runs(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, no_warm_start: None,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    no_warm_start: None,
     where: str,
-) -> None:  # fmt: skip
+) -> None:
     afile = tmp_path / "afile"
     afile.write_text("not a directory\n")
     run_dir = {"a-file": afile, "under-a-file": afile / "sub", "unwritable": tmp_path / "ro" / "run"}[where]
@@ -72,10 +75,14 @@ def test_check_config_output_that_cannot_be_written(tmp_path: Path, capsys: pyte
 
 @pytest.mark.parametrize(
     "argv",
-    [["generate", "--model", "m", "--input", "i", "--output", "o", "--top-p", "nan"],
-     ["generate", "--model", "m", "--input", "i", "--output", "o", "--temperature", "inf"],
-     ["serve", "reward", "--timeout", "nan"], ["plan", "--target", "nan"], ["plan", "--max-mean-staleness", "inf"]],
-)  # fmt: skip
+    [
+        ["generate", "--model", "m", "--input", "i", "--output", "o", "--top-p", "nan"],
+        ["generate", "--model", "m", "--input", "i", "--output", "o", "--temperature", "inf"],
+        ["serve", "reward", "--timeout", "nan"],
+        ["plan", "--target", "nan"],
+        ["plan", "--max-mean-staleness", "inf"],
+    ],
+)
 def test_a_non_finite_number_flag_is_refused_in_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(argv)

@@ -185,10 +185,22 @@ def test_a_number_out_of_range_is_one_error_naming_key_value_and_range(override:
 
 @pytest.mark.parametrize(
     "override",
-    ["trainer.weight_decay=0", "trainer.lora_dropout=0", "trainer.betas=[0, 0.999]", "algo.reward_bias=-1",
-     "run.seed=4294967295", "task.seed=0", "run.torch_threads=0", "trainer.warmup_steps=0", "trainer.lr=1e-6",
-     "rollout.top_p=1", "algo.reward_scale=0.01", "trainer.grad_clip=1e-3", "algo.behav_cap=null"],
-)  # fmt: skip
+    [
+        "trainer.weight_decay=0",
+        "trainer.lora_dropout=0",
+        "trainer.betas=[0, 0.999]",
+        "algo.reward_bias=-1",
+        "run.seed=4294967295",
+        "task.seed=0",
+        "run.torch_threads=0",
+        "trainer.warmup_steps=0",
+        "trainer.lr=1e-6",
+        "rollout.top_p=1",
+        "algo.reward_scale=0.01",
+        "trainer.grad_clip=1e-3",
+        "algo.behav_cap=null",
+    ],
+)
 def test_a_number_at_the_edge_of_its_range_is_accepted(override: str) -> None:
     load_config(None, [override])
 

@@ -93,17 +93,29 @@ def test_every_choice_field_is_typed_by_an_alias_of_asyncrl_choices() -> None:
     str_fields = [k for k, a in _leaf_fields(Config()).items() if a is str]
     # free text: paths, module names, URLs (no fixed set of values)
     assert sorted(str_fields) == [
-        "agent.env", "launch.engine_urls", "model.device", "rollout.sglang_urls", "rollout.workflow", "sft.cache_dir",
-        "task.verifier", "trainer.lora_target_modules",
-    ]  # fmt: skip
+        "agent.env",
+        "launch.engine_urls",
+        "model.device",
+        "rollout.sglang_urls",
+        "rollout.workflow",
+        "sft.cache_dir",
+        "task.verifier",
+        "trainer.lora_target_modules",
+    ]
 
 
-@pytest.mark.parametrize(("key", "alias"), [
-    ("algo.advantage", choices.AdvantageEstimator), ("algo.loss_type", choices.LossType),
-    ("algo.kl_estimator", choices.KLEstimator), ("rollout.interrupt_mode", choices.InterruptMode),
-    ("controller.high_water_unit", choices.HighWaterUnit), ("trainer.balance", choices.BalanceMethod),
-    ("launch.placement_strategy", choices.PlacementStrategy),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("key", "alias"),
+    [
+        ("algo.advantage", choices.AdvantageEstimator),
+        ("algo.loss_type", choices.LossType),
+        ("algo.kl_estimator", choices.KLEstimator),
+        ("rollout.interrupt_mode", choices.InterruptMode),
+        ("controller.high_water_unit", choices.HighWaterUnit),
+        ("trainer.balance", choices.BalanceMethod),
+        ("launch.placement_strategy", choices.PlacementStrategy),
+    ],
+)
 def test_a_bad_choice_names_the_key_and_every_value_of_its_alias(key: str, alias: object) -> None:
     valid = typing.get_args(alias)
     for value in valid:  # every value of the alias loads (the alias is the whole list)
@@ -122,17 +134,20 @@ def test_a_config_built_in_code_is_checked_against_the_aliases_too() -> None:
         validate(cfg)
 
 
-@pytest.mark.parametrize(("function", "parameter", "alias"), [
-    (compute_advantages, "estimator", choices.AdvantageEstimator),
-    (policy_loss, "loss_type", choices.LossType),
-    (policy_loss, "behav_cap_mode", choices.BehavCapMode),
-    (policy_loss, "behav_cap_level", choices.BehavCapLevel),
-    (policy_loss, "aggregation", choices.Aggregation),
-    (aggregate_loss, "aggregation", choices.Aggregation),
-    (kl_penalty, "kind", choices.KLEstimator),
-    (split_micro_batches, "method", choices.BalanceMethod),
-    (LocalEngine.__init__, "interrupt_mode", choices.InterruptMode),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("function", "parameter", "alias"),
+    [
+        (compute_advantages, "estimator", choices.AdvantageEstimator),
+        (policy_loss, "loss_type", choices.LossType),
+        (policy_loss, "behav_cap_mode", choices.BehavCapMode),
+        (policy_loss, "behav_cap_level", choices.BehavCapLevel),
+        (policy_loss, "aggregation", choices.Aggregation),
+        (aggregate_loss, "aggregation", choices.Aggregation),
+        (kl_penalty, "kind", choices.KLEstimator),
+        (split_micro_batches, "method", choices.BalanceMethod),
+        (LocalEngine.__init__, "interrupt_mode", choices.InterruptMode),
+    ],
+)
 def test_the_functions_take_the_same_alias_as_the_config(function: object, parameter: str, alias: object) -> None:
     hints = typing.get_type_hints(function)
     assert hints[parameter] == alias
@@ -155,27 +170,37 @@ def test_library_knobs_that_disagreed_with_the_config_have_no_default() -> None:
 
 
 # ----------------------------------------------------------------------------------------- errors
-@pytest.mark.parametrize(("overrides", "message"), [
-    (["controller.eval_every=-1"], "controller.eval_every must be >= 0 (0: only before and after), got -1"),
-    (["controller.high_water_batches=-2"], "controller.high_water_batches must be >= 0 (0: off), got -2"),
-    (["controller.episode_timeout_s=-1"], "controller.episode_timeout_s must be >= 0 (0: none), got -1.0"),
-    (["controller.max_engine_failures=0"], "controller.max_engine_failures must be >= 1, got 0"),
-    (["trainer.decay_steps=-1"], "trainer.decay_steps must be >= 0 (0: the run's total steps), got -1"),
-    (["trainer.min_lr_ratio=1.5"], "trainer.min_lr_ratio must be in [0, 1], got 1.5"),
-    (["rollout.top_p=0"], "rollout.top_p must be in (0, 1], got 0.0"),
-    (["launch.gpus_per_trainer=-1"], "launch.gpus_per_trainer must be >= 0, got -1.0"),
-    (["launch.max_engine_restarts=-1"], "launch.max_engine_restarts must be >= 0, got -1"),
-    (["algo.overlong_penalty=-1"], "algo.overlong_penalty must be >= 0, got -1.0"),
-    (["algo.overlong_buffer=500"], "algo.overlong_buffer must be in [0, rollout.max_new_tokens=160] (0: off), got 500"),
-    (["rollout.num_engines=2"], "rollout.num_engines must be 1 with launch.kind=local"),
-    (["launch.trainer_ranks=2"], "launch.trainer_ranks must be 1 with launch.kind=local"),
-    (["launch.kind=ray", "launch.engine_mode=server"],
-     "launch.weight_sync must be disk with launch.engine_mode=server (servers load weights from a path), got "
-     "object_store"),
-    (["algo.advantage=rloo", "rollout.group_size=1"], "rollout.group_size must be >= 2 for algo.advantage=rloo"),
-    (["controller.fixed_lag=1", "launch.engine_urls=http://x"],
-     "controller.fixed_lag=1 needs launch.engine_urls empty"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["controller.eval_every=-1"], "controller.eval_every must be >= 0 (0: only before and after), got -1"),
+        (["controller.high_water_batches=-2"], "controller.high_water_batches must be >= 0 (0: off), got -2"),
+        (["controller.episode_timeout_s=-1"], "controller.episode_timeout_s must be >= 0 (0: none), got -1.0"),
+        (["controller.max_engine_failures=0"], "controller.max_engine_failures must be >= 1, got 0"),
+        (["trainer.decay_steps=-1"], "trainer.decay_steps must be >= 0 (0: the run's total steps), got -1"),
+        (["trainer.min_lr_ratio=1.5"], "trainer.min_lr_ratio must be in [0, 1], got 1.5"),
+        (["rollout.top_p=0"], "rollout.top_p must be in (0, 1], got 0.0"),
+        (["launch.gpus_per_trainer=-1"], "launch.gpus_per_trainer must be >= 0, got -1.0"),
+        (["launch.max_engine_restarts=-1"], "launch.max_engine_restarts must be >= 0, got -1"),
+        (["algo.overlong_penalty=-1"], "algo.overlong_penalty must be >= 0, got -1.0"),
+        (
+            ["algo.overlong_buffer=500"],
+            "algo.overlong_buffer must be in [0, rollout.max_new_tokens=160] (0: off), got 500",
+        ),
+        (["rollout.num_engines=2"], "rollout.num_engines must be 1 with launch.kind=local"),
+        (["launch.trainer_ranks=2"], "launch.trainer_ranks must be 1 with launch.kind=local"),
+        (
+            ["launch.kind=ray", "launch.engine_mode=server"],
+            "launch.weight_sync must be disk with launch.engine_mode=server (servers load weights from a path), got "
+            "object_store",
+        ),
+        (["algo.advantage=rloo", "rollout.group_size=1"], "rollout.group_size must be >= 2 for algo.advantage=rloo"),
+        (
+            ["controller.fixed_lag=1", "launch.engine_urls=http://x"],
+            "controller.fixed_lag=1 needs launch.engine_urls empty",
+        ),
+    ],
+)
 def test_each_error_names_the_one_key_at_fault(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(None, overrides)

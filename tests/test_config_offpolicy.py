@@ -37,8 +37,16 @@ def test_errors_name_the_key(overrides: list[str], message: str) -> None:
 
 
 def test_valid_settings_load() -> None:
-    cfg = load_config(None, ["algo.loss_type=pg", "algo.behav_cap=null",
-                             "controller.fixed_lag=4", "algo.m2_threshold=0.04", "algo.kl_coef=0.01"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "algo.loss_type=pg",
+            "algo.behav_cap=null",
+            "controller.fixed_lag=4",
+            "algo.m2_threshold=0.04",
+            "algo.kl_coef=0.01",
+        ],
+    )
     assert cfg.controller.fixed_lag == 4 and cfg.algo.loss_type == "pg" and cfg.algo.behav_cap is None
 
 

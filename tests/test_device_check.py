@@ -106,8 +106,10 @@ def test_compare_measures_the_output_tokens_only(offset: float, ok: bool) -> Non
 
 
 def test_the_verdict_needs_every_check() -> None:
-    good = {"logprobs_vs_trainer": {"local": {"ok": True}, "vllm": {"skipped": "absent"}},
-            "train": {"eta0": {"ledger_ok": True}, "eta4": {"ledger_ok": True}}}  # fmt: skip
+    good = {
+        "logprobs_vs_trainer": {"local": {"ok": True}, "vllm": {"skipped": "absent"}},
+        "train": {"eta0": {"ledger_ok": True}, "eta4": {"ledger_ok": True}},
+    }
     assert dc.passed(good)
     assert not dc.passed({**good, "train": {"eta0": {"ledger_ok": False}}})
     assert not dc.passed({**good, "logprobs_vs_trainer": {"local": {"ok": False}}})

@@ -49,10 +49,23 @@ def test_the_wheel_ships_every_file_of_the_package(tmp_path: Path) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     shutil.copytree(REPO / "src", tree / "src", ignore=ignore)
     out = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-cache-dir",
-         "-w", str(tmp_path / "wheel"), str(tree)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-cache-dir",
+            "-w",
+            str(tmp_path / "wheel"),
+            str(tree),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     (wheel,) = (tmp_path / "wheel").glob("asyncrl-*.whl")
     with zipfile.ZipFile(wheel) as zf:

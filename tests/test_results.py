@@ -172,8 +172,21 @@ def test_two_benches_with_one_json_keep_both_results(
         return bench(json_path, **kw)
 
     monkeypatch.setattr(adaptive, "run_adaptive_bench", another_bench_finishes_first)
-    argv = ["adaptive", "--profile", "cpu-2core-tiny", "--workload", "task", "--etas", "0,2", "--seeds", "0",
-            "--steps", "10", "--json", str(out)]  # fmt: skip
+    argv = [
+        "adaptive",
+        "--profile",
+        "cpu-2core-tiny",
+        "--workload",
+        "task",
+        "--etas",
+        "0,2",
+        "--seeds",
+        "0",
+        "--steps",
+        "10",
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     assert out.read_bytes() == OLD
     beside = tmp_path / "adaptive.1.json"

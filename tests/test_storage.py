@@ -42,8 +42,12 @@ def test_the_shapes_of_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 def test_the_message_names_the_file_says_full_and_how_to_resume(tmp_path: Path) -> None:
-    err = disk_full(tmp_path / "metrics.jsonl", OSError(errno.ENOSPC, "No space left on device"),
-                    kept="Every line written before it is kept.", run_dir=tmp_path)  # fmt: skip
+    err = disk_full(
+        tmp_path / "metrics.jsonl",
+        OSError(errno.ENOSPC, "No space left on device"),
+        kept="Every line written before it is kept.",
+        run_dir=tmp_path,
+    )
     text = str(err)
     assert text.startswith(f"disk full: writing {tmp_path / 'metrics.jsonl'} failed (No space left on device; ")
     assert "free there now" in text and "Every line written before it is kept." in text

@@ -223,10 +223,14 @@ def _aclose_from_another_loop(client: JsonClient) -> None:
 @pytest.mark.parametrize(
     "scenario",
     [
-        _two_runs_then_close, _one_run_then_close, _close_inside_the_loop, _a_stopped_loop_then_another,
-        _a_thread_loop_and_this_one, _aclose_from_another_loop,
+        _two_runs_then_close,
+        _one_run_then_close,
+        _close_inside_the_loop,
+        _a_stopped_loop_then_another,
+        _a_thread_loop_and_this_one,
+        _aclose_from_another_loop,
     ],
-)  # fmt: skip
+)
 def test_a_client_used_from_several_loops_closes_every_connection(
     counting: _CountingServer, scenario: Callable[[JsonClient], None]
 ) -> None:
@@ -301,9 +305,14 @@ def _serve_one(parts: list[bytes]) -> tuple[bytes, float, list[bytes]]:
 
     async def go() -> tuple[bytes, float]:
         server = JsonServer(
-            "test", [Route("POST", "/x", dispatch)], lambda status, message: {"error": message},
-            ApiKeyAuth(None, "test"), max_body_bytes=1000, request_timeout_s=DEADLINE_S, idle_timeout_s=DEADLINE_S,
-        )  # fmt: skip
+            "test",
+            [Route("POST", "/x", dispatch)],
+            lambda status, message: {"error": message},
+            ApiKeyAuth(None, "test"),
+            max_body_bytes=1000,
+            request_timeout_s=DEADLINE_S,
+            idle_timeout_s=DEADLINE_S,
+        )
         port = await server.start()
         try:
             return await asyncio.to_thread(_send_then_half_close, port, parts)

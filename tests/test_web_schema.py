@@ -86,28 +86,46 @@ def test_schema_error_is_an_http_400() -> None:
 @pytest.mark.parametrize(
     ("schema", "body", "message"),
     [
-        (GenerateBody, {"input_ids": "hello"},
-         "'input_ids' must be a non-empty list of ints (or a list of such lists)"),
+        (
+            GenerateBody,
+            {"input_ids": "hello"},
+            "'input_ids' must be a non-empty list of ints (or a list of such lists)",
+        ),
         (GenerateBody, {"input_ids": [[1], []]}, "'input_ids' must be a non-empty list of ints"),
-        (GenerateBody, {"input_ids": [1], "sampling_params": {"top_p": 2}},
-         "'sampling_params.top_p' must be a number in (0, 1], got 2"),
-        (GenerateBody, {"input_ids": [1], "sampling_params": {"max_new_tokens": "8"}},
-         "'sampling_params.max_new_tokens' must be an integer >= 1, got '8'"),
-        (GenerateBody, {"input_ids": [1], "sampling_params": {"repetition_penalty": 1.2}},
-         "'sampling_params.repetition_penalty' must be 1.0 (the only value this server supports) or null, got 1.2"),
-        (GenerateBody, {"input_ids": [1], "sampling_params": {"beam_width": 3}},
-         "unsupported 'sampling_params' ['beam_width']"),
+        (
+            GenerateBody,
+            {"input_ids": [1], "sampling_params": {"top_p": 2}},
+            "'sampling_params.top_p' must be a number in (0, 1], got 2",
+        ),
+        (
+            GenerateBody,
+            {"input_ids": [1], "sampling_params": {"max_new_tokens": "8"}},
+            "'sampling_params.max_new_tokens' must be an integer >= 1, got '8'",
+        ),
+        (
+            GenerateBody,
+            {"input_ids": [1], "sampling_params": {"repetition_penalty": 1.2}},
+            "'sampling_params.repetition_penalty' must be 1.0 (the only value this server supports) or null, got 1.2",
+        ),
+        (
+            GenerateBody,
+            {"input_ids": [1], "sampling_params": {"beam_width": 3}},
+            "unsupported 'sampling_params' ['beam_width']",
+        ),
         (GenerateBody, {"input_ids": [1], "stream": True}, "'stream' must be false"),
         (GenerateBody, {"input_ids": [1], "return_logprob": "yes"}, "'return_logprob' must be a bool, got 'yes'"),
         (PauseBody, {"mode": "retract"}, "'mode' must be one of 'abort', 'in_place', got 'retract'"),
         (UpdateWeightsBody, {"model_path": 3}, "'model_path' must be a string, got 3"),
         (UpdateWeightsBody, {"weight_version": 1}, "'model_path' is required"),
-        (UpdateWeightsBody, {"model_path": "v", "weight_version": "1e9"},
-         "'weight_version' must be an integer (or its string), got '1e9'"),
+        (
+            UpdateWeightsBody,
+            {"model_path": "v", "weight_version": "1e9"},
+            "'weight_version' must be an integer (or its string), got '1e9'",
+        ),
         (ScoreBody, {"response": "x", "reference": "1", "row": [1]}, "'row' must be an object or null, got [1]"),
         (ScoreBody, {"response": 1}, "'response' must be a string, got 1; 'reference' is required"),
     ],
-)  # fmt: skip
+)
 def test_the_servers_bodies_name_their_bad_fields(schema: type, body: Any, message: str) -> None:
     assert message in "; ".join(_problems(schema, body))
 
