@@ -98,9 +98,15 @@ def test_policy_loss_with_drop_and_pg_matches_reference(loss_type, aggregation, 
     drop[2, 1] = True  # not a loss token: ignored
     kw = {**cap, "loss_type": loss_type}
     loss, m = policy_loss(
-        batch["logp"], batch["prox"], batch["behav"], batch["adv"], batch["mask"], aggregation=aggregation,
-        drop=drop, **kw,
-    )  # fmt: skip
+        batch["logp"],
+        batch["prox"],
+        batch["behav"],
+        batch["adv"],
+        batch["mask"],
+        aggregation=aggregation,
+        drop=drop,
+        **kw,
+    )
     expected = ref.policy_loss(*as_lists(batch), aggregation=aggregation, drop=drop.tolist(), **kw)
     assert loss.item() == pytest.approx(expected, rel=1e-12, abs=1e-12)
     n = sum(map(sum, MASK))

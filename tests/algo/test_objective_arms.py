@@ -85,8 +85,9 @@ def test_no_behaviour_weight_differs_from_naive_and_from_decoupled() -> None:
     decoupled, _, _ = _run(behav_cap=5.0)
     logp = torch.tensor(LOGP, dtype=torch.float64)
     behav = torch.tensor(BEHAV, dtype=torch.float64)
-    naive, _ = policy_loss(logp, behav, behav, torch.tensor(ADV, dtype=torch.float64), torch.tensor(MASK),
-                           eps_clip=EPS, behav_cap=None)  # fmt: skip
+    naive, _ = policy_loss(
+        logp, behav, behav, torch.tensor(ADV, dtype=torch.float64), torch.tensor(MASK), eps_clip=EPS, behav_cap=None
+    )
     assert abs(no_weight.item() - decoupled.item()) > 1e-3 and abs(no_weight.item() - naive.item()) > 1e-3
 
 
@@ -121,9 +122,11 @@ def _applied_stats(weight_of) -> dict[str, float]:
         clipped.append(1.0 if active and a != 0.0 else 0.0)
     n = len(toks)
     return {
-        "applied_weight_mean": sum(applied) / n, "applied_weight_sq_mean": sum(a * a for a in applied) / n,
-        "applied_weight_max": max(applied), "applied_clip_frac": sum(clipped) / n,
-    }  # fmt: skip
+        "applied_weight_mean": sum(applied) / n,
+        "applied_weight_sq_mean": sum(a * a for a in applied) / n,
+        "applied_weight_max": max(applied),
+        "applied_clip_frac": sum(clipped) / n,
+    }
 
 
 @pytest.mark.parametrize(
