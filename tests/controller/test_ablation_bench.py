@@ -71,8 +71,16 @@ def test_collapse_flag() -> None:
 
 def test_summary_over_seeds() -> None:
     def row(obj, seed, acc, collapsed=False):
-        return {"objective": obj, "lag": 4, "lr": 1e-4, "seed": seed, "accuracy_before": 0.4, "accuracy_after": acc,
-                "collapsed": collapsed, "behav_weight_mean": 1.0 + seed}  # fmt: skip
+        return {
+            "objective": obj,
+            "lag": 4,
+            "lr": 1e-4,
+            "seed": seed,
+            "accuracy_before": 0.4,
+            "accuracy_after": acc,
+            "collapsed": collapsed,
+            "behav_weight_mean": 1.0 + seed,
+        }
 
     rows = [row("naive", 0, 0.5), row("naive", 1, 0.7, True), row("decoupled", 0, 0.6)]
     by = {s["objective"]: s for s in summarize(rows)}
@@ -86,18 +94,31 @@ def test_summary_over_seeds() -> None:
 def _tiny_user(tiny_policy_dir) -> list[str]:
     """Tiny sizes for a real grid that runs in seconds."""
     return [
-        f"model.path={tiny_policy_dir}", "controller.trainer_process=false", "controller.batch_size=2",
-        "rollout.group_size=2", "rollout.max_new_tokens=12", "eval.max_new_tokens=12", "task.eval_size=4",
-        "task.train_size=100", "eval.samples_per_prompt=1", "eval.report_greedy=false",
-    ]  # fmt: skip
+        f"model.path={tiny_policy_dir}",
+        "controller.trainer_process=false",
+        "controller.batch_size=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=12",
+        "eval.max_new_tokens=12",
+        "task.eval_size=4",
+        "task.train_size=100",
+        "eval.samples_per_prompt=1",
+        "eval.report_greedy=false",
+    ]
 
 
 def test_tiny_grid_runs_with_the_controlled_lag(tiny_policy_dir, tmp_path) -> None:
     user = _tiny_user(tiny_policy_dir)
     out = run_ablation(
-        str(tmp_path / "ablation.json"), overrides=user, objectives=("decoupled", "uncorrected"), lags=(1,),
-        lrs=(1e-3,), seeds=(0,), steps=2, out_dir=str(tmp_path / "runs"),
-    )  # fmt: skip
+        str(tmp_path / "ablation.json"),
+        overrides=user,
+        objectives=("decoupled", "uncorrected"),
+        lags=(1,),
+        lrs=(1e-3,),
+        seeds=(0,),
+        steps=2,
+        out_dir=str(tmp_path / "runs"),
+    )
     assert (tmp_path / "ablation.json").is_file() and (tmp_path / "ablation.png").is_file()
     assert [(r["objective"], r["lag"], r["steps"]) for r in out["rows"]] == [("decoupled", 1, 2), ("uncorrected", 1, 2)]
     for r in out["rows"]:
@@ -108,9 +129,16 @@ def test_tiny_grid_runs_with_the_controlled_lag(tiny_policy_dir, tmp_path) -> No
     assert len(out["summary"]) == 2 and out["summary"][0]["n"] == 1
     # an interrupted sweep resumed: the finished arms of the same config are read, the others run
     again = run_ablation(
-        None, overrides=user, objectives=("decoupled", "naive"), lags=(1,), lrs=(1e-3,), seeds=(0,), steps=2,
-        out_dir=str(tmp_path / "runs"), reuse=out["out_dir"],
-    )  # fmt: skip
+        None,
+        overrides=user,
+        objectives=("decoupled", "naive"),
+        lags=(1,),
+        lrs=(1e-3,),
+        seeds=(0,),
+        steps=2,
+        out_dir=str(tmp_path / "runs"),
+        reuse=out["out_dir"],
+    )
     first, second = again["rows"]
     assert first["reused"] and first["run_dir"] == out["rows"][0]["run_dir"]
     assert first["accuracy_after"] == out["rows"][0]["accuracy_after"]
@@ -130,9 +158,16 @@ def test_tiny_grid_runs_with_the_controlled_lag(tiny_policy_dir, tmp_path) -> No
 def test_tiny_grid_under_bounded_staleness(tiny_policy_dir, tmp_path) -> None:
     user = _tiny_user(tiny_policy_dir)
     out = run_ablation(
-        None, overrides=user, objectives=("naive",), lags=(2,), lrs=(1e-3,), seeds=(0,), steps=3,
-        out_dir=str(tmp_path / "runs"), staleness="bounded",
-    )  # fmt: skip
+        None,
+        overrides=user,
+        objectives=("naive",),
+        lags=(2,),
+        lrs=(1e-3,),
+        seeds=(0,),
+        steps=3,
+        out_dir=str(tmp_path / "runs"),
+        staleness="bounded",
+    )
     (row,) = out["rows"]
     assert out["staleness"] == "bounded" and "/bounded-s0-" in row["run_dir"] and row["steps"] == 3
     trained = [x for x in read_jsonl(f"{row['run_dir']}/trajectories.jsonl") if x["status"] == "trained"]
@@ -144,9 +179,15 @@ def test_paired_differences_are_seed_by_seed_against_decoupled() -> None:
     def row(obj, seed, acc):
         return {"objective": obj, "lag": 8, "lr": 2e-4, "seed": seed, "accuracy_after": acc}
 
-    rows = [row("decoupled", 0, 0.5), row("decoupled", 1, 0.7), row("decoupled", 2, 0.6),
-            row("naive", 0, 0.6), row("naive", 1, 0.75), row("naive", 2, None),  # seed 2 has no accuracy
-            row("uncorrected", 5, 0.1)]  # fmt: skip # no decoupled run at seed 5: no pair
+    rows = [
+        row("decoupled", 0, 0.5),
+        row("decoupled", 1, 0.7),
+        row("decoupled", 2, 0.6),
+        row("naive", 0, 0.6),
+        row("naive", 1, 0.75),
+        row("naive", 2, None),  # seed 2 has no accuracy
+        row("uncorrected", 5, 0.1),  # no decoupled run at seed 5: no pair
+    ]
     (naive,) = paired_differences(rows)
     assert naive["objective"] == "naive" and naive["reference"] == "decoupled" and naive["n"] == 2
     assert naive["minus_reference_per_seed"] == pytest.approx([0.1, 0.05])
@@ -166,8 +207,18 @@ def test_reanalyse_recomputes_from_the_run_directories(tmp_path) -> None:
         run_dir.mkdir()
         lines = [{"step": i, "reward": 0.1 * i, "approx_kl_behav": 0.01 * (seed + 1)} for i in range(3)]
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
-        rows.append({"objective": "naive", "lag": 2, "lr": 1e-4, "seed": seed, "accuracy_before": 0.3,
-                     "accuracy_after": acc, "collapsed": False, "run_dir": str(run_dir)})  # fmt: skip
+        rows.append(
+            {
+                "objective": "naive",
+                "lag": 2,
+                "lr": 1e-4,
+                "seed": seed,
+                "accuracy_before": 0.3,
+                "accuracy_after": acc,
+                "collapsed": False,
+                "run_dir": str(run_dir),
+            }
+        )
     rows.append({**rows[0], "run_dir": str(tmp_path / "gone"), "seed": 2, "approx_kl_behav": 0.5})  # kept as written
     path = tmp_path / "ablation.json"
     path.write_text(json.dumps({"bench": "ablation", "lrs": [1e-4], "rows": rows}))
@@ -186,8 +237,16 @@ def test_reanalyse_finds_relative_run_directories_from_another_folder(tmp_path, 
     (repo / "runs" / "run0").mkdir(parents=True)
     lines = [{"step": i, "reward": 0.1 * i, "approx_kl_behav": 0.03} for i in range(3)]
     (repo / "runs" / "run0" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
-    row = {"objective": "naive", "lag": 2, "lr": 1e-4, "seed": 0, "accuracy_before": 0.3, "accuracy_after": 0.4,
-           "collapsed": False, "run_dir": "runs/run0"}  # fmt: skip
+    row = {
+        "objective": "naive",
+        "lag": 2,
+        "lr": 1e-4,
+        "seed": 0,
+        "accuracy_before": 0.3,
+        "accuracy_after": 0.4,
+        "collapsed": False,
+        "run_dir": "runs/run0",
+    }
     path = repo / "docs" / "results" / "ablation.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"bench": "ablation", "lrs": [1e-4], "rows": [row]}))

@@ -14,10 +14,15 @@ from benchmarks.async_bench import _variants, summarize
 
 def _row(eta: int, seed: int, eff: float, acc: float, hw: int = 2) -> dict:
     return {
-        "workload": "task", "max_staleness": eta, "high_water_batches": hw, "seed": seed,
-        "steady_state_tokens_per_s": eff, "trained_tokens_per_s": eff / 2, "accuracy_after": acc,
+        "workload": "task",
+        "max_staleness": eta,
+        "high_water_batches": hw,
+        "seed": seed,
+        "steady_state_tokens_per_s": eff,
+        "trained_tokens_per_s": eff / 2,
+        "accuracy_after": acc,
         "staleness_mean": eta / 2,
-    }  # fmt: skip
+    }
 
 
 def test_summary_means_spreads_and_paired_accuracy_deltas() -> None:
@@ -77,9 +82,12 @@ def test_engine_alone_calibration_measures_after_every_queued_group_has_finished
     from benchmarks.async_bench import _engine_alone
 
     overrides = [
-        f"model.path={tiny_policy_dir}", "controller.max_concurrent=3", "rollout.group_size=2",
-        "rollout.max_new_tokens=12", "rollout.max_slots=4",
-    ]  # fmt: skip
+        f"model.path={tiny_policy_dir}",
+        "controller.max_concurrent=3",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=12",
+        "rollout.max_slots=4",
+    ]
     out = asyncio.run(_engine_alone(overrides, seconds=0.3, max_fill_s=30.0))
     assert out["engine_alone_generated_tokens_per_s"] > 0
     assert 0 < out["engine_alone_fill_s"] < 30.0  # all three groups finished once, before the cap
@@ -100,6 +108,10 @@ def test_rows_carry_the_settings_that_identify_them(tiny_policy_dir) -> None:
 
     run = [*workload_overrides([f"model.path={tiny_policy_dir}"], "long"), "controller.max_staleness=8"]
     assert row_identity("long", 3, run) == {
-        "workload": "long", "max_staleness": 8, "high_water_batches": 2, "seed": 3,
-        "high_water_unit": "samples", "interrupt_mode": "keep",
-    }  # fmt: skip
+        "workload": "long",
+        "max_staleness": 8,
+        "high_water_batches": 2,
+        "seed": 3,
+        "high_water_unit": "samples",
+        "interrupt_mode": "keep",
+    }

@@ -68,8 +68,12 @@ def test_a_failed_episode_ends_a_drain(tmp_path: Path) -> None:
     stream = _stream(4)
     scripts = {stream[2]: Script(hang=1), stream[3]: Script(hang=1)}
     # a 1 s timeout: the two that hang time out, the two that do not finish inside it even on a loaded machine
-    cfg = _cfg(controller__weight_sync="drain", controller__episode_retries=0, controller__episode_timeout_s=1.0,
-               controller__max_engine_failures=1)  # fmt: skip
+    cfg = _cfg(
+        controller__weight_sync="drain",
+        controller__episode_retries=0,
+        controller__episode_timeout_s=1.0,
+        controller__max_engine_failures=1,
+    )
     trainer = ScriptedTrainer()
     with pytest.raises(RuntimeError, match="an episode failed"):
         _run(cfg, ScriptedEngine(scripts), trainer, tmp_path, scripts)
@@ -87,11 +91,20 @@ def test_step_metrics_reads_one_typed_record() -> None:
     state = ControllerState(step=5, trained_tokens=1000, admitted=12)
     times = StepTimes(train_start_s=9.0, end_s=10.0, wall_s=2.0, wait_s=0.5, train_s=1.0, sync_s=0.2, checkpoint_s=0.0)
     record = StepRecord(
-        step=4, groups=groups, result=StepDone(5, True, {"loss": 0.25, "reward": -1.0}), trained_tokens=16,
-        times=times, engine_before={"generated_tokens": 100.0}, engine_after={"generated_tokens": 140.0},
-        generated_during_train=30.0, state=state, buffer_groups=3, running_groups=2, reward_latency_s=[0.2, 0.1],
+        step=4,
+        groups=groups,
+        result=StepDone(5, True, {"loss": 0.25, "reward": -1.0}),
+        trained_tokens=16,
+        times=times,
+        engine_before={"generated_tokens": 100.0},
+        engine_after={"generated_tokens": 140.0},
+        generated_during_train=30.0,
+        state=state,
+        buffer_groups=3,
+        running_groups=2,
+        reward_latency_s=[0.2, 0.1],
         rollout_rewards=[1.0, 0.0, 0.0, 1.0],
-    )  # fmt: skip
+    )
     assert record.staleness == [1, 3]
     m = step_metrics(record)
     assert m["step"] == 4 and m["version"] == 5 and m["time_s"] == 10.0 and m["train_start_s"] == 9.0

@@ -35,8 +35,19 @@ def test_bench_without_model_flag_leaves_the_model_to_the_workloads(monkeypatch)
 def test_bench_ablation_grid_flags(monkeypatch) -> None:
     seen: dict = {}
     monkeypatch.setattr(ablation, "run_ablation", lambda json_path, **kw: seen.update(kw))
-    argv = ["ablation", "--lags", "0,4", "--objectives", "decoupled,naive,uncorrected", "--lrs", "1e-4,3e-4",
-            "--seeds", "0,1,2", "--steps", "40"]  # fmt: skip
+    argv = [
+        "ablation",
+        "--lags",
+        "0,4",
+        "--objectives",
+        "decoupled,naive,uncorrected",
+        "--lrs",
+        "1e-4,3e-4",
+        "--seeds",
+        "0,1,2",
+        "--steps",
+        "40",
+    ]
     assert bench_main(argv) == 0
     assert seen["lags"] == (0, 4) and seen["objectives"] == ("decoupled", "naive", "uncorrected")
     assert seen["lrs"] == (1e-4, 3e-4) and seen["seeds"] == (0, 1, 2) and seen["steps"] == 40

@@ -11,10 +11,15 @@ from asyncrl.types import Completion, Group, Prompt
 
 def _group(pid: str, rewards: list[float], versions: list[int]) -> Group:
     comps = tuple(
-        Completion(prompt_ids=(1, 2), output_ids=(3, 4, 5), behav_logprobs=(-0.1, -0.2, -0.3),
-                   versions=(v, v, v + 1), finish_reason="stop")
+        Completion(
+            prompt_ids=(1, 2),
+            output_ids=(3, 4, 5),
+            behav_logprobs=(-0.1, -0.2, -0.3),
+            versions=(v, v, v + 1),
+            finish_reason="stop",
+        )
         for v in versions
-    )  # fmt: skip
+    )
     return Group(Prompt(pid, (1, 2), "7"), comps, tuple(rewards), start_version=min(versions))
 
 
@@ -88,10 +93,16 @@ def test_mixed_group_sizes_rejected() -> None:
 def test_multi_turn_completion_trains_model_tokens_only() -> None:
     """Environment tokens (loss_mask 0) get no advantage and no loss; model tokens keep theirs."""
     comps = tuple(
-        Completion(prompt_ids=(1, 2), output_ids=(3, 4, 9, 9, 5), behav_logprobs=(-0.1, -0.2, 0.0, 0.0, -0.3),
-                   versions=(v, v, -1, -1, v + 1), finish_reason="stop", loss_mask=(1, 1, 0, 0, 1))
+        Completion(
+            prompt_ids=(1, 2),
+            output_ids=(3, 4, 9, 9, 5),
+            behav_logprobs=(-0.1, -0.2, 0.0, 0.0, -0.3),
+            versions=(v, v, -1, -1, v + 1),
+            finish_reason="stop",
+            loss_mask=(1, 1, 0, 0, 1),
+        )
         for v in (2, 3)
-    )  # fmt: skip
+    )
     group = Group(Prompt("p", (1, 2), "7"), comps, (1.0, 0.0), start_version=2)
     s0, s1 = groups_to_samples([group], AlgoConfig(advantage="grpo"))
     assert s0.token_ids == (1, 2, 3, 4, 9, 9, 5)

@@ -25,8 +25,15 @@ from asyncrl.trainer.checkpoint import MANIFEST, TRAINER_STATE, atomic_dir, writ
 
 
 def _snapshot(step: int) -> dict:
-    return {"format": SNAPSHOT_FORMAT, "step": step, "state": {}, "gate": {}, "source": {}, "readmit": [],
-            "offsets": {}}  # fmt: skip
+    return {
+        "format": SNAPSHOT_FORMAT,
+        "step": step,
+        "state": {},
+        "gate": {},
+        "source": {},
+        "readmit": [],
+        "offsets": {},
+    }
 
 
 def _save(run: Path, step: int) -> Path:

@@ -15,20 +15,40 @@ LIMITS = LedgerLimits(batch_size=1, group_size=2, max_staleness=1)
 
 
 def _admit(pid: str, index: int, version: int, readmitted: bool = False) -> dict[str, Any]:
-    return {"prompt_id": pid, "sample_idx": None, "status": "admitted", "stream_index": index,
-            "start_version": version, "readmitted": readmitted}  # fmt: skip
+    return {
+        "prompt_id": pid,
+        "sample_idx": None,
+        "status": "admitted",
+        "stream_index": index,
+        "start_version": version,
+        "readmitted": readmitted,
+    }
 
 
 def _trained(pid: str, step: int, version: int) -> list[dict[str, Any]]:
-    return [{"prompt_id": pid, "sample_idx": i, "status": "trained", "min_version": version,
-             "max_version": version, "trained_step": step} for i in range(2)]  # fmt: skip
+    return [
+        {
+            "prompt_id": pid,
+            "sample_idx": i,
+            "status": "trained",
+            "min_version": version,
+            "max_version": version,
+            "trained_step": step,
+        }
+        for i in range(2)
+    ]
 
 
 def _good() -> list[dict[str, Any]]:
     """Two steps of one group of two; p2 is in flight when the run ends."""
-    return [_admit("p0", 0, 0), _admit("p1", 1, 0), *_trained("p0", 0, 0), _admit("p2", 2, 1),
-            *_trained("p1", 1, 0),
-            {"prompt_id": "p2", "sample_idx": None, "status": "in_flight", "start_version": 1}]  # fmt: skip
+    return [
+        _admit("p0", 0, 0),
+        _admit("p1", 1, 0),
+        *_trained("p0", 0, 0),
+        _admit("p2", 2, 1),
+        *_trained("p1", 1, 0),
+        {"prompt_id": "p2", "sample_idx": None, "status": "in_flight", "start_version": 1},
+    ]
 
 
 def _write(run: Path, ledger: list[dict[str, Any]], steps: int = 2) -> Path:
@@ -86,7 +106,7 @@ def test_the_eta_of_each_admission_is_the_bound_under_adaptive_admission(tmp_pat
     assert sum("admission past the staleness budget" in f for f in found) == 1  # η 0: one group per version
     assert check_ledger(
         _write(tmp_path / "b", [admit("p0", 0, 0, 0), admit("p1", 1, 0, 0)], 0), LIMITS, ended=False
-    ).over_bound  # fmt: skip  (η 0: one group per version)
+    ).over_bound  # (η 0: one group per version)
     above = [admit("p0", 0, 0, 3), *_trained("p0", 0, 0)]
     assert "above the bound 1" in check_ledger(_write(tmp_path / "c", above, 1), LIMITS).over_bound[0]
     good = [admit("p0", 0, 0, 1), *_trained("p0", 0, 0), admit("p1", 1, 0, 1), *_trained("p1", 1, 0)]

@@ -20,8 +20,12 @@ from tests.controller.test_loop_fake import _cfg, _resume, _run, _stream
 
 
 def _adaptive(**sets: Any) -> Any:
-    values = {"controller__adaptive": True, "controller__max_staleness": 4, "controller__total_steps": 14,
-              "controller__max_concurrent": 32}  # fmt: skip
+    values = {
+        "controller__adaptive": True,
+        "controller__max_staleness": 4,
+        "controller__total_steps": 14,
+        "controller__max_concurrent": 32,
+    }
     return _cfg(**(values | sets))
 
 
@@ -32,8 +36,11 @@ def _admitted_etas(run_dir: Path) -> list[int]:
 def _check(run_dir: Path, bound: int, batch: int = 2, group: int = 2) -> list[dict[str, Any]]:
     """The ledger's invariants with each admission's own η, and the metrics lines."""
     check_ledger(run_dir, LedgerLimits(batch, group, bound)).require()
-    bound_of = {r["prompt_id"]: r["max_staleness"] for r in read_jsonl(run_dir / "trajectories.jsonl")
-                if r["status"] == "admitted"}  # fmt: skip
+    bound_of = {
+        r["prompt_id"]: r["max_staleness"]
+        for r in read_jsonl(run_dir / "trajectories.jsonl")
+        if r["status"] == "admitted"
+    }
     for r in read_jsonl(run_dir / "trajectories.jsonl"):
         if r["status"] == "trained":
             assert r["trained_step"] - r["min_version"] <= bound_of[r["prompt_id"]] <= bound
@@ -100,8 +107,10 @@ def test_a_killed_adaptive_run_resumes_with_its_setting(tmp_path: Path) -> None:
     before = read_jsonl(tmp_path / "metrics.jsonl")[:6]  # the steps the checkpoint covers
     policy = json.loads((saved / "trainer_state.pt").read_text())["extra"]["adaptive"]["policy"]
     assert (policy["eta"], policy["mark"]) != (4, 2)  # not a fresh policy's start: the resume must restore it
-    assert (policy["eta"], policy["mark"]) == (before[5]["adaptive_max_staleness"],
-                                               before[5]["adaptive_high_water_batches"])  # fmt: skip
+    assert (policy["eta"], policy["mark"]) == (
+        before[5]["adaptive_max_staleness"],
+        before[5]["adaptive_high_water_batches"],
+    )
     state = _resume(cfg, tmp_path)
     assert state.step == 10 and saved.name == "step-00000006"
     metrics = _check(tmp_path, 4)
@@ -115,5 +124,4 @@ def test_a_killed_adaptive_run_resumes_with_its_setting(tmp_path: Path) -> None:
 
 def test_adaptive_is_refused_with_a_fixed_lag() -> None:
     with pytest.raises(ConfigError, match="controller.adaptive"):
-        _cfg(controller__adaptive=True, controller__fixed_lag=1, controller__max_staleness=1,
-             controller__eval_every=0)  # fmt: skip
+        _cfg(controller__adaptive=True, controller__fixed_lag=1, controller__max_staleness=1, controller__eval_every=0)

@@ -45,11 +45,18 @@ def _stream(n: int) -> list[tuple[int, ...]]:
 
 def _cfg(**sets: Any) -> Config:
     values: dict[str, Any] = {
-        "controller.batch_size": 2, "controller.max_staleness": 1, "controller.total_steps": 6,
-        "controller.max_concurrent": 16, "controller.high_water_batches": 0, "controller.checkpoint_every": 0,
-        "controller.episode_timeout_s": 0, "rollout.group_size": 2, "rollout.max_new_tokens": 8,
-        "algo.filter_equal_rewards": False, "run.progress": False,
-    }  # fmt: skip
+        "controller.batch_size": 2,
+        "controller.max_staleness": 1,
+        "controller.total_steps": 6,
+        "controller.max_concurrent": 16,
+        "controller.high_water_batches": 0,
+        "controller.checkpoint_every": 0,
+        "controller.episode_timeout_s": 0,
+        "rollout.group_size": 2,
+        "rollout.max_new_tokens": 8,
+        "algo.filter_equal_rewards": False,
+        "run.progress": False,
+    }
     values.update({k.replace("__", "."): v for k, v in sets.items()})
     return load_config(None, [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items()])
 
@@ -184,8 +191,12 @@ def test_wait_keeps_a_group_that_later_admissions_would_crowd_out(tmp_path: Path
     scripts = {ids: Script(tail_s=0.4) for ids in slow}
     for policy, stale in (("drop", 2), ("wait", 0)):
         trainer = ScriptedTrainer(step_s=0.1)
-        cfg = _cfg(controller__batch_size=1, controller__max_staleness=2, controller__total_steps=6,
-                   controller__stragglers=policy)  # fmt: skip
+        cfg = _cfg(
+            controller__batch_size=1,
+            controller__max_staleness=2,
+            controller__total_steps=6,
+            controller__stragglers=policy,
+        )
         state = _run(cfg, ScriptedEngine(scripts), trainer, tmp_path / policy, scripts)
         assert state.stale_groups == stale and state.step == 6
         assert all(b.version - s.min_version <= 2 for b in trainer.batches for s in b.samples)
@@ -200,8 +211,13 @@ def test_waiting_for_stragglers_changes_nothing_in_a_synchronous_run(tmp_path: P
     runs = {}
     for policy in ("drop", "wait"):
         trainer = ScriptedTrainer()
-        _run(_cfg(controller__max_staleness=0, controller__stragglers=policy), ScriptedEngine(scripts), trainer,
-             tmp_path / policy, scripts)  # fmt: skip
+        _run(
+            _cfg(controller__max_staleness=0, controller__stragglers=policy),
+            ScriptedEngine(scripts),
+            trainer,
+            tmp_path / policy,
+            scripts,
+        )
         runs[policy] = [[s.token_ids for s in b.samples] for b in trainer.batches]
     assert runs["drop"] == runs["wait"] and len(runs["wait"]) == 6
 
@@ -222,8 +238,12 @@ def _run_ahead(run_dir: Path, unit: str, mark: int) -> tuple[ScriptedTrainer, li
 
         gate.on_admit = on_admit  # type: ignore[method-assign]
 
-    cfg = _cfg(controller__max_staleness=4, controller__total_steps=4, controller__high_water_batches=mark,
-               controller__high_water_unit=unit)  # fmt: skip
+    cfg = _cfg(
+        controller__max_staleness=4,
+        controller__total_steps=4,
+        controller__high_water_batches=mark,
+        controller__high_water_unit=unit,
+    )
     _run(cfg, engine, trainer, run_dir, scripts, watch=watch)
     return trainer, ahead
 
@@ -250,11 +270,22 @@ def test_failed_generation_and_scoring_are_retried_other_failures_are_recorded(t
     (``engine_failure``); failed verification and equal rewards are filtered; a non-finite step is
     skipped (its groups are in the ledger as such)."""
     s = _stream(6)
-    scripts = {s[0]: Script(fail=1), s[1]: Script(hang=1), s[2]: Script(score_raises=1), s[3]: Script(fail=3),
-               s[4]: Script(reward_failure="timeout"), s[5]: Script(uniform=True)}  # fmt: skip
+    scripts = {
+        s[0]: Script(fail=1),
+        s[1]: Script(hang=1),
+        s[2]: Script(score_raises=1),
+        s[3]: Script(fail=3),
+        s[4]: Script(reward_failure="timeout"),
+        s[5]: Script(uniform=True),
+    }
     engine, trainer = ScriptedEngine(scripts), ScriptedTrainer(non_finite=frozenset({1}))
-    cfg = _cfg(controller__max_staleness=0, controller__total_steps=4, controller__episode_retries=2,
-               controller__episode_timeout_s=1.0, algo__filter_equal_rewards=True)  # fmt: skip
+    cfg = _cfg(
+        controller__max_staleness=0,
+        controller__total_steps=4,
+        controller__episode_retries=2,
+        controller__episode_timeout_s=1.0,
+        algo__filter_equal_rewards=True,
+    )
     # 1 s: only the hang may time out, the instant episodes not even on a loaded machine (counts below exact)
     state = _run(cfg, engine, trainer, tmp_path, scripts)
     assert state.step == 4 and state.skipped_steps == 1
@@ -283,9 +314,14 @@ def test_consecutive_engine_failures_stop_the_run(tmp_path: Path) -> None:
 
 def _resume_cfg() -> Config:
     """The invariant test's run: 10 steps of 4 groups of 4, η = 2, a checkpoint every 2 steps."""
-    return _cfg(controller__total_steps=invariant.STEPS, controller__batch_size=invariant.BATCH,
-                rollout__group_size=invariant.GROUP, controller__max_staleness=invariant.ETA,
-                controller__max_concurrent=12, controller__checkpoint_every=2)  # fmt: skip
+    return _cfg(
+        controller__total_steps=invariant.STEPS,
+        controller__batch_size=invariant.BATCH,
+        rollout__group_size=invariant.GROUP,
+        controller__max_staleness=invariant.ETA,
+        controller__max_concurrent=12,
+        controller__checkpoint_every=2,
+    )
 
 
 def test_a_killed_run_resumes_from_its_checkpoint_with_nothing_lost_or_trained_twice(tmp_path: Path) -> None:

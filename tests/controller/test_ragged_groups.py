@@ -47,13 +47,29 @@ def test_groups_of_several_sizes_need_episodes() -> None:
 
 
 def _admit(pid: str, index: int) -> dict[str, Any]:
-    return {"prompt_id": pid, "sample_idx": None, "status": "admitted", "stream_index": index, "start_version": 0,
-            "readmitted": False}  # fmt: skip
+    return {
+        "prompt_id": pid,
+        "sample_idx": None,
+        "status": "admitted",
+        "stream_index": index,
+        "start_version": 0,
+        "readmitted": False,
+    }
 
 
 def _trained(pid: str, step: int, n: int) -> list[dict[str, Any]]:
-    return [{"prompt_id": pid, "sample_idx": i, "status": "trained", "min_version": 0, "max_version": 0,
-             "trained_step": step, **_group(pid, [0.0] * n, (0,) * n).sample_fields(i)} for i in range(n)]  # fmt: skip
+    return [
+        {
+            "prompt_id": pid,
+            "sample_idx": i,
+            "status": "trained",
+            "min_version": 0,
+            "max_version": 0,
+            "trained_step": step,
+            **_group(pid, [0.0] * n, (0,) * n).sample_fields(i),
+        }
+        for i in range(n)
+    ]
 
 
 def test_the_ledger_check_expects_each_groups_own_size(tmp_path: Path) -> None:

@@ -13,18 +13,31 @@ import asyncrl.controller.report as report  # noqa: E402
 
 def test_tool_use_plot(tmp_path, monkeypatch) -> None:
     metrics = [
-        {"time_s": 1.0, "accuracy": 0.1, "episode_turns_mean": 2.0, "tool_call_correct_rate": 0.9,
-         "tool_call_hit_rate": 0.2, "tool_call_malformed_rate": 0.1, "episode_tool_call_frac": 0.6},
+        {
+            "time_s": 1.0,
+            "accuracy": 0.1,
+            "episode_turns_mean": 2.0,
+            "tool_call_correct_rate": 0.9,
+            "tool_call_hit_rate": 0.2,
+            "tool_call_malformed_rate": 0.1,
+            "episode_tool_call_frac": 0.6,
+        },
         {"time_s": 2.0, "accuracy": 0.2, "episode_turns_mean": 1.0},  # nothing attempted: no rate
-        {"time_s": 3.0, "accuracy": 0.3, "episode_turns_mean": 2.0, "tool_call_hit_rate": 0.4,
-         "eval_accuracy": 0.25, "eval_tool_call_hit_rate": 0.3,
-         "eval_by_kind": {"mul 3x2": {"prompts": 4.0, "accuracy": 0.5, "tool_call_hit_rate": 0.5}}},
-    ]  # fmt: skip
+        {
+            "time_s": 3.0,
+            "accuracy": 0.3,
+            "episode_turns_mean": 2.0,
+            "tool_call_hit_rate": 0.4,
+            "eval_accuracy": 0.25,
+            "eval_tool_call_hit_rate": 0.3,
+            "eval_by_kind": {"mul 3x2": {"prompts": 4.0, "accuracy": 0.5, "tool_call_hit_rate": 0.5}},
+        },
+    ]
     kinds = {"mul 3x2": {"prompts": 4.0, "accuracy": 0.25, "tool_call_hit_rate": 0.25}}  # the calculator's
-    summary = {"eval_before": {"accuracy": 0.05, "tool_call_hit_rate": 0.1, "episode_tool_call_frac": 0.3,
-                               "by_kind": kinds},
-               "eval_after": {"accuracy": 0.35, "tool_call_hit_rate": 0.5, "episode_tool_call_frac": 0.9,
-                              "by_kind": kinds}}  # fmt: skip
+    summary = {
+        "eval_before": {"accuracy": 0.05, "tool_call_hit_rate": 0.1, "episode_tool_call_frac": 0.3, "by_kind": kinds},
+        "eval_after": {"accuracy": 0.35, "tool_call_hit_rate": 0.5, "episode_tool_call_frac": 0.9, "by_kind": kinds},
+    }
     saved = []
     real_save = report.save_figure
     monkeypatch.setattr(report, "save_figure", lambda fig, path: saved.append(fig) or real_save(fig, path))

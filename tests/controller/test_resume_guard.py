@@ -26,8 +26,9 @@ def _cfg(*overrides: str):
 
 def test_free_keys_change_without_being_asked(tmp_path: Path) -> None:
     saved = _cfg()
-    new = _cfg("controller.total_steps=500", "controller.max_rl_time_s=60", "run.progress=false",
-               f"run.run_dir={tmp_path}")  # fmt: skip
+    new = _cfg(
+        "controller.total_steps=500", "controller.max_rl_time_s=60", "run.progress=false", f"run.run_dir={tmp_path}"
+    )
     changes = check_config_changes(tmp_path, saved, new)
     assert set(changes) == {"controller.total_steps", "controller.max_rl_time_s", "run.progress"}
     assert changes["controller.total_steps"] == (120, 500)
@@ -35,9 +36,17 @@ def test_free_keys_change_without_being_asked(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "override",
-    ["task.seed=7", "task.max_terms=3", "rollout.group_size=4", "controller.batch_size=8", "run.seed=3",
-     "controller.max_staleness=1", "model.path=/elsewhere", "sft.steps=10"],
-)  # fmt: skip
+    [
+        "task.seed=7",
+        "task.max_terms=3",
+        "rollout.group_size=4",
+        "controller.batch_size=8",
+        "run.seed=3",
+        "controller.max_staleness=1",
+        "model.path=/elsewhere",
+        "sft.steps=10",
+    ],
+)
 def test_keys_that_define_the_run_never_change(tmp_path: Path, override: str) -> None:
     key = override.split("=")[0]
     with pytest.raises(ResumeRefused, match="define the run") as err:

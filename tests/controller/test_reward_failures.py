@@ -33,8 +33,10 @@ def test_a_reward_that_always_fails_stops_the_run(tmp_path: Path, kind: str) -> 
         _run(cfg, ScriptedEngine(scripts), ScriptedTrainer(), tmp_path, scripts)
     chain = [info.value, info.value.__cause__]
     failed = next(e for e in chain if isinstance(e, ScoringFailed))
-    assert str(failed).startswith(f"4 groups in a row could not be scored (controller.max_engine_failures=4), the "
-                                  f"last with {reason!r}: the verifier task.verifier=arithmetic fails")  # fmt: skip
+    assert str(failed).startswith(
+        f"4 groups in a row could not be scored (controller.max_engine_failures=4), the "
+        f"last with {reason!r}: the verifier task.verifier=arithmetic fails"
+    )
     ledger = read_jsonl(tmp_path / "trajectories.jsonl")
     filtered = [r for r in ledger if r["status"] == "filtered"]
     assert len(filtered) >= 4 * 2 and not [r for r in ledger if r["status"] == "trained"]

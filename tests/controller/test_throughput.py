@@ -34,8 +34,11 @@ def test_inventory_carried_into_the_window_does_not_flatter_it() -> None:
 def test_untrained_generation_is_discounted_by_the_trained_per_generated_ratio() -> None:
     timeline = _timeline(1000, 1000, 0, 100)
     metrics = [{"time_s": float(t), "trained_tokens": 4950} for t in range(10, 101, 10)]
-    ledger = [{"status": "trained", "response_len": 50_000}, {"status": "filtered", "response_len": 49_000},
-              {"status": "in_flight", "response_len": 1000}]  # fmt: skip
+    ledger = [
+        {"status": "trained", "response_len": 50_000},
+        {"status": "filtered", "response_len": 49_000},
+        {"status": "in_flight", "response_len": 1000},
+    ]
     speed = measure_throughput(metrics, ledger, timeline, warmup_s=20)
     assert speed.trained_per_generated == pytest.approx(0.5)
     assert speed.generated_in_window == pytest.approx(80_000)

@@ -15,8 +15,9 @@ from asyncrl.types import KIND_KEY, EnvSegment, Group, ModelSegment, Prompt, Tra
 
 
 def _turn(calls: int = 0, errors: int = 0, malformed: int = 0, hits: int | None = None) -> TurnRecord:
-    return TurnRecord(1, 1, 0, 0, "stop", tool_calls=("calculator",) * calls, tool_errors=errors,
-                      malformed=malformed, tool_hits=hits)  # fmt: skip
+    return TurnRecord(
+        1, 1, 0, 0, "stop", tool_calls=("calculator",) * calls, tool_errors=errors, malformed=malformed, tool_hits=hits
+    )
 
 
 def _episode(*turns: TurnRecord) -> Trajectory:
@@ -55,7 +56,10 @@ def test_no_attempt_and_no_check_leave_the_rates_out() -> None:
     # the environment tells: no hit; no episode called
     assert tool_use_rates(answered) == {"episode_tool_hit_frac": 0.0, "episode_tool_call_frac": 0.0}
     assert tool_use_rates([_episode(_turn(calls=1))]).keys() == {
-        "tool_call_correct_rate", "tool_call_malformed_rate", "episode_tool_call_frac"}  # fmt: skip
+        "tool_call_correct_rate",
+        "tool_call_malformed_rate",
+        "episode_tool_call_frac",
+    }
     prompt = Prompt("p", (1, 2), "3")
     group = Group(prompt, (answered[0].to_completion(),), (0.0,), 0, trajectories=tuple(answered))
     assert episode_metrics([group])["episode_turns_mean"] == 1.0
@@ -69,8 +73,9 @@ def test_the_held_out_evaluation_reports_tool_use() -> None:
         return Group(prompt, completions, (1.0,) * n, 0, trajectories=(episode,) * n)
 
     prompts = [Prompt(f"p{i}", (1, 2), "3") for i in range(4)]
-    result = asyncio.run(evaluate(None, prompts, None, greedy=True, max_new_tokens=4, samples_per_prompt=1,
-                                  workflow=workflow))  # type: ignore[arg-type]  # fmt: skip
+    result = asyncio.run(
+        evaluate(None, prompts, None, greedy=True, max_new_tokens=4, samples_per_prompt=1, workflow=workflow)  # type: ignore[arg-type]
+    )
     assert result["accuracy"] == 1.0 and result["tool_call_hit_rate"] == 1.0 and result["episode_turns_mean"] == 2.0
 
 
@@ -92,10 +97,15 @@ def test_the_held_out_evaluation_reports_each_kind_apart() -> None:
     assert result["accuracy"] == pytest.approx(2 / 5) and result["tool_call_hit_rate"] == 1.0
     assert result["episode_tool_call_frac"] == pytest.approx(2 / 5)
     assert result["by_kind"] == {
-        "mul 3x2": {"prompts": 2.0, "accuracy": 1.0, "tool_call_hit_rate": 1.0, "tool_call_malformed_rate": 0.0,
-                    "episode_tool_call_frac": 1.0},
+        "mul 3x2": {
+            "prompts": 2.0,
+            "accuracy": 1.0,
+            "tool_call_hit_rate": 1.0,
+            "tool_call_malformed_rate": 0.0,
+            "episode_tool_call_frac": 1.0,
+        },
         "sub 3-3": {"prompts": 3.0, "accuracy": 0.0, "episode_tool_call_frac": 0.0},  # no call: no per-call rate
-    }  # fmt: skip
+    }
     sampled = asyncio.run(evaluate(None, prompts, None, **{**kwargs, "greedy": False, "samples_per_prompt": 3}))  # type: ignore[arg-type]
     assert sampled["by_kind"]["mul 3x2"]["accuracy"] == 1.0 and sampled["by_kind"]["sub 3-3"]["prompts"] == 3.0
     plain = [Prompt(f"p{i}", (1, 2), "3") for i in range(3)]

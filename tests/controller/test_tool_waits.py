@@ -28,8 +28,11 @@ from tests.controller.fakes import ScriptedEngine, ScriptedTrainer  # noqa: E402
 def _episode() -> Trajectory:
     call = TurnRecord(2, 1, 0, 0, "stop", tool_calls=("calculator",), tool_latency_s=0.5, tool_started_at=1000.25)
     answer = TurnRecord(2, 0, 0, 0, "stop", tool_latency_s=0.001, tool_started_at=1001.0)  # no call: no wait
-    segments = (ModelSegment((5, 6), (-0.1, -0.2), (0, 0), "stop"), EnvSegment((7,), "tool"),
-                ModelSegment((8, 9), (-0.1, -0.2), (0, 0), "stop"))  # fmt: skip
+    segments = (
+        ModelSegment((5, 6), (-0.1, -0.2), (0, 0), "stop"),
+        EnvSegment((7,), "tool"),
+        ModelSegment((8, 9), (-0.1, -0.2), (0, 0), "stop"),
+    )
     return Trajectory(prompt_ids=(1, 2), segments=segments, turns=(call, answer), end="answer", env_reward=1.0)
 
 
@@ -66,8 +69,17 @@ def test_tool_wait_share_of_the_time_in_flight() -> None:
 
 def test_the_timeline_draws_episodes_waiting_on_a_tool(tmp_path, monkeypatch) -> None:
     metrics = [{"time_s": 4.0, "train_start_s": 3.0, "train_step_s": 0.5, "weight_sync_s": 0.1}]
-    timeline = [{"t": float(t), "engine_running": 1, "engine_waiting": 0, "reward_in_flight": 0, "buffer_groups": 0,
-                 "running_groups": 1} for t in range(5)]  # fmt: skip
+    timeline = [
+        {
+            "t": float(t),
+            "engine_running": 1,
+            "engine_waiting": 0,
+            "reward_in_flight": 0,
+            "buffer_groups": 0,
+            "running_groups": 1,
+        }
+        for t in range(5)
+    ]
     saved = []
     real_save = report.save_figure
     monkeypatch.setattr(report, "save_figure", lambda fig, path: saved.append(fig) or real_save(fig, path))
@@ -87,11 +99,19 @@ def test_the_timeline_draws_episodes_waiting_on_a_tool(tmp_path, monkeypatch) ->
 def test_a_run_records_each_wait_where_it_happened_on_the_rl_clock(tmp_path) -> None:
     """The real loop over the scripted engine and trainer, with a workflow whose every episode waits 20 ms on
     a tool: each ledger interval starts where the recorder's RL clock stood when the wait began."""
-    cfg = load_config(None, [
-        "controller.batch_size=2", "controller.max_staleness=1", "controller.total_steps=3",
-        "controller.high_water_batches=0", "controller.checkpoint_every=0", "rollout.group_size=2",
-        "algo.filter_equal_rewards=false", "run.progress=false",
-    ])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "controller.batch_size=2",
+            "controller.max_staleness=1",
+            "controller.total_steps=3",
+            "controller.high_water_batches=0",
+            "controller.checkpoint_every=0",
+            "rollout.group_size=2",
+            "algo.filter_equal_rewards=false",
+            "run.progress=false",
+        ],
+    )
     seen: dict[tuple[str, int], tuple[float, float]] = {}  # (prompt, episode) -> RL time either side of the start
     engine, controllers = ScriptedEngine(), []
 
@@ -102,15 +122,32 @@ def test_a_run_records_each_wait_where_it_happened_on_the_rl_clock(tmp_path) -> 
             seen[(prompt.prompt_id, i)] = (before, controllers[0].recorder.now())  # RL time either side
             await asyncio.sleep(0.02)
             v = engine.version
-            turn = TurnRecord(1, 1, v, v, "stop", tool_calls=("calculator",), tool_latency_s=time.monotonic() - clock,
-                              tool_started_at=started_at)  # fmt: skip
-            segments = (ModelSegment((3,), (-0.5,), (v,), "stop"), EnvSegment((4,), "tool"),
-                        ModelSegment((5 + i,), (-0.5,), (v,), "stop"))  # fmt: skip
+            turn = TurnRecord(
+                1,
+                1,
+                v,
+                v,
+                "stop",
+                tool_calls=("calculator",),
+                tool_latency_s=time.monotonic() - clock,
+                tool_started_at=started_at,
+            )
+            segments = (
+                ModelSegment((3,), (-0.5,), (v,), "stop"),
+                EnvSegment((4,), "tool"),
+                ModelSegment((5 + i,), (-0.5,), (v,), "stop"),
+            )
             return Trajectory(prompt.token_ids, segments, (turn,), "answer", float(i))
 
         trajectories = tuple(await asyncio.gather(*(episode(i) for i in range(group_size))))
-        return Group(prompt, tuple(t.to_completion() for t in trajectories), tuple(float(i) for i in range(group_size)),
-                     start_version, (None,) * group_size, trajectories)  # fmt: skip
+        return Group(
+            prompt,
+            tuple(t.to_completion() for t in trajectories),
+            tuple(float(i) for i in range(group_size)),
+            start_version,
+            (None,) * group_size,
+            trajectories,
+        )
 
     async def unscored(prompt: Prompt, completion: object) -> tuple[float, str | None]:
         raise AssertionError("the workflow scores its episodes")
