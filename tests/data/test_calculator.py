@@ -69,8 +69,12 @@ def test_tool_call_fraction_is_refused_outside_the_calculator_task() -> None:
 def test_a_second_stage_is_validated_and_refused_outside_the_calculator_task() -> None:
     calculator = ["task.name=calculator", "rollout.workflow=agent", "sft.second_stage_steps=10"]
     load_config(None, calculator)
-    for bad in ("sft.second_stage_steps=-1", "sft.second_stage_lr=0", "sft.second_stage_warmup_steps=-1",
-                "sft.second_stage_tool_call_fraction=1.5"):  # fmt: skip
+    for bad in (
+        "sft.second_stage_steps=-1",
+        "sft.second_stage_lr=0",
+        "sft.second_stage_warmup_steps=-1",
+        "sft.second_stage_tool_call_fraction=1.5",
+    ):
         with pytest.raises(ConfigError, match=bad.split("=")[0]):
             load_config(None, [*calculator, bad])
     with pytest.raises(ConfigError, match="sft.second_stage_steps"):

@@ -76,8 +76,9 @@ def test_answer_extraction_and_bad_rows() -> None:
 
 def test_scored_in_the_reward_service(tmp_path) -> None:
     tok = tiny_tokenizer(tmp_path / "tok")
-    task = TaskConfig(name="reasoning_gym", datasets="basic_arithmetic", seed=2, train_size=8, eval_size=4,
-                      verifier="reasoning_gym")  # fmt: skip
+    task = TaskConfig(
+        name="reasoning_gym", datasets="basic_arithmetic", seed=2, train_size=8, eval_size=4, verifier="reasoning_gym"
+    )
     train, held, demos = build_task(task, tok)
     assert len(held) == 4 and train and demos == []
 
@@ -113,8 +114,10 @@ def test_errors_a_user_can_type_are_one_line() -> None:
 
 def test_a_datasets_own_config_options_follow_its_name() -> None:
     spec = "chain_sum:max_terms=2:max_digits=1, leg_counting:min_animals=1:max_animals=1:name=x"
-    assert dataset_specs(spec) == [("chain_sum", {"max_terms": 2, "max_digits": 1}),
-                                   ("leg_counting", {"min_animals": 1, "max_animals": 1, "name": "x"})]  # fmt: skip
+    assert dataset_specs(spec) == [
+        ("chain_sum", {"max_terms": 2, "max_digits": 1}),
+        ("leg_counting", {"min_animals": 1, "max_animals": 1, "name": "x"}),
+    ]
     assert dataset_names(spec) == ["chain_sum", "leg_counting"]
     entries = load_entries("chain_sum:min_terms=2:max_terms=2:max_digits=1", 3, 30)
     assert {e["metadata"]["num_terms"] for e in entries} == {2}

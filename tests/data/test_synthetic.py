@@ -111,8 +111,10 @@ def test_held_out_is_disjoint_from_training_for_every_eval_size_and_train_does_n
 
 def test_held_out_and_training_share_the_length_distribution() -> None:
     train, held_out = make_splits(1234, 20000, 2000)
-    share = {name: Counter(p.num_terms for p in split)[2] / len(split) for name, split in
-             (("train", train), ("held_out", held_out))}  # fmt: skip
+    share = {
+        name: Counter(p.num_terms for p in split)[2] / len(split)
+        for name, split in (("train", train), ("held_out", held_out))
+    }
     assert abs(share["train"] - share["held_out"]) < 0.04, share  # P(two terms) = 0.5 in the generator
     assert abs(share["train"] - 0.5) < 0.02
 
