@@ -68,15 +68,35 @@ def _teach(model_dir: Path, out: Path, steps: int) -> Path:
 
 
 def _cfg(model_dir: Path, run_dir: Path, extra: tuple[str, ...] = ()):
-    return load_config(None, [
-        f"model.path={model_dir}", f"run.run_dir={run_dir}", "run.progress=false",
-        "rollout.workflow=agent", "task.name=calculator", "agent.tool_format=tag", "agent.max_turns=3",
-        "agent.max_tokens=96", "agent.max_turn_tokens=32", "rollout.max_new_tokens=32", "eval.max_new_tokens=32",
-        "rollout.group_size=2", "rollout.max_slots=16", "controller.batch_size=2", "controller.max_staleness=1",
-        "controller.max_concurrent=8", f"controller.total_steps={STEPS}", "controller.trainer_process=false",
-        "task.eval_size=4", "task.train_size=64", "eval.greedy=true", "eval.report_greedy=false",
-        "algo.filter_equal_rewards=false", *extra,
-    ])  # fmt: skip
+    return load_config(
+        None,
+        [
+            f"model.path={model_dir}",
+            f"run.run_dir={run_dir}",
+            "run.progress=false",
+            "rollout.workflow=agent",
+            "task.name=calculator",
+            "agent.tool_format=tag",
+            "agent.max_turns=3",
+            "agent.max_tokens=96",
+            "agent.max_turn_tokens=32",
+            "rollout.max_new_tokens=32",
+            "eval.max_new_tokens=32",
+            "rollout.group_size=2",
+            "rollout.max_slots=16",
+            "controller.batch_size=2",
+            "controller.max_staleness=1",
+            "controller.max_concurrent=8",
+            f"controller.total_steps={STEPS}",
+            "controller.trainer_process=false",
+            "task.eval_size=4",
+            "task.train_size=64",
+            "eval.greedy=true",
+            "eval.report_greedy=false",
+            "algo.filter_equal_rewards=false",
+            *extra,
+        ],
+    )
 
 
 def test_the_workflow_is_built_from_the_config(tiny_policy_dir) -> None:

@@ -53,12 +53,24 @@ class FlakyEngine:
 
 def test_retries_timeouts_and_a_skipped_non_finite_step(tiny_policy_dir: Path, tmp_path: Path) -> None:
     steps, batch, group = 8, 4, 4
-    cfg = load_config(None, [
-        f"controller.total_steps={steps}", f"controller.batch_size={batch}", "controller.max_concurrent=8",
-        "controller.max_staleness=0", "controller.episode_timeout_s=5", "controller.episode_retries=2",
-        "controller.checkpoint_every=0", f"rollout.group_size={group}", "rollout.max_new_tokens=16",
-        "rollout.max_slots=32", "task.train_size=200", "algo.filter_equal_rewards=false", "run.progress=false",
-    ])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"controller.total_steps={steps}",
+            f"controller.batch_size={batch}",
+            "controller.max_concurrent=8",
+            "controller.max_staleness=0",
+            "controller.episode_timeout_s=5",
+            "controller.episode_retries=2",
+            "controller.checkpoint_every=0",
+            f"rollout.group_size={group}",
+            "rollout.max_new_tokens=16",
+            "rollout.max_slots=32",
+            "task.train_size=200",
+            "algo.filter_equal_rewards=false",
+            "run.progress=false",
+        ],
+    )
 
     async def run() -> Any:
         model, tok = load_policy(tiny_policy_dir)

@@ -30,14 +30,31 @@ STEPS = 16
 
 
 def _cfg(model_dir: Path, run_dir: Path):
-    return load_config(None, [
-        f"model.path={model_dir}", f"run.run_dir={run_dir}", "run.progress=false", "run.torch_threads=1",
-        "rollout.workflow=openai_agent", "agent.entrypoint=examples.openai_agent.agent:solve",
-        "agent.max_tokens=200", "rollout.max_new_tokens=96", "eval.max_new_tokens=96", "task.eval_size=64",
-        "rollout.group_size=8", "rollout.max_slots=64", "controller.batch_size=4", "controller.max_staleness=1",
-        "controller.max_concurrent=8", f"controller.total_steps={STEPS}", "controller.trainer_process=false",
-        "trainer.lr=3e-4", "eval.greedy=true", "eval.report_greedy=false",
-    ])  # fmt: skip
+    return load_config(
+        None,
+        [
+            f"model.path={model_dir}",
+            f"run.run_dir={run_dir}",
+            "run.progress=false",
+            "run.torch_threads=1",
+            "rollout.workflow=openai_agent",
+            "agent.entrypoint=examples.openai_agent.agent:solve",
+            "agent.max_tokens=200",
+            "rollout.max_new_tokens=96",
+            "eval.max_new_tokens=96",
+            "task.eval_size=64",
+            "rollout.group_size=8",
+            "rollout.max_slots=64",
+            "controller.batch_size=4",
+            "controller.max_staleness=1",
+            "controller.max_concurrent=8",
+            f"controller.total_steps={STEPS}",
+            "controller.trainer_process=false",
+            "trainer.lr=3e-4",
+            "eval.greedy=true",
+            "eval.report_greedy=false",
+        ],
+    )
 
 
 def test_an_openai_client_agent_trains_through_the_door(tmp_path, monkeypatch, trained_batches) -> None:

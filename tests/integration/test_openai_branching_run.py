@@ -29,14 +29,30 @@ def test_a_branching_agent_trains(
 ) -> None:
     monkeypatch.syspath_prepend(str(REPO))  # tests.rollout.branching_agents, as a user's own module would be
     run_dir = tmp_path / "run"
-    cfg = load_config(None, [
-        f"model.path={tiny_policy_dir}", f"run.run_dir={run_dir}", "run.progress=false", "run.torch_threads=1",
-        "rollout.workflow=openai_agent", "agent.entrypoint=tests.rollout.branching_agents:branch",
-        f"agent.episode_mode={mode}", "agent.reward_discount=0.5", "agent.max_tokens=96", "agent.max_turn_tokens=8",
-        "rollout.max_new_tokens=8", "eval.max_new_tokens=8", "task.eval_size=2", f"rollout.group_size={GROUP}",
-        f"controller.batch_size={BATCH}", "controller.max_staleness=1", f"controller.total_steps={STEPS}",
-        "controller.trainer_process=false", "algo.filter_equal_rewards=false",
-    ])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_policy_dir}",
+            f"run.run_dir={run_dir}",
+            "run.progress=false",
+            "run.torch_threads=1",
+            "rollout.workflow=openai_agent",
+            "agent.entrypoint=tests.rollout.branching_agents:branch",
+            f"agent.episode_mode={mode}",
+            "agent.reward_discount=0.5",
+            "agent.max_tokens=96",
+            "agent.max_turn_tokens=8",
+            "rollout.max_new_tokens=8",
+            "eval.max_new_tokens=8",
+            "task.eval_size=2",
+            f"rollout.group_size={GROUP}",
+            f"controller.batch_size={BATCH}",
+            "controller.max_staleness=1",
+            f"controller.total_steps={STEPS}",
+            "controller.trainer_process=false",
+            "algo.filter_equal_rewards=false",
+        ],
+    )
     _, summary = train(cfg)
     assert summary["steps"] == STEPS and summary["stop_reason"] is None
     report = check_ledger(run_dir, ended=True, total_steps=STEPS).require()

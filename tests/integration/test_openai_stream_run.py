@@ -80,13 +80,27 @@ def test_a_streaming_tool_agent_trains_with_a_passing_ledger(
 
     monkeypatch.setattr(OpenAIAgentWorkflow, "_door", recorded)
     run_dir = tmp_path / "run"
-    cfg = load_config(None, [
-        f"model.path={tiny_policy_dir}", f"run.run_dir={run_dir}", "run.progress=false", "run.torch_threads=1",
-        "rollout.workflow=openai_agent", "agent.entrypoint=tests.integration.test_openai_stream_run:streaming_agent",
-        "agent.max_tokens=160", "agent.max_turn_tokens=24", "rollout.max_new_tokens=24", "eval.max_new_tokens=24",
-        "task.eval_size=4", "rollout.group_size=2", "controller.batch_size=2", f"controller.total_steps={STEPS}",
-        "controller.trainer_process=false", "algo.filter_equal_rewards=false",
-    ])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_policy_dir}",
+            f"run.run_dir={run_dir}",
+            "run.progress=false",
+            "run.torch_threads=1",
+            "rollout.workflow=openai_agent",
+            "agent.entrypoint=tests.integration.test_openai_stream_run:streaming_agent",
+            "agent.max_tokens=160",
+            "agent.max_turn_tokens=24",
+            "rollout.max_new_tokens=24",
+            "eval.max_new_tokens=24",
+            "task.eval_size=4",
+            "rollout.group_size=2",
+            "controller.batch_size=2",
+            f"controller.total_steps={STEPS}",
+            "controller.trainer_process=false",
+            "algo.filter_equal_rewards=false",
+        ],
+    )
     _, summary = train(cfg)
     assert summary["steps"] == STEPS
     report = check_ledger(run_dir, ended=True, total_steps=STEPS)
@@ -103,8 +117,11 @@ def test_a_streaming_tool_agent_trains_with_a_passing_ledger(
                 sample.token_ids == traj.token_ids and sample.loss_mask == (0,) * len(traj.prompt_ids) + traj.loss_mask
             )
             first = traj.model_segments[0].token_ids
-            seed = next(c.sampling.seed for c in calls if c.input_ids == traj.prompt_ids
-                        and c.output.output_ids == first[: len(c.output.output_ids)])  # fmt: skip
+            seed = next(
+                c.sampling.seed
+                for c in calls
+                if c.input_ids == traj.prompt_ids and c.output.output_ids == first[: len(c.output.output_ids)]
+            )
             mine = [c for c in calls if c.sampling.seed == seed and traj.token_ids[: len(c.input_ids)] == c.input_ids]
             found = exactness(traj, mine)
             assert found["engine_tokens"] == sum(traj.loss_mask)

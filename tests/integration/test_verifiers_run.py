@@ -23,14 +23,30 @@ TASKSETS = Path(__file__).resolve().parents[1] / "rollout" / "vf_tasksets"
 def test_verifiers_taskset_trains_with_a_passing_ledger(tiny_policy_dir: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.syspath_prepend(str(TASKSETS))
     run_dir = tmp_path / "run"
-    cfg = load_config(None, [
-        f"model.path={tiny_policy_dir}", f"run.run_dir={run_dir}", "run.progress=false",
-        "task.name=verifiers", "task.datasets=vf_sums", "task.train_size=32", "task.eval_size=4",
-        "rollout.workflow=agent", "agent.env=verifiers", "agent.max_turns=2", "agent.max_tokens=48",
-        "rollout.group_size=2", "rollout.max_new_tokens=16", "eval.max_new_tokens=16", "controller.batch_size=2",
-        f"controller.total_steps={STEPS}", "controller.trainer_process=false", "reward.num_workers=1",
-        "algo.filter_equal_rewards=false",
-    ])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"model.path={tiny_policy_dir}",
+            f"run.run_dir={run_dir}",
+            "run.progress=false",
+            "task.name=verifiers",
+            "task.datasets=vf_sums",
+            "task.train_size=32",
+            "task.eval_size=4",
+            "rollout.workflow=agent",
+            "agent.env=verifiers",
+            "agent.max_turns=2",
+            "agent.max_tokens=48",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=16",
+            "eval.max_new_tokens=16",
+            "controller.batch_size=2",
+            f"controller.total_steps={STEPS}",
+            "controller.trainer_process=false",
+            "reward.num_workers=1",
+            "algo.filter_equal_rewards=false",
+        ],
+    )
     _, summary = train(cfg)
     assert summary["steps"] == STEPS and summary["reward_failures"] == 0
     report = check_ledger(run_dir, ended=True, total_steps=STEPS)
