@@ -24,8 +24,18 @@ SCRIPT = SCRIPTS / "chaos_soak.py"
 def test_a_short_chaos_soak_loses_nothing_and_detects_the_damaged_checkpoint(tmp_path: Path) -> None:
     seed = int(os.environ.get("ASYNCRL_CHAOS_SEED", random.randrange(1 << 30)))
     out = tmp_path / "soak.json"
-    argv = [sys.executable, str(SCRIPT), "--minutes", "0.5", "--seed", str(seed),
-            "--run-dir", str(tmp_path / "run"), "--json", str(out)]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(SCRIPT),
+        "--minutes",
+        "0.5",
+        "--seed",
+        str(seed),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--json",
+        str(out),
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=900)
     assert out.is_file(), f"seed={seed}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     result = json.loads(out.read_text())

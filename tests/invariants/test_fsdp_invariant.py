@@ -70,10 +70,21 @@ def test_two_rank_fsdp_step_equals_one_rank(tiny_policy_dir, tmp_path) -> None:
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node", "2", str(script), str(tiny_policy_dir), str(spec_file),
-         str(tmp_path)],
-        capture_output=True, text=True, timeout=200, env=env,
-    )  # fmt: skip
+        [
+            torchrun,
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(script),
+            str(tiny_policy_dir),
+            str(spec_file),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     res = torch.load(tmp_path / "result.pt", weights_only=False)
 

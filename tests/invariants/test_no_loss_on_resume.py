@@ -72,8 +72,9 @@ def _wait_for_steps(proc: subprocess.Popen, metrics: Path, steps: int) -> None:
 
 def _resume(run_dir: Path, log: Path) -> dict:
     with open(log, "w") as out:
-        rc = subprocess.run(_asyncrl("train", "--resume", str(run_dir)), stdout=out, stderr=subprocess.STDOUT,
-                            timeout=HANG_GUARD_S).returncode  # fmt: skip
+        rc = subprocess.run(
+            _asyncrl("train", "--resume", str(run_dir)), stdout=out, stderr=subprocess.STDOUT, timeout=HANG_GUARD_S
+        ).returncode
     assert rc == 0, log.read_text()[-3000:]
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -92,8 +93,9 @@ def test_sigkill_at_a_random_moment_then_resume(tiny_policy_dir: Path, tmp_path:
     run_dir = tmp_path / "run"
     log = tmp_path / "first.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen(_asyncrl("train", "--run-dir", str(run_dir), *_args(tiny_policy_dir)),
-                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            _asyncrl("train", "--run-dir", str(run_dir), *_args(tiny_policy_dir)), stdout=out, stderr=subprocess.STDOUT
+        )
         try:
             _wait_for_steps(proc, run_dir / "metrics.jsonl", rng.randint(1, STEPS - 3))
             time.sleep(rng.uniform(0.0, 0.5))
@@ -119,8 +121,9 @@ def test_sigterm_stops_gracefully_with_a_checkpoint(tiny_policy_dir: Path, tmp_p
     run_dir = tmp_path / "run"
     log = tmp_path / "first.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen(_asyncrl("train", "--run-dir", str(run_dir), *_args(tiny_policy_dir)),
-                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            _asyncrl("train", "--run-dir", str(run_dir), *_args(tiny_policy_dir)), stdout=out, stderr=subprocess.STDOUT
+        )
         try:
             _wait_for_steps(proc, run_dir / "metrics.jsonl", 3)
             proc.send_signal(signal.SIGTERM)

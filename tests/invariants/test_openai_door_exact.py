@@ -101,8 +101,11 @@ def test_branching_sessions_are_exact_and_match_the_trainer(tmp_path: Any, mode:
         raise AssertionError("the agent returns its reward")
 
     try:
-        group = asyncio.run(asyncio.wait_for(workflow(rec, Prompt("b0", (), "", {"question": "7*6"}), sampling, 2,
-                                                      score, start_version=0), 180))  # fmt: skip
+        group = asyncio.run(
+            asyncio.wait_for(
+                workflow(rec, Prompt("b0", (), "", {"question": "7*6"}), sampling, 2, score, start_version=0), 180
+            )
+        )
     finally:
         engine.close()
     per_episode = 2 if mode == "tree" else 4

@@ -66,8 +66,13 @@ def _padded_reference(model, samples, algo: AlgoConfig, temperature: float) -> t
     ],
 )
 def test_packed_micro_batches_equal_one_padded_batch(tiny_policy_dir, aggregation, loss_type, cap_level) -> None:
-    algo = AlgoConfig(aggregation=aggregation, loss_type=loss_type, behav_cap=2.0, behav_cap_level=cap_level,
-                      eps_clip=0.2 if loss_type == "ppo" else 0.05)  # fmt: skip
+    algo = AlgoConfig(
+        aggregation=aggregation,
+        loss_type=loss_type,
+        behav_cap=2.0,
+        behav_cap_level=cap_level,
+        eps_clip=0.2 if loss_type == "ppo" else 0.05,
+    )
     model, _ = load_policy(tiny_policy_dir)
     trainer = Trainer(model, TrainerConfig(max_tokens_per_micro_batch=64), algo, temperature=0.8)
     samples = make_samples(24, seed=5, logprob_fn=trainer.compute_logprobs, noise=0.4)

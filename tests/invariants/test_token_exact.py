@@ -59,8 +59,11 @@ class Kit:
                 return f'{{"name": "{name}", "parameters": {{"expression": "{expr}"}}}}'
 
     def malformed(self) -> str:
-        return {"tag": "<calc>12*3", "hermes": "<tool_call>\n{name: calculator}\n</tool_call>",
-                "json": '{"name": "calculator", "parameters": '}[self.fmt]  # fmt: skip
+        return {
+            "tag": "<calc>12*3",
+            "hermes": "<tool_call>\n{name: calculator}\n</tool_call>",
+            "json": '{"name": "calculator", "parameters": ',
+        }[self.fmt]
 
     def ids(self, text: str, *, per_char: bool = False, end: bool = True) -> tuple[int, ...]:
         """Model tokens for ``text``: canonical, or one encode per character (what a sampler may pick
@@ -109,8 +112,11 @@ def _assert_exact(traj: Trajectory, engine: ScriptedEngine) -> None:
     report = exactness(traj, engine.calls)
     assert report["engine_tokens"] == sum(traj.loss_mask) > 0
     assert {k: v for k, v in report.items() if k != "engine_tokens"} == {
-        "mismatches": 0, "mask_errors": 0, "logprob_errors": 0, "version_errors": 0,
-    }  # fmt: skip
+        "mismatches": 0,
+        "mask_errors": 0,
+        "logprob_errors": 0,
+        "version_errors": 0,
+    }
     # each engine call was given exactly the trajectory so far
     assert all(traj.token_ids[: len(c.input_ids)] == c.input_ids for c in engine.calls)
 

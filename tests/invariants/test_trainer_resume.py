@@ -23,8 +23,9 @@ from asyncrl.types import TrainBatch
 from tests.trainer.synthetic import make_samples
 
 K, N = 3, 3
-CFG = TrainerConfig(lr=3e-3, warmup_steps=2, lr_schedule="cosine", decay_steps=8, max_tokens_per_micro_batch=96,
-                    ppo_minibatches=2)  # fmt: skip
+CFG = TrainerConfig(
+    lr=3e-3, warmup_steps=2, lr_schedule="cosine", decay_steps=8, max_tokens_per_micro_batch=96, ppo_minibatches=2
+)
 ALGO = AlgoConfig(behav_cap=None)
 
 
