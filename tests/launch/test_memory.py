@@ -43,8 +43,10 @@ def test_shape_counts_the_real_model(tiny: Path) -> None:
     assert from_dir.params == count_parameters(model)
     hf = model.config
     assert (from_dir.layers, from_dir.kv_heads, from_dir.vocab) == (
-        hf.num_hidden_layers, hf.num_key_value_heads, hf.vocab_size
-    )  # fmt: skip
+        hf.num_hidden_layers,
+        hf.num_key_value_heads,
+        hf.vocab_size,
+    )
     assert from_dir.head_dim == hf.hidden_size // hf.num_attention_heads
 
 
@@ -86,8 +88,13 @@ def test_lora_and_kl_change_the_trainer_states(tiny: Path) -> None:
 
 
 def test_ray_places_engines_and_ranks_on_their_gpus(tiny: Path) -> None:
-    sets = ["launch.kind=ray", "launch.trainer_ranks=4", "rollout.num_engines=3", "launch.gpus_per_engine=1",
-            "launch.gpus_per_trainer=1"]  # fmt: skip
+    sets = [
+        "launch.kind=ray",
+        "launch.trainer_ranks=4",
+        "rollout.num_engines=3",
+        "launch.gpus_per_engine=1",
+        "launch.gpus_per_trainer=1",
+    ]
     cfg = load_config(overrides=sets)
     shape = model_shape(cfg, tiny)
     assert shape is not None
@@ -152,9 +159,13 @@ def test_kv_formula_matches_the_engine_check() -> None:
     parts = _parts(estimate_memory(cfg, shape).devices[0])
     seq = cfg.rollout.max_prompt_len + max(cfg.rollout.max_new_tokens, cfg.eval.max_new_tokens)
     assert parts["engine KV cache"] == kv_cache_bytes(
-        layers=shape.layers, slots=6, kv_heads=shape.kv_heads, max_seq_len=seq, head_dim=shape.head_dim,
+        layers=shape.layers,
+        slots=6,
+        kv_heads=shape.kv_heads,
+        max_seq_len=seq,
+        head_dim=shape.head_dim,
         dtype=torch.float32,
-    )  # fmt: skip
+    )
 
 
 def test_engines_elsewhere_are_not_counted(tiny: Path) -> None:

@@ -122,9 +122,12 @@ def test_an_engine_killed_mid_run_is_restarted_and_nothing_is_lost(
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     cfg = _cfg(
-        tiny_policy_dir, run_dir, eta=ledger_check.ETA, steps=ledger_check.STEPS,
+        tiny_policy_dir,
+        run_dir,
+        eta=ledger_check.ETA,
+        steps=ledger_check.STEPS,
         extra=[*RAY, "controller.checkpoint_every=2"],
-    )  # fmt: skip
+    )
     try:
         _, summary = train(cfg)
     finally:
@@ -203,9 +206,13 @@ def test_engines_as_http_servers_with_weights_through_disk(
     ray_instance: Any, tiny_policy_dir: Path, tmp_path: Path
 ) -> None:
     extra = [
-        "launch.kind=ray", "rollout.num_engines=2", "launch.engine_mode=server", "launch.weight_sync=disk",
-        f"trainer.weight_export_dir={tmp_path / 'exports'}", "reward.num_workers=1",
-    ]  # fmt: skip
+        "launch.kind=ray",
+        "rollout.num_engines=2",
+        "launch.engine_mode=server",
+        "launch.weight_sync=disk",
+        f"trainer.weight_export_dir={tmp_path / 'exports'}",
+        "reward.num_workers=1",
+    ]
     run_dir, summary = train(_cfg(tiny_policy_dir, tmp_path / "run", eta=1, steps=3, extra=extra))
     assert summary["steps"] == 3 and summary["ray"]["weight_sync"] == "disk"
     assert summary["ray"]["engine_versions"] == [3, 3]  # both servers loaded every version from disk

@@ -30,11 +30,20 @@ from asyncrl.rollout.workflow import run_episode
 SRC = Path(__file__).resolve().parents[2] / "src" / "asyncrl"
 
 OVERRIDES = [
-    "rollout.max_slots=7", "rollout.max_prompt_len=40", "rollout.max_new_tokens=20", "eval.max_new_tokens=33",
-    "rollout.interrupt_mode=keep", "model.device=cuda:1", "rollout.temperature=0.7", "controller.total_steps=3",
+    "rollout.max_slots=7",
+    "rollout.max_prompt_len=40",
+    "rollout.max_new_tokens=20",
+    "eval.max_new_tokens=33",
+    "rollout.interrupt_mode=keep",
+    "model.device=cuda:1",
+    "rollout.temperature=0.7",
+    "controller.total_steps=3",
     "rollout.prefix_reuse=true",
-    "eval.greedy=false", "eval.samples_per_prompt=3", "task.eval_size=5", "trainer.lr=0.002",
-]  # fmt: skip
+    "eval.greedy=false",
+    "eval.samples_per_prompt=3",
+    "task.eval_size=5",
+    "trainer.lr=0.002",
+]
 """Settings that differ from the defaults, so a caller that drops one is seen. ``cuda:1`` is never
 reached: the model loads on the CPU and the stage constructors only record their arguments."""
 
@@ -99,8 +108,13 @@ def test_every_engine_is_built_with_the_configs_slots_context_mode_and_device(
         with pytest.raises(_Built):
             call()
         assert len(seen) == i + 1, f"{name} built no LocalEngine"
-    expected = {"max_slots": 7, "max_seq_len": 40 + 33, "interrupt_mode": "keep", "device": "cuda:1",
-                "prefix_reuse": True}  # fmt: skip
+    expected = {
+        "max_slots": 7,
+        "max_seq_len": 40 + 33,
+        "interrupt_mode": "keep",
+        "device": "cuda:1",
+        "prefix_reuse": True,
+    }
     for name, got in zip(callers, seen, strict=True):
         assert {k: v for k, v in got.items() if k != "args"} == expected, name
 

@@ -16,8 +16,13 @@ from asyncrl.launch.warm_start import ensure_policy, warm_start_examples, warm_s
 from asyncrl.models import TinyModelSpec, load_policy, tiny_spec
 from tests.repo_paths import CONFIGS
 
-CALC = ["task.name=calculator", "rollout.workflow=agent", "agent.tool_format=tag", "task.train_size=64",
-        "task.eval_size=256"]  # fmt: skip
+CALC = [
+    "task.name=calculator",
+    "rollout.workflow=agent",
+    "agent.tool_format=tag",
+    "task.train_size=64",
+    "task.eval_size=256",
+]
 
 
 def test_examples_learn_the_assistant_turns_only(tiny_policy_dir) -> None:
@@ -81,7 +86,9 @@ def test_the_key_follows_what_changes_the_result() -> None:
     assert warm_start_key(load_config(None, [*CALC, "task.calculator_max_digits=3"])) != base
     assert warm_start_key(load_config(None, [*CALC, "sft.tool_call_fraction=0.3"])) != base
     assert warm_start_key(load_config(None, [*CALC, "sft.tool_call_fraction=0.5"])) not in (
-        base, warm_start_key(load_config(None, [*CALC, "sft.tool_call_fraction=0.3"])))  # fmt: skip
+        base,
+        warm_start_key(load_config(None, [*CALC, "sft.tool_call_fraction=0.3"])),
+    )
 
 
 def test_fields_added_at_their_defaults_keep_every_existing_key() -> None:
@@ -90,8 +97,16 @@ def test_fields_added_at_their_defaults_keep_every_existing_key() -> None:
     assert warm_start_key(load_config(None, [])) == "29e4437d1ea3"
     assert warm_start_key(load_config(None, ["task.form=repeat", "task.max_terms=300"])) == "bc33b0febc22"
     # the config of that commit
-    calculator = ["task.name=calculator", "task.train_size=4096", "sft.steps=800", "sft.batch_size=32", "sft.lr=3e-3",
-                  "sft.warmup_steps=10", "rollout.workflow=agent", "agent.tool_format=tag"]  # fmt: skip
+    calculator = [
+        "task.name=calculator",
+        "task.train_size=4096",
+        "sft.steps=800",
+        "sft.batch_size=32",
+        "sft.lr=3e-3",
+        "sft.warmup_steps=10",
+        "rollout.workflow=agent",
+        "agent.tool_format=tag",
+    ]
     assert warm_start_key(load_config(None, calculator)) == "fd049aab88e0"
     assert warm_start_key(load_config(None, [*calculator, "task.calculator_max_digits=0"])) == "fd049aab88e0"
     # sft.tool_call_fraction (added later) written out at its default: the same keys
@@ -99,8 +114,7 @@ def test_fields_added_at_their_defaults_keep_every_existing_key() -> None:
     assert warm_start_key(load_config(None, ["sft.tool_call_fraction=1.0"])) == "29e4437d1ea3"
 
 
-SHAPE = ["sft.hidden_size=64", "sft.num_layers=2", "sft.num_heads=2", "sft.num_kv_heads=1",
-         "sft.intermediate_size=96"]  # fmt: skip
+SHAPE = ["sft.hidden_size=64", "sft.num_layers=2", "sft.num_heads=2", "sft.num_kv_heads=1", "sft.intermediate_size=96"]
 SHAPE_KEYS = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size")
 
 
@@ -117,19 +131,45 @@ def test_the_shape_fields_at_their_defaults_keep_every_key_and_a_changed_shape_c
 
 
 def test_the_warm_start_builds_the_shape_of_the_config(tmp_path) -> None:
-    cfg = load_config(None, [*CALC, *SHAPE, "task.train_size=8", "sft.steps=1", "sft.batch_size=4",
-                             "sft.warmup_steps=1", f"sft.cache_dir={tmp_path}", "run.progress=false"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            *CALC,
+            *SHAPE,
+            "task.train_size=8",
+            "sft.steps=1",
+            "sft.batch_size=4",
+            "sft.warmup_steps=1",
+            f"sft.cache_dir={tmp_path}",
+            "run.progress=false",
+        ],
+    )
     built = ensure_policy(cfg)
     model, _ = load_policy(built, device="cpu", dtype="float32")
     c = model.config
-    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
-            c.intermediate_size) == (64, 2, 2, 1, 96)  # fmt: skip
+    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size) == (
+        64,
+        2,
+        2,
+        1,
+        96,
+    )
     assert json.loads((built / "asyncrl_tiny.json").read_text())["hidden_size"] == 64
 
 
 def test_a_tiny_calculator_warm_start_is_built_then_reused(tmp_path) -> None:
-    cfg = load_config(None, [*CALC, "task.train_size=8", "sft.steps=2", "sft.batch_size=4", "sft.warmup_steps=1",
-                             f"sft.cache_dir={tmp_path}", "run.progress=false"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            *CALC,
+            "task.train_size=8",
+            "sft.steps=2",
+            "sft.batch_size=4",
+            "sft.warmup_steps=1",
+            f"sft.cache_dir={tmp_path}",
+            "run.progress=false",
+        ],
+    )
     built = ensure_policy(cfg)
     stats = json.loads((built / "warm_start.json").read_text())
     assert stats["sft_tokens"] > 0 and stats["sft_loss"] > 0
@@ -141,22 +181,34 @@ def test_a_tiny_calculator_warm_start_is_built_then_reused(tmp_path) -> None:
 ADOPT_KEY = "06b614d3a2ec"
 """configs/calculator_adopt.yaml's warm-start key since it restarts a first stage that has not taken."""
 
-SECOND = ["sft.second_stage_steps=3", "sft.second_stage_tool_call_fraction=0.25", "sft.second_stage_lr=2e-3",
-          "sft.second_stage_warmup_steps=1"]  # fmt: skip
+SECOND = [
+    "sft.second_stage_steps=3",
+    "sft.second_stage_tool_call_fraction=0.25",
+    "sft.second_stage_lr=2e-3",
+    "sft.second_stage_warmup_steps=1",
+]
 
 
 def test_the_second_stage_enters_the_key_only_when_it_runs() -> None:
     base = warm_start_key(load_config(None, CALC))
     # without a second stage its settings at their defaults change nothing: the existing caches keep their keys
-    defaults = ["sft.second_stage_steps=0", "sft.second_stage_tool_call_fraction=0.3", "sft.second_stage_lr=1e-3",
-                "sft.second_stage_warmup_steps=10"]  # fmt: skip
+    defaults = [
+        "sft.second_stage_steps=0",
+        "sft.second_stage_tool_call_fraction=0.3",
+        "sft.second_stage_lr=1e-3",
+        "sft.second_stage_warmup_steps=10",
+    ]
     assert warm_start_key(load_config(None, [*CALC, *defaults])) == base
     # configs/calculator_adopt.yaml's key, pinned: a change to the hashing would orphan its cache
     assert warm_start_key(load_config(CONFIGS / "calculator_adopt.yaml")) == (ADOPT_KEY)
     with_second = warm_start_key(load_config(None, [*CALC, *SECOND]))
     assert with_second != base
-    for change in ("sft.second_stage_steps=4", "sft.second_stage_tool_call_fraction=0.5", "sft.second_stage_lr=1e-3",
-                   "sft.second_stage_warmup_steps=2"):  # fmt: skip
+    for change in (
+        "sft.second_stage_steps=4",
+        "sft.second_stage_tool_call_fraction=0.5",
+        "sft.second_stage_lr=1e-3",
+        "sft.second_stage_warmup_steps=2",
+    ):
         assert warm_start_key(load_config(None, [*CALC, *SECOND, change])) != with_second, change
 
 
@@ -173,8 +225,19 @@ def test_the_second_stage_continues_the_first_on_demonstrations_that_seldom_call
         calls.append((cfg.steps, cfg.lr, cfg.warmup_steps, calling / len(examples)))
         return {"sft_loss": float(len(calls)), "sft_tokens": 10.0, "sft_wall_s": 0.1}
 
-    cfg = load_config(None, [*CALC, *SHAPE, *SECOND, "task.train_size=400", "sft.steps=5", "sft.lr=3e-3",
-                             "sft.warmup_steps=2", "run.progress=false"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            *CALC,
+            *SHAPE,
+            *SECOND,
+            "task.train_size=400",
+            "sft.steps=5",
+            "sft.lr=3e-3",
+            "sft.warmup_steps=2",
+            "run.progress=false",
+        ],
+    )
     monkeypatch.setattr(warm_start, "sft_train", fake_sft_train)
     from asyncrl.models import build_tiny_policy
 
@@ -237,8 +300,10 @@ def test_a_stage_that_has_not_taken_is_built_again_with_the_next_seed(tmp_path, 
     real_build = warm_start.build_tiny_policy
     monkeypatch.setattr(warm_start, "build_tiny_policy", lambda out, spec: builds.append(out) or real_build(out, spec))
     monkeypatch.setattr(warm_start, "sft_train", fake_sft_train)
-    cfg = load_config(None, [*CALC, *SHAPE, *RESTART, *SECOND, "task.train_size=100", "sft.steps=5",
-                             "sft.seed=7", "run.progress=false"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [*CALC, *SHAPE, *RESTART, *SECOND, "task.train_size=100", "sft.steps=5", "sft.seed=7", "run.progress=false"],
+    )
     stats = warm_start.run_warm_start(cfg, tmp_path / "ws")
     first_stage = [a for a in attempts if a[0] == 5]
     assert [a[1] for a in first_stage] == [7 + 1000 * k for k in range(kept + 1)]

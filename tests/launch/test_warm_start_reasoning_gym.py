@@ -12,8 +12,13 @@ from asyncrl.models import load_policy
 from asyncrl.reward.reasoning_gym import reasoning_gym_reward
 from asyncrl.rollout.envs.calculator import evaluate_expression
 
-RG = ["task.name=reasoning_gym", "task.verifier=reasoning_gym", "task.train_size=24", "task.eval_size=8",
-      "task.datasets=chain_sum:max_terms=3:max_digits=2,leg_counting:min_animals=1:max_animals=2"]  # fmt: skip
+RG = [
+    "task.name=reasoning_gym",
+    "task.verifier=reasoning_gym",
+    "task.train_size=24",
+    "task.eval_size=8",
+    "task.datasets=chain_sum:max_terms=3:max_digits=2,leg_counting:min_animals=1:max_animals=2",
+]
 AGENT = [*RG, "rollout.workflow=agent", "agent.env=calculator", "agent.tool_format=tag"]
 
 
