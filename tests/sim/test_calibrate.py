@@ -21,8 +21,15 @@ def test_fit_decode_recovers_the_cost_model() -> None:
         for n in (1, 4, 16, 64, 128):
             steps = 149
             mean_ctx = ctx + (150 + 1) / 2
-            rows.append({"context": ctx, "running": n, "new_tokens": 150, "decode_tokens": steps * n,
-                         "decode_s": steps * (a + b * n + c * n * mean_ctx)})  # fmt: skip
+            rows.append(
+                {
+                    "context": ctx,
+                    "running": n,
+                    "new_tokens": 150,
+                    "decode_tokens": steps * n,
+                    "decode_s": steps * (a + b * n + c * n * mean_ctx),
+                }
+            )
     fa, fb, fc, worst = fit_decode(rows)
     assert (fa, fb, fc) == pytest.approx((a, b, c), rel=1e-6)
     assert worst < 1e-9
@@ -69,9 +76,19 @@ def test_the_decode_scale_makes_the_simulation_of_a_run_decode_as_long_as_its_en
 
     swept = machine_profile(RESULTS)
     truth = replace(swept, engine=scale_decode(replace(swept.engine, slot_prefix_rows=True), 2.0))
-    cfg = load_config(None, ["controller.max_staleness=2", "rollout.interrupt_mode=keep", "controller.batch_size=4",
-                             "rollout.group_size=4", "controller.total_steps=12", "controller.max_concurrent=16",
-                             "rollout.max_new_tokens=400", "rollout.max_slots=16"])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "controller.max_staleness=2",
+            "rollout.interrupt_mode=keep",
+            "controller.batch_size=4",
+            "rollout.group_size=4",
+            "controller.total_steps=12",
+            "controller.max_concurrent=16",
+            "rollout.max_new_tokens=400",
+            "rollout.max_slots=16",
+        ],
+    )
     run = tmp_path / "run"
     scenario = from_config(cfg, lengths="lognormal", length_median=60, prompt_len=20)
     simulate(scenario, truth, run_dir=run)
@@ -89,14 +106,23 @@ def _run_with_steps(run: Path, steps: int) -> None:
     import json
 
     run.mkdir()
-    metrics = [{"step": i, "trained_tokens": 1000 * (i + 1), "train_step_s": 0.1 + 1e-4 * 1000 * (i + 1),
-                "applied": True} for i in range(steps)]  # fmt: skip
+    metrics = [
+        {"step": i, "trained_tokens": 1000 * (i + 1), "train_step_s": 0.1 + 1e-4 * 1000 * (i + 1), "applied": True}
+        for i in range(steps)
+    ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
-    rows = [{"prompt_id": "a", "sample_idx": i, "status": "trained", "start_version": 0, "response_len": 20 + i}
-            for i in range(4)]  # fmt: skip
+    rows = [
+        {"prompt_id": "a", "sample_idx": i, "status": "trained", "start_version": 0, "response_len": 20 + i}
+        for i in range(4)
+    ]
     (run / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    line = {"engine_decode_s": 0.0, "engine_generated_tokens": 0, "engine_running": 0, "engine_prefill_s": 0.0,
-            "engine_prefill_tokens": 0}  # fmt: skip
+    line = {
+        "engine_decode_s": 0.0,
+        "engine_generated_tokens": 0,
+        "engine_running": 0,
+        "engine_prefill_s": 0.0,
+        "engine_prefill_tokens": 0,
+    }
     (run / "timeline.jsonl").write_text(json.dumps({"t": 0.0, **line}) + "\n" + json.dumps({"t": 1.0, **line}) + "\n")
 
 

@@ -13,8 +13,21 @@ from benchmarks.__main__ import main as bench_main
 
 def test_simulate_prints_writes_json_and_a_run_directory(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out, res = tmp_path / "run", tmp_path / "r.json"
-    rc = main(["simulate", "--set", "total_steps=5", "--set", "batch_size=4", "--set", "max_staleness=2",
-               "--out", str(out), "--json", str(res)])  # fmt: skip
+    rc = main(
+        [
+            "simulate",
+            "--set",
+            "total_steps=5",
+            "--set",
+            "batch_size=4",
+            "--set",
+            "max_staleness=2",
+            "--out",
+            str(out),
+            "--json",
+            str(res),
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "effective throughput" in text and "staleness" in text

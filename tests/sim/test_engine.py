@@ -16,10 +16,17 @@ A, B, C, P = 0.01, 0.001, 0.0001, 0.002
 
 def engine(per_sample: bool = True, slots: int = 8, update_s: float = 0.1, **cost: float) -> tuple[SimEngine, list]:
     ends: list[tuple[int, float, int, int]] = []
-    costs = {"decode_base_s": A, "decode_per_seq_s": B, "decode_per_ctx_token_s": C, "prefill_per_token_s": P,
-             "update_s": update_s, **cost}  # fmt: skip
-    eng = SimEngine(0, EngineCost(**costs), slots, lambda g, t, n, i: ends.append((g.gid, t, n, i)),
-                    EngineTotals(), per_sample)  # fmt: skip
+    costs = {
+        "decode_base_s": A,
+        "decode_per_seq_s": B,
+        "decode_per_ctx_token_s": C,
+        "prefill_per_token_s": P,
+        "update_s": update_s,
+        **cost,
+    }
+    eng = SimEngine(
+        0, EngineCost(**costs), slots, lambda g, t, n, i: ends.append((g.gid, t, n, i)), EngineTotals(), per_sample
+    )
     return eng, ends
 
 

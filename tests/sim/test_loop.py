@@ -17,14 +17,29 @@ from asyncrl.sim.scenario import Scenario
 
 
 def profile(decode: float = 0.002, per_token: float = 2e-4, **kw: float | bool) -> CostProfile:
-    engine = {"decode_base_s": decode, "decode_per_seq_s": 5e-5, "decode_per_ctx_token_s": 2e-7,
-              "prefill_per_token_s": 5e-5, "update_s": 0.002, **kw}  # fmt: skip
-    return CostProfile("test", "none", "none", EngineCost(**engine), TrainerCost(0.05, per_token), SyncCost(0.02),
-                       RewardCost(0.01))  # fmt: skip
+    engine = {
+        "decode_base_s": decode,
+        "decode_per_seq_s": 5e-5,
+        "decode_per_ctx_token_s": 2e-7,
+        "prefill_per_token_s": 5e-5,
+        "update_s": 0.002,
+        **kw,
+    }
+    return CostProfile(
+        "test", "none", "none", EngineCost(**engine), TrainerCost(0.05, per_token), SyncCost(0.02), RewardCost(0.01)
+    )
 
 
-SMALL = Scenario(batch_size=4, group_size=4, max_concurrent=32, total_steps=12, length_median=60, prompt_len=20,
-                 max_new_tokens=512, slots=32)  # fmt: skip
+SMALL = Scenario(
+    batch_size=4,
+    group_size=4,
+    max_concurrent=32,
+    total_steps=12,
+    length_median=60,
+    prompt_len=20,
+    max_new_tokens=512,
+    slots=32,
+)
 
 
 @pytest.mark.parametrize("eta", [0, 1, 2, 4])
@@ -32,8 +47,15 @@ SMALL = Scenario(batch_size=4, group_size=4, max_concurrent=32, total_steps=12, 
 @pytest.mark.parametrize("unit,mark,engines", [("groups", 2, 1), ("samples", 2, 1), ("groups", 0, 3)])
 @pytest.mark.parametrize("layout", [False, True])
 def test_staleness_never_exceeds_eta(eta: int, mode: str, unit: str, mark: int, engines: int, layout: bool) -> None:
-    sc = replace(SMALL, max_staleness=eta, interrupt_mode=mode, high_water_unit=unit, high_water_batches=mark,
-                 engines=engines, seed=eta)  # fmt: skip
+    sc = replace(
+        SMALL,
+        max_staleness=eta,
+        interrupt_mode=mode,
+        high_water_unit=unit,
+        high_water_batches=mark,
+        engines=engines,
+        seed=eta,
+    )
     sim = simulate(sc, profile(slot_prefix_rows=layout))
     r = sim.result
     assert r.steps == sc.total_steps
@@ -65,8 +87,15 @@ def test_eta_zero_is_synchronous() -> None:
 
 def test_more_engines_raise_a_generation_bound_throughput() -> None:
     slow_engine = profile(decode=0.02, per_token=1e-6)
-    sc = replace(SMALL, max_staleness=4, batch_size=8, max_concurrent=64, high_water_batches=0, total_steps=16,
-                 lengths="constant")  # fmt: skip
+    sc = replace(
+        SMALL,
+        max_staleness=4,
+        batch_size=8,
+        max_concurrent=64,
+        high_water_batches=0,
+        total_steps=16,
+        lengths="constant",
+    )
     rates = [simulate(replace(sc, engines=n), slow_engine).result.steady_state_tokens_per_s for n in (1, 2, 4)]
     assert rates[0] < rates[1] < rates[2]
     assert rates[2] > 3.0 * rates[0]  # each engine's step costs about the same, whatever its batch
@@ -79,11 +108,22 @@ def test_a_hand_computed_run() -> None:
     """η = 0, one engine, constant lengths and costs: every step is prefill + (L - 1) decode steps +
     reward + training + export + engine load, computed by hand."""
     a, p, u, x, r, base, tau = 0.01, 0.001, 0.05, 0.1, 0.2, 0.5, 0.001
-    prof = CostProfile("hand", "none", "none", EngineCost(a, 0.0, 0.0, p, u), TrainerCost(base, tau), SyncCost(x),
-                       RewardCost(r))  # fmt: skip
+    prof = CostProfile(
+        "hand", "none", "none", EngineCost(a, 0.0, 0.0, p, u), TrainerCost(base, tau), SyncCost(x), RewardCost(r)
+    )
     b, g, plen, length, steps = 2, 4, 10, 50, 6
-    sc = Scenario(batch_size=b, group_size=g, max_staleness=0, max_concurrent=8, high_water_batches=0,
-                  total_steps=steps, lengths="constant", length_median=length, prompt_len=plen, slots=8)  # fmt: skip
+    sc = Scenario(
+        batch_size=b,
+        group_size=g,
+        max_staleness=0,
+        max_concurrent=8,
+        high_water_batches=0,
+        total_steps=steps,
+        lengths="constant",
+        length_median=length,
+        prompt_len=plen,
+        slots=8,
+    )
     sim = simulate(sc, prof)
     tokens = b * g * (plen + length)
     step_s = b * plen * p + (length - 1) * a + r + base + tau * tokens + x + u
@@ -113,8 +153,15 @@ def test_group_level_events_agree_with_sample_level_ones(mode: str, layout: bool
     """With the gate counting groups, whether the controller hears of every sample changes nothing
     but the number of events: the lazily committed engines give the same run (with the slot layout's
     costs too: its plans hide and show the slots of the samples they end)."""
-    sc = replace(SMALL, engines=4, high_water_unit="groups", high_water_batches=3, interrupt_mode=mode,
-                 total_steps=15, max_staleness=3)  # fmt: skip
+    sc = replace(
+        SMALL,
+        engines=4,
+        high_water_unit="groups",
+        high_water_batches=3,
+        interrupt_mode=mode,
+        total_steps=15,
+        max_staleness=3,
+    )
     lazy = simulate(replace(sc, sample_reports="no"), profile(slot_prefix_rows=layout))
     eager = simulate(replace(sc, sample_reports="yes"), profile(slot_prefix_rows=layout))
     assert lazy.result.events < eager.result.events

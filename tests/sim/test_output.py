@@ -14,8 +14,16 @@ from asyncrl.controller.throughput import measure_throughput
 from asyncrl.sim.run import simulate
 from asyncrl.sim.scenario import Scenario
 
-SC = Scenario(profile="cpu-2core-tiny", batch_size=4, group_size=4, max_concurrent=16, total_steps=10,
-              length_median=80, prompt_len=30, max_staleness=2)  # fmt: skip
+SC = Scenario(
+    profile="cpu-2core-tiny",
+    batch_size=4,
+    group_size=4,
+    max_concurrent=16,
+    total_steps=10,
+    length_median=80,
+    prompt_len=30,
+    max_staleness=2,
+)
 
 
 def test_the_run_directory_has_the_real_schema(tmp_path: Path) -> None:
@@ -23,9 +31,23 @@ def test_the_run_directory_has_the_real_schema(tmp_path: Path) -> None:
     run = tmp_path / "sim"
     metrics, ledger, timeline = (read_jsonl(run / f) for f in ("metrics.jsonl", "trajectories.jsonl", "timeline.jsonl"))
     assert len(metrics) == SC.total_steps and timeline and ledger
-    real_keys = {"t", "engine_running", "engine_waiting", "engine_generated_tokens", "engine_decode_s",
-                 "engine_prefill_s", "engine_update_s", "engine_prefill_tokens", "trainer_busy", "checkpointing",
-                 "reward_in_flight", "buffer_groups", "running_groups", "generating_samples", "version"}  # fmt: skip
+    real_keys = {
+        "t",
+        "engine_running",
+        "engine_waiting",
+        "engine_generated_tokens",
+        "engine_decode_s",
+        "engine_prefill_s",
+        "engine_update_s",
+        "engine_prefill_tokens",
+        "trainer_busy",
+        "checkpointing",
+        "reward_in_flight",
+        "buffer_groups",
+        "running_groups",
+        "generating_samples",
+        "version",
+    }
     assert real_keys <= set(timeline[0])
     thr = measure_throughput(metrics, ledger, timeline, warmup_s=sim.result.window_start_s)
     assert thr.steady_state_tokens_per_s == pytest.approx(sim.result.steady_state_tokens_per_s, rel=1e-9)

@@ -29,16 +29,33 @@ from asyncrl.sim.plan import (
 from asyncrl.sim.plan_workloads import PlanWorkload, named_workloads, resolve_workload
 from asyncrl.sim.profile import CostProfile, load_profile
 
-SMALL = {"batch_size": 4, "group_size": 2, "max_concurrent": 64, "high_water_unit": "groups", "weight_sync": "inflight",
-         "interrupt_mode": "keep", "high_water_batches": 0, "lengths": "constant", "length_median": 40,
-         "max_new_tokens": 64, "prompt_len": 10}  # fmt: skip
+SMALL = {
+    "batch_size": 4,
+    "group_size": 2,
+    "max_concurrent": 64,
+    "high_water_unit": "groups",
+    "weight_sync": "inflight",
+    "interrupt_mode": "keep",
+    "high_water_batches": 0,
+    "lengths": "constant",
+    "length_median": 40,
+    "max_new_tokens": 64,
+    "prompt_len": 10,
+}
 
 
 def result(throughput: float, staleness: float = 0.0, **extra: float) -> SimResult:
     """A ``SimResult`` with the two figures the rule reads (the rest zero)."""
     values: dict = {f.name: 0 for f in dataclasses.fields(SimResult)}
-    values.update(profile="fake", staleness_hist={}, groups={}, steady_state_tokens_per_s=throughput,
-                  staleness_mean=staleness, steps=10, **extra)  # fmt: skip
+    values.update(
+        profile="fake",
+        staleness_hist={},
+        groups={},
+        steady_state_tokens_per_s=throughput,
+        staleness_mean=staleness,
+        steps=10,
+        **extra,
+    )
     return SimResult(**values)
 
 
@@ -95,8 +112,11 @@ def test_the_search_finds_what_an_exhaustive_search_under_the_rule_finds() -> No
         return result(*synthetic_throughput(setting))
 
     chosen = plan(request, evaluate=evaluate, progress=False)
-    every = [Prediction.of(s, "confirm", evaluate(s, None))
-             for sp in splits(8, cpu, request.split_fractions) for s in candidate_settings(sp, request)]  # fmt: skip
+    every = [
+        Prediction.of(s, "confirm", evaluate(s, None))
+        for sp in splits(8, cpu, request.split_fractions)
+        for s in candidate_settings(sp, request)
+    ]
     assert chosen.recommended.setting == choose(every).setting
     # 4 engines x 100 x 2 = 800 <= 4 ranks x 260; a mark of 1 batch keeps 98% at a quarter of the staleness
     assert chosen.recommended.setting == Setting(Split(4, 4), 4, 1, "keep")
@@ -108,8 +128,14 @@ def synthetic_profile(tmp_path: Path) -> Path:
     at a high cost."""
     cpu = load_profile("cpu-2core-tiny").to_dict()
     cpu.update(name="synthetic", extra={})
-    cpu["engine"].update(decode_base_s=0.01, decode_per_seq_s=0.0, decode_per_ctx_token_s=0.0,
-                         prefill_per_token_s=0.01, update_s=0.0, max_slots=2)  # fmt: skip
+    cpu["engine"].update(
+        decode_base_s=0.01,
+        decode_per_seq_s=0.0,
+        decode_per_ctx_token_s=0.0,
+        prefill_per_token_s=0.01,
+        update_s=0.0,
+        max_slots=2,
+    )
     cpu["trainer"].update(base_s=0.001, per_token_s=0.0)
     cpu["sync"]["export_s"] = 0.0
     path = tmp_path / "synthetic.json"
@@ -120,8 +146,15 @@ def synthetic_profile(tmp_path: Path) -> Path:
 
 def test_on_a_synthetic_profile_the_plan_is_the_known_answer(tmp_path: Path) -> None:
     """Trainer free: every device but one should be an engine; prefill costly: keep, not abort."""
-    request = PlanRequest(load_profile(synthetic_profile(tmp_path)), PlanWorkload("w", SMALL), 4, max_staleness=2,
-                          marks=(0,), split_fractions=(0.25, 0.5, 0.75), steps=20)  # fmt: skip
+    request = PlanRequest(
+        load_profile(synthetic_profile(tmp_path)),
+        PlanWorkload("w", SMALL),
+        4,
+        max_staleness=2,
+        marks=(0,),
+        split_fractions=(0.25, 0.5, 0.75),
+        steps=20,
+    )
     chosen = plan(request, progress=False)
     assert chosen.recommended.setting.split == Split(3, 1)
     assert chosen.recommended.setting.interrupt_mode == "keep" or chosen.recommended.setting.max_staleness == 0
@@ -155,9 +188,28 @@ def test_plan_command_prints_writes_json_and_plot(tmp_path: Path, capsys: pytest
     workload = tmp_path / "w.yaml"
     workload.write_text(yaml.safe_dump(SMALL))
     out, png = tmp_path / "plan.json", tmp_path / "plan.png"
-    rc = main(["plan", "--profile", "cpu-2core-tiny", "--workload", str(workload), "--devices", "2", "--steps", "20",
-               "--etas", "0,1,2", "--marks", "0,1", "--json", str(out), "--plot", str(png),
-               "--no-progress"])  # fmt: skip
+    rc = main(
+        [
+            "plan",
+            "--profile",
+            "cpu-2core-tiny",
+            "--workload",
+            str(workload),
+            "--devices",
+            "2",
+            "--steps",
+            "20",
+            "--etas",
+            "0,1,2",
+            "--marks",
+            "0,1",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "recommended:" in text and "rule:" in text and "asyncrl train" in text

@@ -14,8 +14,13 @@ def gap():
 
 
 def _line(wait: float, train: float, sync: float, wall: float, tokens: int) -> dict:
-    return {"wait_for_batch_s": wait, "train_step_s": train, "weight_sync_s": sync, "step_wall_s": wall,
-            "trained_tokens": tokens}  # fmt: skip
+    return {
+        "wait_for_batch_s": wait,
+        "train_step_s": train,
+        "weight_sync_s": sync,
+        "step_wall_s": wall,
+        "trained_tokens": tokens,
+    }
 
 
 def test_step_budget_skips_the_first_steps_and_keeps_the_rest_of_the_wall(gap) -> None:
@@ -32,8 +37,14 @@ def test_step_budget_skips_the_first_steps_and_keeps_the_rest_of_the_wall(gap) -
 def test_decode_windows_count_steps_from_the_occupancy(gap) -> None:
     # 1,000 tokens generated in the window, 40 of them first tokens of new samples (prefill), the rest
     # decoded at a quarter of 128 slots: 960 / 32 = 30 decode steps, 0.2 s busy
-    line = {"engine_slot_occupancy": 0.25, "generated_tokens_per_s": 2000.0, "step_wall_s": 0.5,
-            "rollout_samples": 40, "interruptions_per_sample": 0.0, "engine_busy_frac": 0.4}  # fmt: skip
+    line = {
+        "engine_slot_occupancy": 0.25,
+        "generated_tokens_per_s": 2000.0,
+        "step_wall_s": 0.5,
+        "rollout_samples": 40,
+        "interruptions_per_sample": 0.0,
+        "engine_busy_frac": 0.4,
+    }
     [(running, steps, busy)] = gap.decode_windows([line, {"engine_slot_occupancy": 0}], 128)
     assert (running, steps, busy) == pytest.approx((32.0, 30.0, 0.2))
 

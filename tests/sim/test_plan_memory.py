@@ -26,9 +26,30 @@ def test_plan_prints_and_writes_the_memory_estimate(tmp_path: Path, capsys: pyte
     workload = tmp_path / "w.yaml"
     workload.write_text(yaml.safe_dump(SMALL))
     out = tmp_path / "plan.json"
-    rc = main(["plan", "--profile", "cpu-2core-tiny", "--workload", str(workload), "--devices", "2", "--steps", "20",
-               "--etas", "0,1", "--marks", "0", "--modes", "keep", "--device-memory-gib", "0.01", "--json", str(out),
-               "--no-progress"])  # fmt: skip
+    rc = main(
+        [
+            "plan",
+            "--profile",
+            "cpu-2core-tiny",
+            "--workload",
+            str(workload),
+            "--devices",
+            "2",
+            "--steps",
+            "20",
+            "--etas",
+            "0,1",
+            "--marks",
+            "0",
+            "--modes",
+            "keep",
+            "--device-memory-gib",
+            "0.01",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     text = capsys.readouterr().out
     assert "memory of the recommended run (the tiny default" in text and "DOES NOT FIT in 10.2 MiB" in text
@@ -44,8 +65,13 @@ def test_plan_prints_and_writes_the_memory_estimate(tmp_path: Path, capsys: pyte
 
 def test_a_ray_recommendation_with_a_model_is_estimated_per_gpu(tmp_path: Path) -> None:
     model = build_tiny_policy(tmp_path / "m", tiny_spec(load_config().sft))
-    overrides = ["launch.kind=ray", "rollout.num_engines=2", "launch.trainer_ranks=2", "launch.gpus_per_engine=1",
-                 "launch.gpus_per_trainer=1"]  # fmt: skip
+    overrides = [
+        "launch.kind=ray",
+        "rollout.num_engines=2",
+        "launch.trainer_ranks=2",
+        "launch.gpus_per_engine=1",
+        "launch.gpus_per_trainer=1",
+    ]
     m = memory_payload(_payload(overrides), str(model), 80.0)
     engine, rank = m["devices"]
     assert (engine["count"], rank["count"]) == (2, 2) and engine["fits"] and rank["fits"]

@@ -23,12 +23,24 @@ from asyncrl.sim.profile import (
 
 
 def make_profile(**engine: float) -> CostProfile:
-    costs = {"decode_base_s": 0.01, "decode_per_seq_s": 0.001, "decode_per_ctx_token_s": 1e-6,
-             "prefill_per_token_s": 0.002, "update_s": 0.05, **engine}  # fmt: skip
+    costs = {
+        "decode_base_s": 0.01,
+        "decode_per_seq_s": 0.001,
+        "decode_per_ctx_token_s": 1e-6,
+        "prefill_per_token_s": 0.002,
+        "update_s": 0.05,
+        **engine,
+    }
     return CostProfile(
-        name="test", hardware="none", model="none", engine=EngineCost(**costs), trainer=TrainerCost(0.5, 0.001),
-        sync=SyncCost(0.1), reward=RewardCost(0.2), sources=(Source("engine.*", "assumption", "a test"),),
-    )  # fmt: skip
+        name="test",
+        hardware="none",
+        model="none",
+        engine=EngineCost(**costs),
+        trainer=TrainerCost(0.5, 0.001),
+        sync=SyncCost(0.1),
+        reward=RewardCost(0.2),
+        sources=(Source("engine.*", "assumption", "a test"),),
+    )
 
 
 def test_profile_round_trips_through_json(tmp_path: Path) -> None:
@@ -48,9 +60,13 @@ def test_cost_functions() -> None:
 
 @pytest.mark.parametrize(
     "change",
-    [{"decode_base_s": -1.0}, {"decode_base_s": 0.0, "decode_per_seq_s": 0.0, "decode_per_ctx_token_s": 0.0},
-     {"max_slots": 0}, {"kv_capacity_tokens": -1}],
-)  # fmt: skip
+    [
+        {"decode_base_s": -1.0},
+        {"decode_base_s": 0.0, "decode_per_seq_s": 0.0, "decode_per_ctx_token_s": 0.0},
+        {"max_slots": 0},
+        {"kv_capacity_tokens": -1},
+    ],
+)
 def test_bad_engine_costs_are_refused(change: dict) -> None:
     with pytest.raises(ValueError):
         make_profile(**change)

@@ -46,7 +46,13 @@ def test_a_training_config_maps_onto_the_scenario() -> None:
     )
     s = from_config(cfg, profile="h800-1.5b")
     assert (s.max_staleness, s.high_water_unit, s.interrupt_mode, s.slots, s.total_steps, s.profile) == (
-        2, "samples", "keep", 32, 7, "h800-1.5b")  # fmt: skip
+        2,
+        "samples",
+        "keep",
+        32,
+        7,
+        "h800-1.5b",
+    )
 
 
 def _write_run(run: Path, *extra: str) -> None:
@@ -98,22 +104,33 @@ def test_a_multi_turn_ledger_replays_its_model_tokens(tmp_path: Path) -> None:
     """A multi-turn line's response_len also holds the environment's (prefilled) tokens: the replayed
     decode length is its model_tokens."""
     rows = [
-        {"prompt_id": "a", "sample_idx": i, "status": "trained", "start_version": 0, "response_len": 40,
-         "model_tokens": 29 + i, "env_tokens": 11 - i}
+        {
+            "prompt_id": "a",
+            "sample_idx": i,
+            "status": "trained",
+            "start_version": 0,
+            "response_len": 40,
+            "model_tokens": 29 + i,
+            "env_tokens": 11 - i,
+        }
         for i in range(2)
-    ]  # fmt: skip
+    ]
     (tmp_path / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert ledger_groups(tmp_path) == [[29, 30]]
 
 
 def _write_ordered_ledger(path: Path) -> None:
     """Four groups admitted d, b, a, c (``stream_index``), finished in another order; b and c filtered."""
-    rows = [{"prompt_id": p, "sample_idx": None, "status": "admitted", "stream_index": i, "start_version": 0}
-            for i, p in enumerate("dbac")]  # fmt: skip
+    rows = [
+        {"prompt_id": p, "sample_idx": None, "status": "admitted", "stream_index": i, "start_version": 0}
+        for i, p in enumerate("dbac")
+    ]
     fates = (("a", 3, "trained"), ("b", 40, "filtered"), ("c", 50, "filtered"), ("d", 6, "trained"))
     for prompt, length, status in fates:
-        rows += [{"prompt_id": prompt, "sample_idx": i, "status": status, "start_version": 0,
-                  "response_len": length + i} for i in range(2)]  # fmt: skip
+        rows += [
+            {"prompt_id": prompt, "sample_idx": i, "status": status, "start_version": 0, "response_len": length + i}
+            for i in range(2)
+        ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -137,8 +154,18 @@ def test_the_filter_replays_the_ledgers_verdicts(tmp_path: Path) -> None:
 
     ledger = tmp_path / "trajectories.jsonl"
     _write_ordered_ledger(ledger)
-    base = Scenario(profile="cpu-2core-tiny", lengths="ledger", ledger=str(ledger), batch_size=2, group_size=2,
-                    max_concurrent=4, max_staleness=1, total_steps=20, prompt_len=5, max_new_tokens=100)  # fmt: skip
+    base = Scenario(
+        profile="cpu-2core-tiny",
+        lengths="ledger",
+        ledger=str(ledger),
+        batch_size=2,
+        group_size=2,
+        max_concurrent=4,
+        max_staleness=1,
+        total_steps=20,
+        prompt_len=5,
+        max_new_tokens=100,
+    )
     replayed = simulate(with_overrides(base, ["ledger_filter=true"]))
     trained = replayed.result.trained_tokens / (20 * 2 * 2)  # per trained sample: prompt + response
     assert trained < 5 + 10  # only the short groups (3-7 tokens) are trained
