@@ -12,8 +12,13 @@ from tests.protocol_check import protocol_members, protocol_problems
 
 def test_the_protocol_declares_exactly_what_the_controller_and_runner_use() -> None:
     assert set(protocol_members(PolicyTrainer)) == {
-        "version", "train_step", "export_weights", "save_checkpoint", "load_checkpoint", "save_pretrained",
-    }  # fmt: skip
+        "version",
+        "train_step",
+        "export_weights",
+        "save_checkpoint",
+        "load_checkpoint",
+        "save_pretrained",
+    }
     assert set(protocol_members(TrainStepResult)) == {"version", "applied", "metrics"}
 
 

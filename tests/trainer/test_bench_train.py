@@ -34,6 +34,8 @@ def test_bench_train_rows_and_ratios(tmp_path) -> None:
         p = next(r for r in padded if r["padded_micro_batch_size"] == g["padded_micro_batch_size"])
         assert g["computed_tokens"] <= p["computed_tokens"] and g["trained_tokens"] == p["trained_tokens"]
     assert set(result["ratios"]) == {
-        "tiny_packed_vs_padded_same_budget", "tiny_packed_vs_best_padded", "tiny_packed_vs_best_padded_grouped",
+        "tiny_packed_vs_padded_same_budget",
+        "tiny_packed_vs_best_padded",
+        "tiny_packed_vs_best_padded_grouped",
         "tiny_best_padded_grouped_size",
-    }  # fmt: skip
+    }

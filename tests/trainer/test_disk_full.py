@@ -45,8 +45,9 @@ def _manifest_full(directory: Any) -> None:
 
 
 @pytest.mark.parametrize("where", ["weights", "trainer_state", "manifest"])
-def test_a_checkpoint_on_a_full_disk(tiny_policy_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                     where: str) -> None:  # fmt: skip
+def test_a_checkpoint_on_a_full_disk(
+    tiny_policy_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
     trainer = _trained(tiny_policy_dir)
     root = tmp_path / "checkpoints"
     trainer.save_checkpoint(root / "step-00000001", extra={"step": 1})

@@ -40,20 +40,34 @@ if out is not None:
 def test_two_rank_training_run_completes(tiny_policy_dir, tmp_path) -> None:
     run_dir = tmp_path / "run"
     overrides = [
-        f"model.path={tiny_policy_dir}", f"run.run_dir={run_dir}", "controller.max_staleness=1",
-        "controller.total_steps=3", "controller.batch_size=4", "controller.max_concurrent=16",
-        "rollout.group_size=4", "rollout.max_new_tokens=24", "rollout.max_slots=32", "eval.max_new_tokens=24",
-        "task.eval_size=8", "task.train_size=500", "algo.filter_equal_rewards=false", "run.progress=false",
-        "trainer.max_tokens_per_micro_batch=256", "controller.trainer_process=false",
-    ]  # fmt: skip
+        f"model.path={tiny_policy_dir}",
+        f"run.run_dir={run_dir}",
+        "controller.max_staleness=1",
+        "controller.total_steps=3",
+        "controller.batch_size=4",
+        "controller.max_concurrent=16",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=24",
+        "rollout.max_slots=32",
+        "eval.max_new_tokens=24",
+        "task.eval_size=8",
+        "task.train_size=500",
+        "algo.filter_equal_rewards=false",
+        "run.progress=false",
+        "trainer.max_tokens_per_micro_batch=256",
+        "controller.trainer_process=false",
+    ]
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run(
         [torchrun, "--standalone", "--nproc_per_node", "2", str(script), *overrides],
-        capture_output=True, text=True, timeout=280, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     summary = json.loads(proc.stdout.split("SUMMARY", 1)[1].strip().splitlines()[0])
     assert summary["steps"] == 3 and summary["max_staleness_seen"] <= 1 and summary["trained_tokens_per_s"] > 0
@@ -85,8 +99,15 @@ def _spawned_rank(rank: int, port: int, policy_dir: str, out: dict) -> None:
         out["state"] = {k: v.clone() for k, v in trainer.full_state_dict().items()}
         return result.metrics["loss"]
 
-    loss = run_distributed(leader, follower=Trainer.follower, backend="gloo", timeout_s=120, rank=rank,
-                           world_size=2, init_method=f"tcp://127.0.0.1:{port}")  # fmt: skip
+    loss = run_distributed(
+        leader,
+        follower=Trainer.follower,
+        backend="gloo",
+        timeout_s=120,
+        rank=rank,
+        world_size=2,
+        init_method=f"tcp://127.0.0.1:{port}",
+    )
     out[f"rank{rank}"] = loss
 
 

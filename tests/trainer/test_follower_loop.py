@@ -41,8 +41,14 @@ def test_the_follower_is_built_by_the_factory_and_mirrors_each_command() -> None
         built.append(_Recorder(payload))
         return built[-1]
 
-    script = [("init", {"arch": "tiny"}), ("train_step", 1), ("compute_logprobs", 2), ("train_step", 3),
-              ("save_checkpoint", {"directory": "d"}), ("stop", None)]  # fmt: skip
+    script = [
+        ("init", {"arch": "tiny"}),
+        ("train_step", 1),
+        ("compute_logprobs", 2),
+        ("train_step", 3),
+        ("save_checkpoint", {"directory": "d"}),
+        ("stop", None),
+    ]
     assert run_trainer_worker(make, _ScriptedLeader(script)) == 2
     (follower,) = built
     assert follower.payload == {"arch": "tiny"} and follower.calls == script[1:-1]

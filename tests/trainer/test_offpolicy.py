@@ -91,7 +91,13 @@ def test_uncorrected_policy_gradient_equals_ppo_on_policy(tiny_policy_dir) -> No
 def test_step_reports_the_importance_ratio_statistics(tiny_policy_dir) -> None:
     trainer = _trainer(tiny_policy_dir)
     metrics = _step(trainer, _stale(trainer))
-    for key in ("behav_weight_mean", "behav_weight_sq_mean", "log_behav_weight_sq_mean", "behav_capped_frac",
-                "clip_frac", "dropped_frac"):  # fmt: skip
+    for key in (
+        "behav_weight_mean",
+        "behav_weight_sq_mean",
+        "log_behav_weight_sq_mean",
+        "behav_capped_frac",
+        "clip_frac",
+        "dropped_frac",
+    ):
         assert key in metrics and math.isfinite(metrics[key])
     assert metrics["behav_weight_sq_mean"] >= metrics["behav_weight_mean"] ** 2 - 1e-6

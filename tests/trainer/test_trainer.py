@@ -21,18 +21,26 @@ def _samples(trainer: Trainer, n: int = 4, adv: float = 1.0) -> list[TrainSample
         resp = torch.randint(4, 90, (5 + 2 * i,)).tolist()
         ids = prompt + resp
         logp = trainer.compute_logprobs(
-            [TrainSample("x", 0, tuple(ids), (0,) * len(ids), (0.0,) * len(ids), (0.0,) * len(ids),
-                         (-1,) * len(ids), 0, 0)]
-        )[0].tolist()  # fmt: skip
+            [
+                TrainSample(
+                    "x", 0, tuple(ids), (0,) * len(ids), (0.0,) * len(ids), (0.0,) * len(ids), (-1,) * len(ids), 0, 0
+                )
+            ]
+        )[0].tolist()
         mask = [0] * len(prompt) + [1] * len(resp)
         out.append(
             TrainSample(
-                prompt_id=f"p{i}", sample_idx=0, token_ids=tuple(ids), loss_mask=tuple(mask),
+                prompt_id=f"p{i}",
+                sample_idx=0,
+                token_ids=tuple(ids),
+                loss_mask=tuple(mask),
                 behav_logprobs=tuple(lp if m else 0.0 for lp, m in zip(logp, mask, strict=True)),
                 advantages=tuple((adv if i % 2 == 0 else -adv) if m else 0.0 for m in mask),
-                versions=tuple(0 if m else -1 for m in mask), min_version=0, max_version=0,
+                versions=tuple(0 if m else -1 for m in mask),
+                min_version=0,
+                max_version=0,
             )
-        )  # fmt: skip
+        )
     return out
 
 
@@ -112,8 +120,9 @@ def test_first_token_cannot_carry_loss(tiny_policy_dir) -> None:
     model, _ = load_policy(tiny_policy_dir)
     trainer = Trainer(model, TrainerConfig(), AlgoConfig())
     s = _samples(trainer, 1)[0]
-    bad = TrainSample(s.prompt_id, 0, s.token_ids, (1,) + s.loss_mask[1:], s.behav_logprobs, s.advantages,
-                      s.versions, 0, 0)  # fmt: skip
+    bad = TrainSample(
+        s.prompt_id, 0, s.token_ids, (1,) + s.loss_mask[1:], s.behav_logprobs, s.advantages, s.versions, 0, 0
+    )
     with pytest.raises(ValueError, match="first token"):
         trainer.train_step(TrainBatch((bad,), 0))
 
