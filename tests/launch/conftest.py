@@ -17,6 +17,8 @@ def ray_instance() -> Any:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     # 8 logical CPUs on a 2-core box: 2 engines + 2 trainer ranks + 2 reward workers fit; Ray's
     # CPUs are scheduling units, the processes share the real cores.
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    # Workers at nice 0, as the launcher starts a local instance (Ray's default, 15, starves them
+    # beside any other CPU load).
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, _system_config={"worker_niceness": 0})
     yield ray
     ray.shutdown()

@@ -69,6 +69,38 @@ def _trained_by_step(run_dir: Path) -> dict[int, set[str]]:
     return dict(out)
 
 
+class _InitCalled(Exception):
+    pass
+
+
+def test_a_local_ray_instance_runs_its_workers_at_nice_0(
+    tiny_policy_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray's default worker niceness (15) starves engines and trainer ranks beside any other CPU load;
+    the launcher starts a local instance with its workers at 0 (a cluster address is left as it is)."""
+    from asyncrl.launch import ray as ray_launch
+
+    seen: list[dict[str, Any]] = []
+
+    class FakeRay:
+        def is_initialized(self) -> bool:
+            return False
+
+        def init(self, address: Any = None, **kwargs: Any) -> None:
+            seen.append({"address": address, **kwargs})
+            raise _InitCalled
+
+    monkeypatch.setattr(ray_launch, "_ray", lambda: FakeRay())
+    with pytest.raises(_InitCalled):
+        ray_launch.train_ray(_cfg(tiny_policy_dir, tmp_path / "local", eta=1, steps=1, extra=RAY))
+    assert seen[0]["address"] is None and seen[0]["_system_config"] == {"worker_niceness": 0}
+    with pytest.raises(_InitCalled):
+        ray_launch.train_ray(
+            _cfg(tiny_policy_dir, tmp_path / "cluster", eta=1, steps=1, extra=[*RAY, "launch.ray_address=auto"])
+        )
+    assert seen[1]["address"] == "auto" and "_system_config" not in seen[1]
+
+
 def test_default_task_on_two_engines_two_ranks_two_reward_workers(
     ray_instance: Any, tiny_policy_dir: Path, tmp_path: Path
 ) -> None:

@@ -300,6 +300,10 @@ def train_ray(
             kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
             if cfg.launch.ray_address is None:
                 kwargs["num_cpus"] = cfg.launch.ray_num_cpus or local_cpus(cfg)
+                # Ray starts its workers at nice 15; here the workers (engines, trainer ranks, reward
+                # workers) are the run itself, so on a shared machine they must not yield to every
+                # other process (beside two busy processes on 2 cores they got ~2% of a core each).
+                kwargs["_system_config"] = {"worker_niceness": 0}
             ray.init(address=cfg.launch.ray_address, **kwargs)
             started = True
         summary = asyncio.run(_train_async(cfg, claimed, resume))
