@@ -62,6 +62,7 @@ from asyncrl.rollout.protocol import GenerateRequest, PauseBody, UpdateWeightsBo
 from asyncrl.rollout.tools import ToolFormat
 from asyncrl.types import WeightUpdate
 from asyncrl.web import HTTPError, JsonServer, Request, Route, parse_body
+from asyncrl.web.server import serve_forever
 
 __all__ = ["EngineServer", "GenerateRequest", "ServerThread", "serve_engine", "parse_generate"]
 
@@ -370,22 +371,16 @@ def serve_engine(
         weights_root=weights_root, tool_format=tool_format,
     )  # fmt: skip
 
-    async def main() -> None:
-        bound = await server.start(host, port)
-        print(
-            f"asyncrl engine server: http://{host}:{bound} (model {model}, {max_slots} slots; API key "
-            f"{'required' if api_key else 'off'}; weight updates from {weights_root or 'nowhere'})",
-            flush=True,
-        )
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await server.stop()
-
     try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
+        serve_forever(
+            server,
+            host,
+            port,
+            lambda bound: (
+                f"asyncrl engine server: http://{host}:{bound} (model {model}, {max_slots} slots; API key "
+                f"{'required' if api_key else 'off'}; weight updates from {weights_root or 'nowhere'})"
+            ),
+        )
     finally:
         engine.close()
 

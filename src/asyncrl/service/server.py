@@ -22,7 +22,7 @@ from asyncrl.models import ModelDirError
 from asyncrl.service.core import TrainingService
 from asyncrl.service.routes import error_body, not_found, routes
 from asyncrl.service.sampling import EngineSpec
-from asyncrl.web.server import JsonServer
+from asyncrl.web.server import JsonServer, serve_forever
 
 __all__ = ["KEY_HEADER", "ServiceThread", "TrainingServer", "serve_training"]
 
@@ -90,20 +90,12 @@ def serve_training(
         if not (Path(directory) / "config.json").is_file():
             raise ModelDirError(f"base model {name}: {directory} has no config.json (not a Hugging Face model)")
     server = TrainingServer(models, root, api_key=api_key, engine=engine)
-
-    async def main() -> None:
-        bound = await server.start(host, port)
-        print(
+    serve_forever(
+        server,
+        host,
+        port,
+        lambda bound: (
             f"asyncrl training service (Tinker-compatible): http://{host}:{bound} (base models: "
-            f"{', '.join(models)}; checkpoints under {root}; API key {'required' if api_key else 'off'})",
-            flush=True,
-        )
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await server.stop()
-
-    try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
+            f"{', '.join(models)}; checkpoints under {root}; API key {'required' if api_key else 'off'})"
+        ),
+    )

@@ -18,6 +18,8 @@ Owns what those have in common, so that each of them holds only its route table 
   needs a protocol subclass is said there). Idle connections: aiohttp's own ``keepalive_timeout``.
 - Every error body has the server's own shape (``error_body``: SGLang's, OpenAI's, the reward
   server's). Refusing to listen beyond loopback without a key is ``auth.check_bind``.
+- Running a server from the command line until interrupted: :func:`serve_forever` (for anything that
+  starts and stops like a :class:`JsonServer`: :class:`Serving`).
 
 Imports ``auth`` and its own package only.
 """
@@ -29,7 +31,7 @@ import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -37,7 +39,7 @@ from asyncrl.auth import ApiKeyAuth, check_bind, peer_name
 from asyncrl.web.checks import HTTPError, dumps, parse_json
 from asyncrl.web.connection import Connection
 
-__all__ = ["JsonServer", "RawBody", "Request", "Route", "Stream"]
+__all__ = ["JsonServer", "RawBody", "Request", "Route", "Serving", "Stream", "serve_forever"]
 
 log = logging.getLogger(__name__)
 
@@ -352,6 +354,34 @@ class JsonServer:
         except ConnectionError:  # the client left mid-body: nobody will read the answer
             raise HTTPError(400, "the connection closed before the body was complete", close=True) from None
         return b"".join(chunks)
+
+
+class Serving(Protocol):
+    """A server that listens on ``start`` (returning the bound port) until ``stop``: a :class:`JsonServer`,
+    or one that owns one (the engine server, the training service)."""
+
+    async def start(self, host: str, port: int) -> int: ...
+
+    async def stop(self) -> None: ...
+
+
+def serve_forever(server: Serving, host: str, port: int, banner: Callable[[int], str]) -> None:
+    """Run ``server`` on a new event loop until interrupted (Ctrl-C), for ``asyncrl serve ...``: start it on
+    ``host:port``, print ``banner(bound port)``, wait; ``server.stop()`` however the wait ends. Returns on an
+    interrupt; an error starting it (a port in use, an insecure bind) is raised."""
+
+    async def main() -> None:
+        bound = await server.start(host, port)
+        print(banner(bound), flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await server.stop()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
 
 
 def _peer(request: web.BaseRequest) -> str:
