@@ -3,8 +3,9 @@
 Owns the route table (:func:`routes`) on the project's one HTTP stack (:class:`asyncrl.web.JsonServer`):
 each handler reads its JSON body with :func:`asyncrl.web.schema.parse_body` (``/forward_backward``'s
 protobuf body with :mod:`asyncrl.service.wire`), refuses what the service does not support with a 400
-naming the field, and calls :class:`~asyncrl.service.core.TrainingService`. ``KeyError`` (an unknown
-session, model, sampler or future) answers 404, ``ValueError`` 400. A path the table does not hold
+naming the fields (those :mod:`~asyncrl.service.schemas` marks ``Unsupported``), and calls
+:class:`~asyncrl.service.core.TrainingService`. ``KeyError`` (an unknown session, model, sampler or future)
+answers 404, ``ValueError`` 400. A path the table does not hold
 answers 404 naming it (:func:`not_found`). The list of the client's paths and which of them are
 supported is docs/tinker.md.
 """
@@ -31,6 +32,7 @@ from asyncrl.service.schemas import (
     SampleBody,
     SaveForSamplerBody,
     SaveWeightsBody,
+    unsupported,
 )
 from asyncrl.service.wire import decode_forward_backward
 from asyncrl.web.checks import HTTPError
@@ -56,9 +58,10 @@ def not_found(method: str, path: str) -> HTTPError:
     return HTTPError(404, f"{method} {path} is not supported by this Tinker-compatible service (docs/tinker.md)")
 
 
-def _refuse(conditions: dict[str, bool], where: str) -> None:
-    """400 naming every field set to something this service does not support."""
-    bad = [name for name, set_ in conditions.items() if set_]
+def _refuse(body: Any, where: str) -> None:
+    """400 naming every field ``body`` sets to a value this service does not support (the fields marked
+    ``schemas.Unsupported``)."""
+    bad = unsupported(body)
     if bad:
         raise HTTPError(400, f"{where}: not supported by this service: {', '.join(bad)}")
 
@@ -131,7 +134,7 @@ def _capabilities(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
 def _create_session(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
     async def handle(req: Request) -> Any:
         body = parse_body(CreateSessionBody, req.json())
-        _refuse({"project_id": body.project_id is not None}, "create_session")
+        _refuse(body, "create_session")
         return {"type": "create_session", "session_id": svc.create_session(body.tags, body.user_metadata)}
 
     return handle
@@ -158,8 +161,7 @@ def _finish(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
 def _create_model(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
     async def handle(req: Request) -> Any:
         body = parse_body(CreateModelBody, req.json())
-        optimizer = (body.optimizer_config or {}).get("type", "adamw")
-        _refuse({f"optimizer_config.type={optimizer!r} (only adamw)": optimizer != "adamw"}, "create_model")
+        _refuse(body, "create_model")
         lora = None if body.lora_config is None else LoraSpec(**asdict(body.lora_config))
         request_id = svc.create_model(body.session_id, body.model_seq_id, body.base_model, lora, body.user_metadata)
         return _future(request_id)
@@ -191,7 +193,7 @@ def _forward_backward(svc: TrainingService) -> Callable[[Request], Awaitable[Any
 def _optim_step(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
     async def handle(req: Request) -> Any:
         body = parse_body(OptimStepBody, req.json())
-        _refuse({"optimizer_params (only adam_params)": body.optimizer_params is not None}, "optim_step")
+        _refuse(body, "optim_step")
         adam = AdamStep(**asdict(body.adam_params)) if body.adam_params is not None else AdamStep()
         return _future(svc.optim_step(body.model_id, body.seq_id, adam), body.model_id)
 
@@ -201,7 +203,7 @@ def _optim_step(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
 def _save_weights(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
     async def handle(req: Request) -> Any:
         body = parse_body(SaveWeightsBody, req.json())
-        _refuse({"ttl_seconds (checkpoints here never expire)": body.ttl_seconds is not None}, "save_weights")
+        _refuse(body, "save_weights")
         meta = {str(k): str(v) for k, v in (body.user_metadata or {}).items()}
         request_id = svc.save_weights(body.model_id, body.seq_id, body.path, body.overwrite, meta)
         return _future(request_id, body.model_id)
@@ -212,9 +214,7 @@ def _save_weights(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
 def _save_for_sampler(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
     async def handle(req: Request) -> Any:
         body = parse_body(SaveForSamplerBody, req.json())
-        _refuse({"kind=inflight": body.kind != "snapshot",
-                 "ttl_seconds (checkpoints here never expire)": body.ttl_seconds is not None},
-                "save_weights_for_sampler")  # fmt: skip
+        _refuse(body, "save_weights_for_sampler")
         if body.path is None and body.sampling_session_seq_id is None:
             raise HTTPError(400, "save_weights_for_sampler needs a path (a name) or a sampling_session_seq_id")
         request_id = svc.save_for_sampler(body.model_id, body.seq_id, body.path,
@@ -228,9 +228,7 @@ def _save_for_sampler(svc: TrainingService) -> Callable[[Request], Awaitable[Any
 def _load_weights(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
     async def handle(req: Request) -> Any:
         body = parse_body(LoadWeightsBody, req.json())
-        _refuse({"weights_access_token": body.weights_access_token is not None,
-                 "optimizer_config": body.optimizer_config is not None and body.optimizer_config.get("type") != "adamw",
-                 "base_model (the checkpoint's own is used)": body.base_model is not None}, "load_weights")  # fmt: skip
+        _refuse(body, "load_weights")
         if body.model_id is not None:
             return _future(svc.load_weights(body.model_id, body.seq_id, body.path, body.optimizer), body.model_id)
         if body.session_id is None or body.model_seq_id is None:
@@ -274,13 +272,7 @@ def _get_sampler(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
 def _asample(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
     async def handle(req: Request) -> Any:
         body = parse_body(SampleBody, req.json())
-        _refuse({
-            "topk_prompt_logprobs": body.topk_prompt_logprobs != 0,
-            "topk_sample_logprobs": body.topk_sample_logprobs != 0,
-            "target_prompt_logprobs": body.target_prompt_logprobs is not None,
-            "prompt_alt_tokens_k": body.prompt_alt_tokens_k != 0,
-            "record_stability_info": bool(body.record_stability_info),
-        }, "asample")  # fmt: skip
+        _refuse(body, "asample")
         prompt: list[int] = []
         for chunk in body.prompt.chunks:
             tokens = chunk.get("tokens")

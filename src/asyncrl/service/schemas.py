@@ -3,15 +3,19 @@
 One frozen dataclass per request body of the official client (``tinker.types``, as its resources send
 them: every field that is not None, defaults included), read and checked by
 :func:`asyncrl.web.schema.parse_body`: a key the schema does not name is a 400 that names it. Fields
-the client always sends but the service does not honour in every value (``prompt_logprobs``,
-``topk_sample_logprobs``, a non-Adam optimizer, ``ttl_seconds``...) are named here and refused by the
-handlers, when set to anything but their neutral value, with a 400 naming the field.
+the client always sends but the service does not honour in every value (``topk_sample_logprobs``, a
+non-Adam optimizer, ``ttl_seconds``...) are marked here, ``Annotated[T, Unsupported(...)]``, with the value
+the service honours (their default unless said); :func:`unsupported` lists those a body sets otherwise,
+and the handlers refuse them with one 400 naming them all.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 
 from asyncrl.web.schema import Spec
 
@@ -34,10 +38,64 @@ __all__ = [
     "SaveForSamplerBody",
     "SaveWeightsBody",
     "SdkVersionBody",
+    "Unsupported",
+    "unsupported",
 ]
 
 NonNegative = Annotated[float, Spec(what="a finite number >= 0", check=lambda v: v >= 0)]
 SeqId = Annotated[int, Spec(what="an integer >= 0", check=lambda v: v >= 0)]
+Positive = Annotated[int, Spec(what="an integer >= 1", check=lambda v: v >= 1)]
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A field this service honours in one value only (``Annotated[T, Unsupported(...)]``): any other is
+    refused, named by ``label`` (default: the field's name)."""
+
+    label: str | Callable[[Any], str] | None = None
+    """The refusal's words for the field; a callable gets the value sent."""
+    honoured: Callable[[Any], bool] | None = None
+    """Whether a value is one the service honours (default: the field's default only)."""
+
+
+def unsupported(body: Any) -> list[str]:
+    """The labels of the ``Unsupported`` fields that ``body`` (a schema of this module) sets to a value the
+    service does not honour, in field order."""
+    found = []
+    for field, mark in _marked(type(body)):
+        value = getattr(body, field.name)
+        if mark.honoured(value) if mark.honoured is not None else value == field.default:
+            continue
+        label = mark.label(value) if callable(mark.label) else mark.label
+        found.append(label or field.name)
+    return found
+
+
+@functools.cache
+def _marked(schema: type) -> tuple[tuple[dataclasses.Field, Unsupported], ...]:
+    hints = get_type_hints(schema, include_extras=True)
+    marked = []
+    for field in dataclasses.fields(schema):
+        hint = hints[field.name]
+        extras = get_args(hint)[1:] if get_origin(hint) is Annotated else ()
+        marked += [(field, mark) for mark in extras if isinstance(mark, Unsupported)]
+    return tuple(marked)
+
+
+def _optimizer(config: dict | None) -> Any:
+    """The optimizer a ``create_model`` body's ``optimizer_config`` names (none, or no ``type``: AdamW)."""
+    return (config or {}).get("type", "adamw")
+
+
+def _none_or_adamw(config: dict | None) -> bool:
+    """A ``load_weights`` body's ``optimizer_config``: none, or one that names AdamW (``type``)."""
+    return config is None or config.get("type") == "adamw"
+
+
+NEVER_EXPIRE = Unsupported("ttl_seconds (checkpoints here never expire)")
+ONLY_ADAMW = Unsupported(
+    lambda v: f"optimizer_config.type={_optimizer(v)!r} (only adamw)", lambda v: _optimizer(v) == "adamw"
+)
 
 
 @dataclass(frozen=True)
@@ -52,7 +110,7 @@ class CreateSessionBody:
     tags: list[str]
     sdk_version: str
     user_metadata: dict | None = None
-    project_id: str | None = None
+    project_id: Annotated[str | None, Unsupported()] = None
     display_name: str | None = None
     type: Literal["create_session"] = "create_session"
 
@@ -73,7 +131,7 @@ class FinishSessionBody:
 
 @dataclass(frozen=True)
 class LoraBody:
-    rank: Annotated[int, Spec(what="an integer >= 1", check=lambda v: v >= 1)]
+    rank: Positive
     seed: int | None = None
     train_unembed: bool = True
     train_mlp: bool = True
@@ -87,7 +145,7 @@ class CreateModelBody:
     base_model: str
     user_metadata: dict | None = None
     lora_config: LoraBody | None = None
-    optimizer_config: dict | None = None
+    optimizer_config: Annotated[dict | None, ONLY_ADAMW] = None
     type: Literal["create_model"] = "create_model"
 
 
@@ -111,7 +169,7 @@ class AdamBody:
 class OptimStepBody:
     model_id: str
     adam_params: AdamBody | None = None
-    optimizer_params: dict | None = None
+    optimizer_params: Annotated[dict | None, Unsupported("optimizer_params (only adam_params)")] = None
     seq_id: int | None = None
     type: Literal["optim_step"] = "optim_step"
 
@@ -121,7 +179,7 @@ class SaveWeightsBody:
     model_id: str
     path: str | None = None
     seq_id: int | None = None
-    ttl_seconds: int | None = None
+    ttl_seconds: Annotated[int | None, NEVER_EXPIRE] = None
     overwrite: bool = False
     user_metadata: dict | None = None
     type: Literal["save_weights"] = "save_weights"
@@ -132,9 +190,9 @@ class SaveForSamplerBody:
     model_id: str
     path: str | None = None
     sampling_session_seq_id: int | None = None
-    kind: Literal["snapshot", "inflight"] = "snapshot"
+    kind: Annotated[Literal["snapshot", "inflight"], Unsupported(lambda v: f"kind={v}")] = "snapshot"
     seq_id: int | None = None
-    ttl_seconds: int | None = None
+    ttl_seconds: Annotated[int | None, NEVER_EXPIRE] = None
     user_metadata: dict | None = None
     type: Literal["save_weights_for_sampler"] = "save_weights_for_sampler"
 
@@ -147,10 +205,10 @@ class LoadWeightsBody:
     seq_id: int | None = None
     session_id: str | None = None
     model_seq_id: int | None = None
-    base_model: str | None = None
+    weights_access_token: Annotated[str | None, Unsupported()] = None
+    optimizer_config: Annotated[dict | None, Unsupported(honoured=_none_or_adamw)] = None
+    base_model: Annotated[str | None, Unsupported("base_model (the checkpoint's own is used)")] = None
     user_metadata: dict | None = None
-    optimizer_config: dict | None = None
-    weights_access_token: str | None = None
     type: Literal["load_weights"] = "load_weights"
 
 
@@ -190,18 +248,18 @@ class SamplingParamsBody:
 class SampleBody:
     prompt: ModelInputBody
     sampling_params: SamplingParamsBody
-    num_samples: Annotated[int, Spec(what="an integer >= 1", check=lambda v: v >= 1)] = 1
+    num_samples: Positive = 1
     base_model: str | None = None
     model_path: str | None = None
     sampling_session_id: str | None = None
     seq_id: int | None = None
     prompt_logprobs: bool | None = None
-    topk_prompt_logprobs: int = 0
-    topk_sample_logprobs: int = 0
-    target_prompt_logprobs: Any = None
-    prompt_alt_tokens_k: int = 0
+    topk_prompt_logprobs: Annotated[int, Unsupported()] = 0
+    topk_sample_logprobs: Annotated[int, Unsupported()] = 0
+    target_prompt_logprobs: Annotated[Any, Unsupported()] = None
+    prompt_alt_tokens_k: Annotated[int, Unsupported()] = 0
     prompt_logprobs_last_n: int | None = None
-    record_stability_info: bool | None = None
+    record_stability_info: Annotated[bool | None, Unsupported(honoured=lambda v: not v)] = None
     type: Literal["sample"] = "sample"
 
 
