@@ -5,7 +5,9 @@ shape here is SGLang's own, read in its source (sglang 0.5.23; the table in docs
 class of each): ``GenerateReqInput`` and the generated contract ``sglang.api.v1.GenerateRequest`` for
 ``/generate``, the tokenizer manager's ``meta_info``, ``UpdateWeightFromDiskReqInput``,
 ``PauseGenerationReqInput``, ``ContinueGenerationReqInput``, ``AbortReq``, ``UpdateWeightVersionReqInput`` and
-``/model_info``. Nothing of SGLang is imported: it is GPU-only, and the server runs elsewhere.
+``/model_info``. Nothing of SGLang is imported: it is GPU-only, and the server runs elsewhere. What every
+backend engine shares (state, counters, ``generate``'s checks and seeds, an update's check/pause/load/resume
+order) is ``rollout.backend_engine.BackendEngine``'s; this module holds SGLang's calls and shapes.
 
 - **Tokens in, tokens out.** Each sample of ``generate(input_ids, sampling, n)`` is one ``/generate`` request
   with ``input_ids`` and its own ``sampling_seed`` (``sampling.seed + i``, as ``LocalEngine`` numbers them;
@@ -49,7 +51,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,12 +60,18 @@ from urllib.parse import urlparse
 import aiohttp
 
 from asyncrl.auth import auth_headers, resolve_api_key
-from asyncrl.choices import InterruptMode, check_choice
-from asyncrl.rollout.api import SampleDone, check_prompt_ids
-from asyncrl.rollout.sampling import SEED_MOD, SamplingParams
-from asyncrl.rollout.vllm_engine import FINISH_REASONS, check_update_shapes, checkpoint_shapes
+from asyncrl.choices import InterruptMode
+from asyncrl.rollout.backend_engine import (
+    FINISH_REASONS,
+    BackendEngine,
+    backend_completion,
+    check_update_shapes,
+    checkpoint_shapes,
+)
+from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Completion, WeightUpdate
 from asyncrl.web import JsonClient
+from asyncrl.web.client import error_message
 
 __all__ = ["SGLANG_VERSION_READ", "SGLangEngine", "completion_from_generate"]
 
@@ -109,15 +116,7 @@ def completion_from_generate(item: Any, prompt: Sequence[int], *, version: int |
         )
     else:
         versions = [_int_version(meta.get("weight_version", version))] * len(ids)
-    changes = max(0, len(spans or ()) - 1)
-    return Completion(
-        prompt_ids=tuple(int(t) for t in prompt),
-        output_ids=tuple(ids),
-        behav_logprobs=tuple(lps),
-        versions=tuple(versions),
-        finish_reason=reason,
-        num_interruptions=changes + (1 if reason == "abort" else 0),
-    )
+    return backend_completion(prompt, ids, lps, versions, reason, len(spans or ()))
 
 
 def _int_version(value: Any) -> int:
@@ -142,8 +141,10 @@ def _versions_from_spans(spans: Sequence[dict[str, Any]], count: int) -> list[in
     return versions
 
 
-class SGLangEngine:
+class SGLangEngine(BackendEngine):
     """``RolloutEngine`` over a running SGLang server (see the module docstring)."""
+
+    BACKEND = "SGLang"
 
     def __init__(
         self,
@@ -163,7 +164,7 @@ class SGLangEngine:
         server can read, loaded as version ``version`` before the first request (None: the server's weights are
         taken as version ``version``); ``owns_initial_weights``: that directory is removed by ``close``.
         ``api_key`` (else ``$ASYNCRL_API_KEY``): the server's ``--api-key``."""
-        check_choice(interrupt_mode, InterruptMode, "interrupt_mode")
+        super().__init__(interrupt_mode=interrupt_mode, version=version)
         parsed = urlparse(url if "://" in url else f"http://{url}")
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"SGLangEngine needs an http://host:port URL, got {url!r}")
@@ -172,137 +173,14 @@ class SGLangEngine:
         self.url = f"{parsed.scheme}://{parsed.netloc}"
         self.vocab_size = vocab_size
         self.max_seq_len = max_seq_len
-        self.interrupt_mode: InterruptMode = interrupt_mode
-        self._version = int(version)
         self._initial = Path(initial_weights) if initial_weights is not None else None
         self._owns_initial = owns_initial_weights
         self._shapes = checkpoint_shapes(self._initial) if self._initial is not None else None
         self._tied = self._initial is not None and _tied(self._initial)
         self._http = JsonClient(self.url, auth_headers(resolve_api_key(api_key)), max_connections=max_connections)
-        self._lock: asyncio.Lock | None = None
         self._ready = False
-        self._running = 0
-        self._paused = False
-        self._closed = False
-        self._stats: dict[str, float] = dict.fromkeys(
-            ("generated_tokens", "requests", "finished_samples", "aborted_samples", "weight_updates", "update_s",
-             "keep_interrupted_samples"),
-            0.0,
-        )  # fmt: skip
 
-    # ------------------------------------------------------------------------------ RolloutEngine
-    @property
-    def version(self) -> int:
-        """Version of the weights the server decodes with (the last update this client sent)."""
-        return self._version
-
-    @property
-    def reports_each_sample(self) -> bool:
-        """True: each sample is its own ``/generate`` request, reported to ``on_sample_done`` as it ends."""
-        return True
-
-    def start(self) -> None:
-        """A no-op: the server runs elsewhere (its starting weights are loaded before the first request)."""
-        if self._closed:
-            raise RuntimeError("SGLangEngine is closed")
-
-    async def generate(
-        self,
-        input_ids: Sequence[int],
-        sampling: SamplingParams,
-        n: int = 1,
-        on_sample_done: SampleDone | None = None,
-    ) -> list[Completion]:
-        """``n`` samples of one prompt, each finished (``stop``/``length``) or interrupted by an update in
-        ``abort`` mode (``abort``, partial output); ``on_sample_done(i)`` as sample ``i`` ends with
-        ``stop``/``length``."""
-        self.start()
-        prompt = check_prompt_ids(input_ids, max_seq_len=self.max_seq_len, vocab_size=self.vocab_size)
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be an int >= 1, got {n!r}")
-        self._check_sampling(sampling)
-        await self._ensure_ready()
-        base = sampling.seed if sampling.seed is not None else uuid.uuid4().int % SEED_MOD
-        budget = min(sampling.max_new_tokens, self.max_seq_len - len(prompt))
-        self._stats["requests"] += 1
-        samples = [
-            self._sample(prompt, sampling, budget, (base + i) % SEED_MOD if sampling.seed is not None else None, i,
-                         on_sample_done)
-            for i in range(n)
-        ]  # fmt: skip
-        return list(await asyncio.gather(*samples))
-
-    async def update_weights(self, update: WeightUpdate) -> None:
-        """Pause in ``interrupt_mode``, load the update's safetensors directory, resume (unless ``pause`` holds the
-        engine); afterwards ``version == update.version``."""
-        self.start()
-        if update.path is None:
-            raise ValueError(
-                "SGLangEngine loads weights from a directory the server reads: export them as safetensors "
-                "(trainer.weight_transport=safetensors, trainer.weight_export_dir on a shared filesystem)"
-            )
-        await self._ensure_ready()
-        if self._shapes is not None:
-            check_update_shapes(Path(update.path), self._shapes, tied=self._tied, version=update.version)
-        async with self._control_lock():
-            t_start = time.perf_counter()
-            running = self._running
-            await self._post("/pause_generation", {"mode": _PAUSE_MODE[self.interrupt_mode]})
-            try:
-                await self._load(update.path, update.version, flush_cache=self.interrupt_mode == "abort")
-            finally:
-                if not self._paused:
-                    await self._post("/continue_generation", {})
-            self._stats["weight_updates"] += 1
-            if self.interrupt_mode == "keep":
-                self._stats["keep_interrupted_samples"] += running
-            self._stats["update_s"] += time.perf_counter() - t_start
-
-    async def pause(self) -> None:
-        """Freeze every running request with its KV cache (SGLang's pause mode ``in_place``)."""
-        self.start()
-        async with self._control_lock():
-            await self._post("/pause_generation", {"mode": "in_place"})
-            self._paused = True
-
-    async def resume(self) -> None:
-        """Undo ``pause``."""
-        self.start()
-        async with self._control_lock():
-            self._paused = False
-            await self._post("/continue_generation", {})
-
-    async def abort_all(self) -> int:
-        """End every running request now with ``finish_reason="abort"`` (``/abort_request`` with ``abort_all``);
-        returns how many of this client's samples were running."""
-        self.start()
-        async with self._control_lock():
-            count = self._running
-            await self._post("/abort_request", {"abort_all": True})
-            return count
-
-    def stats(self) -> dict[str, float]:
-        """Cumulative counters (``generated_tokens``, samples, updates) and the current state."""
-        s = dict(self._stats)
-        s["running_samples"] = float(self._running)
-        s["version"] = float(self._version)
-        return s
-
-    def close(self) -> None:
-        """Release the connections and remove the starting weights' directory if this engine owns it."""
-        if self._closed:
-            return
-        self._closed = True
-        self._http.close()
-        if self._owns_initial and self._initial is not None:
-            shutil.rmtree(self._initial, ignore_errors=True)
-
-    # ------------------------------------------------------------------------------ helpers
-    def _control_lock(self) -> asyncio.Lock:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        return self._lock
-
+    # ------------------------------------------------------------------------------ backend hooks
     async def _ensure_ready(self) -> None:
         """Before the first request: the server serves a generation model, at this engine's version (its
         starting weights loaded, or its version label set)."""
@@ -315,28 +193,64 @@ class SGLangEngine:
             if not isinstance(info, dict) or info.get("is_generation") is False:
                 raise RuntimeError(f"the SGLang server at {self.url} does not serve a generation model: {info}")
             if self._initial is not None:
-                await self._load(str(self._initial), self._version, flush_cache=True)
+                await self._load_from_disk(str(self._initial), self._version, flush_cache=True)
             else:
                 body = {"new_version": str(self._version), "abort_all_requests": False}
                 await self._post("/update_weight_version", body)
             self._ready = True
 
-    async def _load(self, path: str, version: int, *, flush_cache: bool) -> None:
+    async def _prepare_update(self, update: WeightUpdate) -> None:
+        """A directory the server reads, names and shapes as the starting checkpoint's, the server ready."""
+        if update.path is None:
+            raise ValueError(
+                "SGLangEngine loads weights from a directory the server reads: export them as safetensors "
+                "(trainer.weight_transport=safetensors, trainer.weight_export_dir on a shared filesystem)"
+            )
+        await self._ensure_ready()
+        if self._shapes is not None:
+            check_update_shapes(Path(update.path), self._shapes, tied=self._tied, version=update.version)
+
+    def _update_source(self, update: WeightUpdate) -> str | Path:
+        assert update.path is not None  # refused by _prepare_update
+        return update.path
+
+    async def _pause_backend(self, mode: InterruptMode, *, clear_cache: bool) -> None:
+        """``/pause_generation`` (the cache is flushed by the load: ``_load``)."""
+        await self._post("/pause_generation", {"mode": _PAUSE_MODE[mode]})
+
+    async def _resume_backend(self) -> None:
+        await self._post("/continue_generation", {})
+
+    async def _load(self, path: str | Path, version: int) -> None:
+        """In ``abort`` mode with ``flush_cache`` (the server refuses to flush with requests kept in place)."""
+        await self._load_from_disk(str(path), version, flush_cache=self.interrupt_mode == "abort")
+
+    async def _abort_backend(self) -> None:
+        await self._post("/abort_request", {"abort_all": True})
+
+    def _release(self) -> None:
+        """The connections, and the starting weights' directory if this engine owns it."""
+        self._http.close()
+        if self._owns_initial and self._initial is not None:
+            shutil.rmtree(self._initial, ignore_errors=True)
+
+    async def _sample(self, prompt: list[int], sampling: SamplingParams, budget: int, seed: int) -> Completion:
+        """One ``/generate`` request, to its end or to an abort."""
+        async with self._control_lock():  # not while an update runs: the body names the version's cache namespace
+            body = self._request(prompt, sampling, budget, seed if sampling.seed is not None else None)
+        with self._in_flight():
+            out = await self._post("/generate", body, timeout=None)
+        spans_optional = self.interrupt_mode == "abort"
+        return completion_from_generate(out, prompt, version=self._version if spans_optional else None)
+
+    # ------------------------------------------------------------------------------ helpers
+    async def _load_from_disk(self, path: str, version: int, *, flush_cache: bool) -> None:
         """``/update_weights_from_disk`` of ``path`` labelled ``version``; the client's version follows on success."""
         body = {"model_path": str(path), "weight_version": str(int(version)), "flush_cache": flush_cache}
         out = await self._post("/update_weights_from_disk", body, timeout=None)
         if not isinstance(out, dict) or out.get("success") is not True:
             raise RuntimeError(f"SGLang update_weights_from_disk of {path} failed: {out}")
         self._version = int(version)
-
-    def _check_sampling(self, sampling: SamplingParams) -> None:
-        """Refuse what SGLang would report log-probs of another distribution for (module docstring)."""
-        if sampling.is_greedy and sampling.logprob_temperature != 1.0:
-            raise ValueError(
-                f"SGLangEngine: greedy decoding at temperature {sampling.temperature}: SGLang reports log-probs of "
-                "argmax requests at temperature 1, not of the tempered distribution (use temperature 1 or "
-                "rollout.backend=local)"
-            )
 
     def _request(self, prompt: list[int], sampling: SamplingParams, budget: int, seed: int | None) -> dict[str, Any]:
         """One ``/generate`` body (``GenerateReqInput``; its ``sampling_params``: SGLang's ``SamplingParams``)."""
@@ -359,34 +273,6 @@ class SGLangEngine:
             "extra_key": f"asyncrl-weights-v{self._version}",
         }
 
-    async def _sample(
-        self,
-        prompt: list[int],
-        sampling: SamplingParams,
-        budget: int,
-        seed: int | None,
-        index: int,
-        on_sample_done: SampleDone | None,
-    ) -> Completion:
-        """One ``/generate`` request: sample ``index`` of a group, to its end or to an abort."""
-        async with self._control_lock():  # not while an update runs: the body names the version's cache namespace
-            body = self._request(prompt, sampling, budget, seed)
-        self._running += 1
-        try:
-            out = await self._post("/generate", body, timeout=None)
-        finally:
-            self._running -= 1
-        spans_optional = self.interrupt_mode == "abort"
-        completion = completion_from_generate(out, prompt, version=self._version if spans_optional else None)
-        self._stats["generated_tokens"] += len(completion.output_ids)
-        if completion.finish_reason == "abort":
-            self._stats["aborted_samples"] += 1
-        else:
-            self._stats["finished_samples"] += 1
-            if on_sample_done is not None:
-                on_sample_done(index)
-        return completion
-
     # ------------------------------------------------------------------------------ transport
     async def _get(self, path: str) -> Any:
         return await self._send("GET", path, None, 60.0)
@@ -397,17 +283,12 @@ class SGLangEngine:
     async def _send(self, method: str, path: str, body: dict[str, Any] | None, timeout: float | None) -> Any:
         """``method path`` with a JSON body; the decoded answer (``{}`` for an empty one). A 4xx raises
         ``ValueError`` (401: ``PermissionError``) with the server's message, anything else ``RuntimeError``."""
-        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         try:
-            status, raw = await self._http.request(method, path, data, timeout=timeout)
+            status, payload = await self._http.call(method, path, body, timeout=timeout)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
             raise RuntimeError(f"{method} {path} on the SGLang server at {self.url} failed: {e!r}") from e
-        try:
-            payload = json.loads(raw) if raw else {}
-        except json.JSONDecodeError:
-            payload = {"message": raw[:200].decode("utf-8", "replace")}
         if status >= 400:
-            message = payload.get("message", payload) if isinstance(payload, dict) else payload
+            message = error_message(payload)
             if status == 401:
                 raise PermissionError(f"{method} {path} on {self.url}: HTTP 401 (the server's --api-key): {message}")
             error = ValueError if status < 500 else RuntimeError

