@@ -333,14 +333,20 @@ class TrainBatch:
 class WeightUpdate:
     """A versioned weight-sync signal from the trainer to the engines (the loop's only back-edge).
 
-    Exactly one of ``tensors`` / ``path`` is set, by the transport in use."""
+    Exactly one of ``tensors`` / ``path`` / ``adapter`` is set, by the transport in use. ``tensors`` and
+    ``path`` replace the weights (a *full* update); ``adapter`` ships only LoRA adapters, applied over the
+    engine's base weights (only ``LocalEngine`` takes it; see ``rollout.adapters``)."""
 
     version: int
     tensors: dict[str, Any] | None = None
     """In-process transport: parameter name -> tensor (read-only for the receiver)."""
     path: str | None = None
     """Disk transport: a directory holding ``model.safetensors`` (Hugging Face names)."""
+    adapter: dict[str, tuple[Any, Any, float]] | None = None
+    """In-process LoRA transport: the Hugging Face name of each adapted linear layer (e.g.
+    ``model.layers.0.self_attn.q_proj``) -> ``(A [rank, in], B [out, rank], scaling)``; that layer's weight
+    is the base weight plus ``scaling * B @ A``, every other weight the base's."""
 
     def __post_init__(self) -> None:
-        if (self.tensors is None) == (self.path is None):
-            raise ValueError("WeightUpdate needs exactly one of tensors or path")
+        if sum(x is not None for x in (self.tensors, self.path, self.adapter)) != 1:
+            raise ValueError("WeightUpdate needs exactly one of tensors, path or adapter")

@@ -5,17 +5,28 @@ slots free up, and leave it the step they finish (their slot is reused at once).
 one request share its prefill (the prompt's KV is copied into their slots, or from a still-running
 sibling when the group could only partly join). Each step decodes one token for every running
 sample; each output token carries its behaviour log-prob (see ``sampling``) and the weights'
-version at the step that sampled it. Weight updates are applied between two steps, in one of two
+version of the weights that sampled it. Full weight updates are applied between two steps, in one of two
 modes: ``abort`` (running samples return their partial output with ``finish_reason="abort"``; see
 ``interruptible.generate_group`` for the resubmission loop) or ``keep`` (the samples go on with their
 KV cache, computed partly under the old weights).
+
+Adapter-only updates (LoRA, ``WeightUpdate.adapter``; see ``adapters``): the engine keeps its base weights
+and holds a small table of weight versions (``versions``), each the base plus one adapter. Every request
+is pinned at intake to the current version (or to the one it names, ``generate(version=...)``) and keeps
+it to its end: an adapter update interrupts nothing, whatever the interrupt mode; samples in flight finish
+on the version they started with while new requests take the new one, and one decode step mixes them (the
+base output of every row plus each version's low-rank delta on its own rows). Every token is stamped with
+its request's version, so per-token versions and the staleness bound stay exact. A version is dropped
+when no request uses it any more and it is not among the newest ``keep_versions``. A full update drops
+every version: requests still waiting or running move to the new weights (as above).
 
 Prefix reuse across turns (``prefix_reuse=True``, ``rollout.prefix_reuse``): a finished sample's slot keeps
 its KV until a slot is needed; a prompt that extends that sequence (the next turn of a multi-turn
 episode: the conversation so far, the environment's reply appended) is placed in it and only its new
 tokens are prefilled (see ``scheduler``). No key is needed: the match is on the token ids, so it works
 behind the engine server and the pool too (when the next turn reaches the same engine). A weight
-update drops every retained sequence, so a prefilled token's KV is always of the current weights.
+update drops every retained sequence, and a retained sequence is only reused by a request pinned to the
+same version, so a reused token's KV is always of the request's own weights.
 
 One step is vLLM v1's ``EngineCore.step``::
 
@@ -47,6 +58,7 @@ from typing import Any
 import torch
 
 from asyncrl.choices import InterruptMode, check_choice
+from asyncrl.rollout.adapters import Adapter, HeldWeights, LoraRows, VersionNotHeld, prepare_adapter
 from asyncrl.rollout.api import check_prompt_ids
 from asyncrl.rollout.kv_forward import SlotKVForward
 from asyncrl.rollout.requests import Request, post, post_call
@@ -55,7 +67,7 @@ from asyncrl.rollout.scheduler import Finished, Placement, Scheduler, StepOutput
 from asyncrl.rollout.weights import copy_state, load_update_tensors
 from asyncrl.types import Completion, WeightUpdate
 
-__all__ = ["EngineDied", "LocalEngine", "SamplingParams", "load_update_tensors"]
+__all__ = ["EngineDied", "LocalEngine", "SamplingParams", "VersionNotHeld", "load_update_tensors"]
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +92,17 @@ class LocalEngine:
         version: int = 0,
         prefill_token_budget: int = 8192,
         prefix_reuse: bool = False,
+        keep_versions: int = 1,
     ) -> None:
         """``max_slots`` and ``max_seq_len`` (the KV cache's size) have no default: a run sizes the engine from
         ``rollout.max_slots`` and ``rollout.max_prompt_len + rollout.max_new_tokens``. ``prefix_reuse``: keep a
-        finished sample's KV for a prompt that extends it (module docstring)."""
+        finished sample's KV for a prompt that extends it. ``keep_versions``: the newest weight versions kept
+        loaded when no request uses them (adapter updates; module docstring)."""
         check_choice(interrupt_mode, InterruptMode, "interrupt_mode")
         if max_slots < 1 or max_seq_len < 2:
             raise ValueError("max_slots must be >= 1 and max_seq_len >= 2")
+        if keep_versions < 1:
+            raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.max_slots = max_slots
@@ -97,6 +113,11 @@ class LocalEngine:
         self.vocab_size = self.forward.vocab_size
         self._state = self.model.state_dict()  # shares storage with the parameters
         self._version = int(version)
+        self.keep_versions = keep_versions
+        self._held: tuple[HeldWeights, ...] = (HeldWeights(self._version, None),)
+        """The versions served now, oldest first; the last is the current one (replaced whole: read by
+        ``versions`` on other threads)."""
+        self._lora_cache: tuple[int, LoraRows | None] | None = None  # (scheduler revision, decode-only rows)
         self._rng = random.Random()
         # shared with the asyncio side (under _cv)
         self._cv = threading.Condition()
@@ -120,6 +141,7 @@ class LocalEngine:
                 "prefill_tokens", "prefill_padded_tokens", "prefill_batches", "kv_copied_tokens",
                 "aborted_requests", "aborted_samples", "finished_samples", "requests", "weight_updates",
                 "update_s", "keep_interrupted_samples", "prefix_reused_tokens", "prefix_hits",
+                "adapter_updates", "versions_dropped",
             ),
             0.0,
         )  # fmt: skip
@@ -130,8 +152,13 @@ class LocalEngine:
     # ------------------------------------------------------------------------------ public API
     @property
     def version(self) -> int:
-        """Version of the weights in use (set by ``update_weights``)."""
+        """Version of the weights in use (set by ``update_weights``): new requests run on it."""
         return self._version
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        """The versions a request can run on now, oldest first (more than one after adapter updates)."""
+        return tuple(h.version for h in self._held)
 
     def start(self) -> None:
         """Start the decode thread (idempotent)."""
@@ -151,11 +178,15 @@ class LocalEngine:
         sampling: SamplingParams,
         n: int = 1,
         on_sample_done: Callable[[int], None] | None = None,
+        *,
+        version: int | None = None,
     ) -> list[Completion]:
         """Generate ``n`` samples of one prompt (sharing its prefill); returns when all have finished
         (``stop``/``length``) or were aborted by a weight update (``abort``, partial output).
         ``on_sample_done(i)`` is called on this event loop as soon as sample ``i`` finishes with
-        ``stop``/``length`` (not for aborted ones), before the whole group returns."""
+        ``stop``/``length`` (not for aborted ones), before the whole group returns. ``version``: run on this
+        held version (``versions``; the newest publication of it), not the current one; ``VersionNotHeld``
+        when the engine does not hold it when the request arrives."""
         prompt = check_prompt_ids(input_ids, max_seq_len=self.max_seq_len, vocab_size=self.vocab_size)
         if not isinstance(n, int) or not 1 <= n <= self.max_slots:
             raise ValueError(f"n must be an int in [1, max_slots={self.max_slots}], got {n!r}")
@@ -163,7 +194,7 @@ class LocalEngine:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         base_seed = sampling.seed if sampling.seed is not None else self._rng.getrandbits(31)
-        request = Request(prompt, sampling, n, int(base_seed), loop, future, on_sample_done)
+        request = Request(prompt, sampling, n, int(base_seed), loop, future, on_sample_done, version)
         with self._cv:
             self._check_alive()
             self._incoming.append(request)
@@ -178,7 +209,9 @@ class LocalEngine:
             raise
 
     async def update_weights(self, update: WeightUpdate) -> None:
-        """Load new weights between two decode steps; afterwards ``version == update.version``."""
+        """Load new weights between two decode steps; afterwards ``version == update.version``. A full update
+        (``tensors``/``path``) replaces the weights; an adapter update (``adapter``) adds a version over the
+        base weights that new requests take (module docstring)."""
         await self._control(lambda: self._apply_update(update))
 
     async def abort_all(self) -> int:
@@ -223,6 +256,7 @@ class LocalEngine:
         s["running_samples"] = float(self.scheduler.num_running)
         s["waiting_requests"] = float(self.scheduler.num_waiting + len(self._incoming))
         s["version"] = float(self._version)
+        s["held_versions"] = float(len(self._held))
         s["max_slots"] = float(self.max_slots)
         return s
 
@@ -270,6 +304,39 @@ class LocalEngine:
                 self._dead = died
             self._fail_all(died)
 
+    def _pin(self, requests: list[Request]) -> list[Request]:
+        """Pin each arriving request to its weights (the current version, or the held one it names); fail
+        those naming a version not held. Returns the pinned ones."""
+        pinned = []
+        for request in requests:
+            weights = self._held[-1] if request.version is None else self._find(request.version)
+            if weights is None:
+                held = ", ".join(map(str, self.versions))
+                post(request.loop, request.future, None, VersionNotHeld(
+                    f"version {request.version} is not held by this engine (held: {held})"))  # fmt: skip
+                continue
+            request.weights = weights
+            pinned.append(request)
+        return pinned
+
+    def _find(self, version: int) -> HeldWeights | None:
+        """The newest held publication of ``version``."""
+        for held in reversed(self._held):
+            if held.version == version:
+                return held
+        return None
+
+    def _drop_unused_versions(self) -> None:
+        """Forget the versions no request uses that are not among the newest ``keep_versions``."""
+        held = self._held
+        if len(held) <= self.keep_versions:
+            return
+        used = {id(r.weights) for r in self.scheduler.requests()}
+        first_kept = len(held) - self.keep_versions
+        kept = tuple(h for i, h in enumerate(held) if i >= first_kept or id(h) in used)
+        self._stats["versions_dropped"] += len(held) - len(kept)
+        self._held = kept
+
     def _check_alive(self) -> None:
         """Raise ``EngineDied`` once the engine thread is gone (called under ``_cv``)."""
         if self._dead is not None:  # a fresh error per call: one shared instance would pile up tracebacks
@@ -284,7 +351,7 @@ class LocalEngine:
                 if self._closed:
                     return
                 controls, self._controls = self._controls, []
-                self.scheduler.add(self._incoming)
+                self.scheduler.add(self._pin(self._incoming))
                 self._stats["requests"] += len(self._incoming)
                 self._incoming = []
                 cancel, self._cancel_flag = self._cancel_flag, False
@@ -300,6 +367,7 @@ class LocalEngine:
                         post(loop, future, value)
                 if cancel:
                     self.scheduler.drop_cancelled()
+                    self._drop_unused_versions()
                 self._mark_occupancy()  # an abort or a cancel frees slots
                 if paused:
                     continue
@@ -322,6 +390,8 @@ class LocalEngine:
             post(loop, future, None, exc)
         self.scheduler.reset()
         self._decode_params = None
+        self._lora_cache = None
+        self._drop_unused_versions()
         self._mark_occupancy()
 
     def _mark_occupancy(self) -> None:
@@ -351,6 +421,8 @@ class LocalEngine:
         updated = self.scheduler.update(plan, output)
         self._mark_occupancy()  # before delivering, like the counters: a caller may read stats() at once
         self._deliver(updated)
+        if updated:
+            self._drop_unused_versions()
         self._charge_time(plan, t_scheduled - t_start, time.perf_counter() - t_scheduled)
 
     def _start_joins(self, joins: tuple[Placement, ...]) -> None:
@@ -369,7 +441,7 @@ class LocalEngine:
     def _execute(self, plan: StepPlan) -> StepOutput:
         """Run the plan: one forward over the decode rows and the new prompts, each prompt's KV copied into
         its siblings' slots, a token sampled for every decode row and every newly prefilled sample."""
-        decode_logits, prompt_logits = self.forward.step(plan.batch)
+        decode_logits, prompt_logits = self.forward.step(plan.batch, self._lora_rows(plan))
         decode_tokens: list[int] = []
         decode_logprobs: list[float] = []
         if plan.num_decode:
@@ -386,6 +458,35 @@ class LocalEngine:
             rows = [prompt_logits[b] for b, prefill in enumerate(plan.prefills) for _ in prefill.slots]
             first_tokens, first_logprobs = self._sample_first_tokens(plan.prefills, rows)
         return StepOutput(self._version, decode_tokens, decode_logprobs, first_tokens, first_logprobs, prompt_logits)
+
+    def _lora_rows(self, plan: StepPlan) -> LoraRows | None:
+        """Which rows of the step take which adapter (None: every row runs on the base weights). One adapter
+        for every sample of the step (the common case) applies to all rows, idle ones included."""
+        if all(h.adapter is None for h in self._held):
+            return None
+        decode_only = not plan.prefills
+        if decode_only and self._lora_cache is not None and self._lora_cache[0] == self.scheduler.revision:
+            return self._lora_cache[1]
+
+        def adapter(request: Request) -> Adapter | None:
+            return None if request.weights is None else request.weights.adapter
+
+        rows = [None if s is None else adapter(s.request) for s in plan.decode_samples]
+        on_base = any(s is not None and a is None for s, a in zip(plan.decode_samples, rows, strict=True))
+        for prefill in plan.prefills:
+            a = adapter(prefill.request)
+            rows += [a] * len(prefill.prefill_ids)
+            on_base |= a is None
+        distinct = {id(a): a for a in rows if a is not None}
+        if not distinct:
+            lora = None
+        elif len(distinct) == 1 and not on_base:
+            lora = LoraRows.every_row(next(iter(distinct.values())))
+        else:
+            lora = LoraRows.build(rows, self.device)
+        if decode_only:
+            self._lora_cache = (self.scheduler.revision, lora)
+        return lora
 
     def _decode_sampling(self, plan: StepPlan) -> SlotParams:
         """The decode rows' sampling parameters, rebuilt only when the running samples changed."""
@@ -468,9 +569,16 @@ class LocalEngine:
 
     def _apply_update(self, update: WeightUpdate) -> None:
         t_start = time.perf_counter()
+        if update.adapter is not None:
+            self._apply_adapter(update)
+            self._stats["update_s"] += time.perf_counter() - t_start
+            return
         copy_state(self._state, load_update_tensors(update), update.version)
         self.forward.refresh()
         self._version = int(update.version)
+        base = HeldWeights(self._version, None)
+        self._held = (base,)
+        self._lora_cache = None
         self.scheduler.new_weights()
         self._stats["weight_updates"] += 1
         if self.interrupt_mode == "abort":
@@ -479,4 +587,16 @@ class LocalEngine:
             for _, sample_ in self.scheduler.running():
                 sample_.interruptions += 1
                 self._stats["keep_interrupted_samples"] += 1
+        for request in self.scheduler.requests():  # what still waits or runs (keep) goes on with the new weights
+            request.weights = base
         self._stats["update_s"] += time.perf_counter() - t_start
+
+    def _apply_adapter(self, update: WeightUpdate) -> None:
+        """An adapter-only update: a new held version over the base weights; nothing running is touched."""
+        assert update.adapter is not None
+        adapter = prepare_adapter(self.model, update.adapter, dtype=self.forward.dtype, device=self.device)
+        self._held = (*self._held, HeldWeights(int(update.version), adapter))
+        self._version = int(update.version)
+        self._stats["weight_updates"] += 1
+        self._stats["adapter_updates"] += 1
+        self._drop_unused_versions()

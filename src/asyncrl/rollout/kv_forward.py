@@ -12,6 +12,9 @@ own rotary module, with a preallocated cache ``[layers, slots, kv_heads, max_seq
   A prompt may start past position 0 (``ForwardBatch.prefill_starts``): its slot already holds the KV
   of the tokens before it (prefix reuse across the turns of an episode), which it attends to.
 - ``copy_prefix(src, dsts, length)``: share a prompt's KV between the samples of one group.
+- LoRA adapters (``step(batch, lora)``, see ``adapters``): rows of one step may run on different adapter
+  versions over the same base weights; every linear layer computes its base output for all rows, then adds
+  each row group's low-rank delta.
 
 Numerics follow Hugging Face's eager path in fp32 (same op order for rotary and attention), so the
 log-probs agree with ``model(input_ids).logits`` to ~1e-6 on CPU. Weights are read from the model's
@@ -28,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from asyncrl.rollout.adapters import LoraRows
 from asyncrl.rollout.memory import check_kv_fits
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -220,12 +224,14 @@ class SlotKVForward:
         self.layers = layers
 
     # ----------------------------------------------------------------------------------- helpers
-    def _qkv(self, ly: _Layer, h: torch.Tensor) -> torch.Tensor:
+    def _qkv(self, ly: _Layer, h: torch.Tensor, lora: LoraRows | None = None, li: int = 0) -> torch.Tensor:
         """Projected q|k|v as ``[..., heads + 2 * kv_heads, head_dim]`` (before norms/rotary)."""
         if len(ly.qkv_w) == 1:
             x = F.linear(h, ly.qkv_w[0], ly.qkv_b[0])
         else:
             x = torch.cat([F.linear(h, w, b) for w, b in zip(ly.qkv_w, ly.qkv_b, strict=True)], -1)
+        if lora is not None:
+            lora.add(x, h, lambda a: a.layers[li].qkv)
         return x.view(*h.shape[:-1], self.num_heads + 2 * self.num_kv_heads, self.head_dim)
 
     def _rope_qk(self, ly: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -240,17 +246,23 @@ class SlotKVForward:
         qk = qk * cos + qk.roll(self.half, -1) * sin
         return qk[..., :nq, :], qk[..., nq:, :], x[..., nq + nkv :, :]
 
-    def _mlp_block(self, ly: _Layer, x: torch.Tensor) -> torch.Tensor:
+    def _mlp_block(self, ly: _Layer, x: torch.Tensor, lora: LoraRows | None = None, li: int = 0) -> torch.Tensor:
         h = F.rms_norm(x, (x.shape[-1],), ly.post_norm, self.eps)
-        if len(ly.gu_w) == 1:
-            gate, up = F.linear(h, ly.gu_w[0]).chunk(2, dim=-1)
-        else:
-            gate, up = F.linear(h, ly.gu_w[0]), F.linear(h, ly.gu_w[1])
-        return x + F.linear(F.silu(gate) * up, ly.down_w)
+        if lora is None:
+            if len(ly.gu_w) == 1:
+                gate, up = F.linear(h, ly.gu_w[0]).chunk(2, dim=-1)
+            else:
+                gate, up = F.linear(h, ly.gu_w[0]), F.linear(h, ly.gu_w[1])
+            return x + F.linear(F.silu(gate) * up, ly.down_w)
+        gu = F.linear(h, ly.gu_w[0]) if len(ly.gu_w) == 1 else torch.cat([F.linear(h, w) for w in ly.gu_w], -1)
+        gate, up = lora.add(gu, h, lambda a: a.layers[li].gu).chunk(2, dim=-1)
+        act = F.silu(gate) * up
+        return x + lora.add(F.linear(act, ly.down_w), act, lambda a: a.layers[li].down)
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+    def _logits(self, x: torch.Tensor, lora: LoraRows | None = None) -> torch.Tensor:
         x = F.rms_norm(x, (x.shape[-1],), self.final_norm, self.eps)
-        return F.linear(x, self.lm_head)
+        logits = F.linear(x, self.lm_head)
+        return logits if lora is None else lora.add(logits, x, lambda a: a.lm_head)
 
     # ----------------------------------------------------------------------------------- prefill
     def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
@@ -270,11 +282,15 @@ class SlotKVForward:
 
     # ----------------------------------------------------------------------------------- step
     @torch.no_grad()
-    def step(self, batch: ForwardBatch) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def step(
+        self, batch: ForwardBatch, lora: LoraRows | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """One forward over the decode rows and the prompts of ``batch`` (see ``ForwardBatch``).
 
         Linear layers run once over all rows (prefill rides along with decode instead of a forward of its
-        own). Returns (decode logits [rows, V] or None, logits after each prompt [B, V] or None)."""
+        own); ``lora`` adds the adapters of the rows that run on one (rows numbered decode rows first, then
+        the prompts' tokens). Returns (decode logits [rows, V] or None, logits after each prompt [B, V] or
+        None)."""
         num_decode, lens = len(batch.decode_positions), [len(p) for p in batch.prefill_prompts]
         offsets = batch.starts()
         rows = self._rows(batch, lens, offsets)
@@ -283,7 +299,7 @@ class SlotKVForward:
         x = F.embedding(rows.tokens, self.embed)  # [R, H]
         for li, ly in enumerate(self.layers):
             h = F.rms_norm(x, (x.shape[-1],), ly.in_norm, self.eps)
-            q, k, v = self._rope_qk(ly, self._qkv(ly, h), rows.cos, rows.sin)  # q [R, H, D], k/v [R, KVH, D]
+            q, k, v = self._rope_qk(ly, self._qkv(ly, h, lora, li), rows.cos, rows.sin)  # q [R, H, D], k/v [R, KVH, D]
             k_cache, v_cache = self.k_cache[li], self.v_cache[li]
             k_cache[rows.write_slots, :, rows.positions] = k
             v_cache[rows.write_slots, :, rows.positions] = v
@@ -294,13 +310,18 @@ class SlotKVForward:
             if prefill is not None:
                 outs.extend(self._prompts_attention(prefill, q, k_cache, v_cache))
             o_all = outs[0] if len(outs) == 1 else torch.cat(outs, 0)
-            x = x + F.linear(o_all, ly.o_w, ly.o_b)
-            x = self._mlp_block(ly, x)
-        decode_logits = self._logits(x[:num_decode]).float() if num_decode else None
+            o_out = F.linear(o_all, ly.o_w, ly.o_b)
+            if lora is not None:
+                lora.add(o_out, o_all, lambda a, li=li: a.layers[li].o)
+            x = x + o_out
+            x = self._mlp_block(ly, x, lora, li)
+        decode_logits = None
+        if num_decode:
+            decode_logits = self._logits(x[:num_decode], lora and lora.subset(slice(0, num_decode))).float()
         prompt_logits = None
         if prefill is not None:
             last = torch.tensor([st + n - 1 for st, n in zip(prefill.starts, lens, strict=True)], device=self.device)
-            prompt_logits = self._logits(x[last]).float()
+            prompt_logits = self._logits(x[last], lora and lora.subset(last)).float()
         return decode_logits, prompt_logits
 
     def _rows(self, batch: ForwardBatch, lens: list[int], offsets: list[int]) -> _Rows:

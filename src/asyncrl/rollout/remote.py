@@ -155,7 +155,10 @@ class RemoteEngine:
 
     async def update_weights(self, update: WeightUpdate) -> None:
         """Disk updates go straight to ``/update_weights_from_disk``; in-process tensors are written to
-        a temporary safetensors dir first (the server must see this machine's filesystem)."""
+        a temporary safetensors dir first (the server must see this machine's filesystem). Adapter-only
+        updates are refused (only ``LocalEngine`` holds adapters)."""
+        if update.adapter is not None:
+            raise ValueError("RemoteEngine takes full weight updates only (tensors or path), not adapter-only ones")
         if update.path is not None:
             await self._update_from_disk(update.path, update.version)
         else:

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from asyncrl.rollout.adapters import HeldWeights
 from asyncrl.rollout.sampling import SEED_MOD, SamplingParams
 from asyncrl.types import Completion, FinishReason
 
@@ -28,6 +29,7 @@ class Request:
         loop: asyncio.AbstractEventLoop,
         future: asyncio.Future,
         on_sample_done: Callable[[int], None] | None = None,
+        version: int | None = None,
     ) -> None:
         self.prompt = prompt
         self.sampling = sampling
@@ -42,6 +44,10 @@ class Request:
         self.cancelled = False
         self.loop, self.future = loop, future
         self.on_sample_done = on_sample_done  # called on ``loop`` with a sample's index when it ends (not aborted)
+        self.version = version  # the weight version asked for (None: the engine's current one at intake)
+        self.weights: HeldWeights | None = None
+        """The weights it runs on (the engine pins it at intake; a full update moves it to the new weights).
+        Every token of its samples is stamped with ``weights.version``."""
 
 
 class Sample:

@@ -24,8 +24,12 @@ far + the environment's reply) takes that slot and prefills only the tokens afte
 (``Placement.reused``). Retained slots are the least wanted free slots: a sample without a match takes
 an empty slot first and evicts the least recently retained one only when none is left, so admission
 never waits on retained KV; the bound is the free slots themselves (at most ``max_slots - running``).
-A weight update drops every retained slot (their KV is of the old weights). Aborted and cancelled
-samples retain nothing.
+A weight update drops every retained slot (their KV is of the old weights); while the engine holds
+several adapter versions, a retained sequence is only reused by a request pinned to the same weights
+(``Request.weights``). Aborted and cancelled samples retain nothing.
+
+Versions: a sample's tokens are stamped with its request's pinned weights' version (``Request.weights``),
+or with the step's ``StepOutput.version`` for a request the engine did not pin.
 
 It holds no tensor of its own and runs no model: ``tests/rollout/test_scheduler.py`` drives it with a
 fake forward.
@@ -104,7 +108,7 @@ class StepOutput:
     """What the executor computed for a ``StepPlan``."""
 
     version: int
-    """The version of the weights that produced every token of the step."""
+    """The engine's current version at the step (the stamp of the tokens of unpinned requests)."""
     decode_tokens: list[int]
     """One per decode row (idle rows' values are ignored)."""
     decode_logprobs: list[float]
@@ -157,6 +161,8 @@ class Scheduler:
         """Retained slots taken by samples that did not extend them (slot pressure)."""
         self.retained_dropped = 0
         """Retained slots dropped by weight updates and resets."""
+        self._retained_weights: dict[int, object] = {}
+        """Retained slot -> the weights (``Request.weights``) its KV was computed with."""
 
     # ------------------------------------------------------------------ queue and slots
     @property
@@ -191,6 +197,7 @@ class Scheduler:
         if retain and self.prefix_reuse:
             prompt = sample.request.prompt  # the last output token's KV was never computed
             self.retained[slot] = prompt + sample.output_ids[: sample.position - len(prompt)]
+            self._retained_weights[slot] = sample.request.weights
         else:
             heapq.heappush(self._free, slot)
         sample.request.live_slots.discard(slot)
@@ -218,6 +225,7 @@ class Scheduler:
         self._free = list(range(self.max_slots))
         self.retained_dropped += len(self.retained)
         self.retained.clear()
+        self._retained_weights.clear()
         self._end = self.num_running = 0
         self.revision += 1
 
@@ -232,19 +240,25 @@ class Scheduler:
         for slot in self.retained:
             heapq.heappush(self._free, slot)
         self.retained.clear()
+        self._retained_weights.clear()
 
     def _take_slot(self) -> int:
         """An empty slot (lowest first), else the least recently retained one (evicted)."""
         if self._free:
             return heapq.heappop(self._free)
         slot, _ = self.retained.popitem(last=False)
+        self._retained_weights.pop(slot, None)
         self.retained_evicted += 1
         return slot
 
-    def _match(self, prompt: list[int]) -> tuple[int, int] | None:
-        """(slot, length) of the longest retained sequence that ``prompt`` extends by at least one token."""
+    def _match(self, request: Request) -> tuple[int, int] | None:
+        """(slot, length) of the longest retained sequence of the request's weights that its prompt extends
+        by at least one token."""
         best: tuple[int, int] | None = None
+        prompt = request.prompt
         for slot, ids in self.retained.items():
+            if self._retained_weights.get(slot) is not request.weights:
+                continue
             n = len(ids)
             if n < len(prompt) and (best is None or n > best[1]) and prompt[n - 1] == ids[-1] and prompt[:n] == ids:
                 best = (slot, n)
@@ -262,7 +276,7 @@ class Scheduler:
                 self.waiting.popleft()
                 continue
             needs_prefill = request.prompt_logits_epoch != self.weights_epoch or not request.live_slots
-            match = self._match(request.prompt) if needs_prefill and self.retained else None
+            match = self._match(request) if needs_prefill and self.retained else None
             reused = match[1] if match is not None else 0
             if needs_prefill and (joins or prefills) and budget < len(request.prompt) - reused:
                 break  # enough prefill work for this step; the rest joins at the next one
@@ -270,6 +284,7 @@ class Scheduler:
             first = () if match is None else (match[0],)
             if match is not None:
                 del self.retained[match[0]]
+                self._retained_weights.pop(match[0], None)
             slots = first + tuple(self._take_slot() for _ in range(count - len(first)))
             indices = tuple(request.pending.popleft() for _ in range(count))
             if not request.pending:
@@ -334,7 +349,8 @@ class Scheduler:
         finished: list[Finished] = []
         for slot, s in enumerate(plan.decode_samples):
             if s is not None:
-                reason = s.append(output.decode_tokens[slot], output.decode_logprobs[slot], output.version)
+                version = output.version if s.request.weights is None else s.request.weights.version
+                reason = s.append(output.decode_tokens[slot], output.decode_logprobs[slot], version)
                 if reason is not None:
                     finished.append(Finished(self.release(slot, retain=True), reason))
         if plan.prefills:
@@ -355,10 +371,12 @@ class Scheduler:
         for placement in placements:
             if not placement.request.pending:  # every sample admitted: the shared logits are no longer needed
                 placement.request.prompt_logits, placement.request.prompt_logits_epoch = None, -1
+            weights = placement.request.weights
+            stamp = version if weights is None else weights.version
             for slot in placement.slots:
                 s = self.slots[slot]
                 assert s is not None
-                reason = s.append(tokens[row], logprobs[row], version)
+                reason = s.append(tokens[row], logprobs[row], stamp)
                 if reason is not None:
                     finished.append(Finished(self.release(slot, retain=True), reason))
                 row += 1
