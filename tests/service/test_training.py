@@ -133,11 +133,12 @@ def test_a_named_sampler_checkpoint_keeps_its_version_while_training_goes_on(ser
     tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     tc.save_weights_and_get_sampling_client().result()  # the live engine moves on to version 2
     assert service.server.service.engines.live_version(tc.model_id) == 2
+    assert service.server.service.engines.live_versions(tc.model_id) == (0, 1, 2)  # adapters: older ones held
     again = client.create_sampling_client(model_path=path).result()
     assert again.get_base_model() == BASE
     seq2 = again.sample(types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=8, seed=0))
     seq2 = seq2.result().sequences[0]
-    assert list(seq2.tokens) == list(seq.tokens)  # same seed, same (version 1) weights: a snapshot engine
+    assert list(seq2.tokens) == list(seq.tokens)  # same seed, same (version 1) weights, wherever they are served
     np.testing.assert_allclose(np.asarray(seq2.logprobs), np.asarray(seq.logprobs), atol=1e-5)
     lp_v1 = at_v1.loss_fn_outputs[0]["logprobs"].to_numpy()[len(prompt) - 1 :]
     np.testing.assert_allclose(lp_v1, np.asarray(seq.logprobs), atol=1e-4)

@@ -1,4 +1,5 @@
-"""LoRA through peft: only adapters train, engines get merged weights, checkpoints resume exactly."""
+"""LoRA through peft: only adapters train, engines get merged weights or the adapters alone, checkpoints
+resume exactly."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from transformers import AutoModelForCausalLM
 
 from asyncrl.config import AlgoConfig, TrainerConfig
 from asyncrl.models import load_policy
+from asyncrl.trainer.lora import adapter_layers, apply_lora
 from asyncrl.trainer.trainer import Trainer
-from asyncrl.types import TrainBatch
+from asyncrl.types import TrainBatch, WeightUpdate
 from tests.trainer.synthetic import make_samples
 
 pytest.importorskip("peft")
@@ -68,3 +70,40 @@ def test_lora_checkpoint_resumes_exactly(tiny_policy_dir, tmp_path) -> None:
     wrong_base = AutoModelForCausalLM.from_pretrained(str(tmp_path / "ckpt"))  # merged weights as the base
     with pytest.raises(ValueError, match="base weights differ"):
         Trainer(wrong_base, CFG, algo).load_checkpoint(tmp_path / "ckpt")
+
+
+def test_the_adapters_alone_make_an_engine_serve_the_peft_models_weights(tiny_policy_dir) -> None:
+    import asyncio
+
+    from asyncrl.rollout.engine import LocalEngine, SamplingParams
+
+    peft_model = apply_lora(load_policy(tiny_policy_dir)[0], CFG).eval()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:  # B starts at zero: give the adapters an effect
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    layers = adapter_layers(peft_model)
+    assert set(layers) == {f"model.layers.{i}.{m}" for i in range(len(peft_model.get_base_model().model.layers))
+                           for m in ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj")}  # fmt: skip
+    a, b, scaling = layers["model.layers.0.self_attn.q_proj"]
+    assert a.shape[0] == b.shape[1] == CFG.lora_rank and scaling == CFG.lora_alpha / CFG.lora_rank
+    model, tokenizer = load_policy(tiny_policy_dir)
+    engine = LocalEngine(model, tokenizer, max_slots=2, max_seq_len=64)
+    try:
+        prompt = [5, 9, 13, 2, 40, 7]
+
+        async def go():
+            await engine.update_weights(WeightUpdate(3, adapter=layers))
+            return await engine.generate(prompt, SamplingParams(max_new_tokens=16, greedy=True))
+
+        (out,) = asyncio.run(asyncio.wait_for(go(), timeout=60))
+    finally:
+        engine.close()
+    assert out.versions == (3,) * 16
+    ids = torch.tensor([prompt + list(out.output_ids)])
+    with torch.no_grad():
+        logp = torch.log_softmax(peft_model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float(), dim=-1)
+    assert logp.argmax(-1).tolist() == list(out.output_ids)  # greedy under the peft model's weights
+    want = logp.gather(1, torch.tensor(out.output_ids)[:, None])[:, 0]
+    assert (want - torch.tensor(out.behav_logprobs)).abs().max().item() < 1e-4

@@ -235,8 +235,9 @@ class TrainingService:
 
     def save_for_sampler(self, model_id: str, seq_id: int | None, name: str | None,
                          sampling_seq_id: int | None, user_metadata: dict | None) -> str:  # fmt: skip
-        """Write the merged weights as a sampler checkpoint and hand them to the model's live engine;
-        with ``sampling_seq_id`` (``save_weights_and_get_sampling_client``) also open a sampling session."""
+        """Write the merged weights as a sampler checkpoint and hand the new version to the model's live
+        engine (the adapters alone under LoRA, the weights otherwise); with ``sampling_seq_id``
+        (``save_weights_and_get_sampling_client``) also open a sampling session."""
         record = self.model(model_id)
         if name is not None:
             check_name(name)
@@ -247,7 +248,11 @@ class TrainingService:
             ref = CheckpointRef(model_id, "sampler_weights", name or f"sampler-{record.sampler_saves:06d}")
             version = record.trained.steps
             state = await asyncio.to_thread(self._write_sampler, record, ref, version, name is None, user_metadata)
-            await self.engines.publish(model_id, self.served[record.base_model], WeightUpdate(version, tensors=state))
+            if record.trained.lora is not None:  # the adapters only: samples in flight keep their version
+                update = WeightUpdate(version, adapter=await asyncio.to_thread(record.trained.adapter_layers))
+            else:
+                update = WeightUpdate(version, tensors=state)
+            await self.engines.publish(model_id, self.served[record.base_model], update)
             target = SamplerTarget(str(self.store.directory(ref)), version, model_id)
             sampler_id = None
             if sampling_seq_id is not None:

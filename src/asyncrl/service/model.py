@@ -5,8 +5,9 @@ wrapped with LoRA adapters of the client's rank (the project's :mod:`asyncrl.tra
 ``peft``) or trained whole (full fine-tuning, a ``create_model`` without ``lora_config``), and an AdamW
 optimizer whose hyperparameters each ``optim_step`` sets from the client's ``AdamParams``. It computes
 ``forward_backward`` (gradients accumulate until the next ``optim_step``, as in Tinker), exports the
-merged weights for the engines, and saves/loads its trainable state (weights and optimizer) for
-checkpoints. Every method here is synchronous and runs on a worker thread; the caller orders them.
+merged weights for sampler checkpoints and, under LoRA, the adapters alone for the engines, and
+saves/loads its trainable state (weights and optimizer) for checkpoints. Every method here is
+synchronous and runs on a worker thread; the caller orders them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from asyncrl.config import TrainerConfig
 from asyncrl.models import load_policy
 from asyncrl.service.losses import check_loss, tinker_loss
 from asyncrl.service.wire import FwdBwdDatum, FwdBwdRequest
-from asyncrl.trainer.lora import apply_lora, base_model, is_lora, merge_lora_state_dict
+from asyncrl.trainer.lora import adapter_layers, apply_lora, base_model, is_lora, merge_lora_state_dict
 
 __all__ = ["AdamStep", "LoraSpec", "TrainedModel"]
 
@@ -179,6 +180,13 @@ class TrainedModel:
         with torch.no_grad():
             state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         return merge_lora_state_dict(state, self.model) if is_lora(self.model) else state
+
+    def adapter_layers(self) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
+        """The LoRA adapters alone, ``{HF layer name: (A, B, scaling)}`` (``WeightUpdate.adapter``); a model
+        trained whole has none (``ValueError``)."""
+        if not is_lora(self.model):
+            raise ValueError("a fully fine-tuned model has no adapters")
+        return adapter_layers(self.model)
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         """The trained tensors only (the adapters under LoRA, every weight otherwise), by parameter name."""

@@ -1,15 +1,23 @@
 """The engines behind the Tinker service's sampling: versioned weights in flight, snapshots on disk.
 
 Owns :class:`EnginePool`. Each trained model has one *live* engine (the project's
-:class:`~asyncrl.rollout.engine.LocalEngine`, started once): ``save_weights_for_sampler`` hands it the
-merged weights of the model's current version as an in-process
+:class:`~asyncrl.rollout.engine.LocalEngine`, started once, on the base model's weights):
+``save_weights_for_sampler`` hands it the model's current version as an in-process
 :class:`~asyncrl.types.WeightUpdate`, between two decode steps, without restarting it. A sampling
 session is bound to one sampler checkpoint (a version); while the live engine holds that version, its
-samples run there. An update waits until the samples running on the live engine have finished (and
-holds new ones back meanwhile), so every sample is decoded wholly by the version its session names. A
-session of an older version (or a named checkpoint, or a base model) is served by a *snapshot* engine
-loaded from the checkpoint's directory; the pool keeps ``max_snapshots`` of them, the least recently
-used closed first.
+samples run there, pinned to it (``LocalEngine.generate(version=...)``), so every sample is decoded
+wholly by the version its session names.
+
+- A LoRA model's update is its adapters alone (``WeightUpdate.adapter``): the live engine adds the
+  version to the ones it holds at once, without waiting for anything; samples in flight finish on their
+  own version while new sessions' samples run on the new one, in the same batches. The engine keeps the
+  newest ``EngineSpec.keep_versions`` versions loaded (older ones until their last sample ends).
+- A fully fine-tuned model's update is the whole weights: it waits until the samples running on the
+  live engine have finished (and holds new ones back meanwhile); the engine then holds that version only.
+
+A session of a version the live engine no longer holds (or of a named checkpoint from before a restart,
+or of a base model) is served by a *snapshot* engine loaded from the checkpoint's directory; the pool
+keeps ``max_snapshots`` of them, the least recently used closed first.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.models import load_policy, stop_token_ids
-from asyncrl.rollout.engine import LocalEngine
+from asyncrl.rollout.engine import LocalEngine, VersionNotHeld
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Completion, WeightUpdate
 
@@ -38,6 +46,8 @@ class EngineSpec:
     max_slots: int = 16
     max_seq_len: int = 1024
     device: str = "cpu"
+    keep_versions: int = 4
+    """A live engine keeps this many newest adapter versions loaded when no sample uses them."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,13 @@ class _Slot:
                 self.cond.notify_all()
 
     async def update(self, update: WeightUpdate) -> None:
+        """A full update waits for the running samples to finish (and holds new ones back); an adapter
+        update goes to the engine at once (the samples running keep their own version)."""
+        if update.adapter is not None:
+            async with self.cond:
+                await self.cond.wait_for(lambda: not self.updating)
+            await self.engine.update_weights(update)
+            return
         async with self.cond:
             await self.cond.wait_for(lambda: not self.updating)
             self.updating = True
@@ -122,12 +139,12 @@ class EnginePool:
 
         return await asyncio.to_thread(score)
 
-    async def _build(self, directory: str | Path, version: int) -> _Slot:
+    async def _build(self, directory: str | Path, version: int, keep_versions: int = 1) -> _Slot:
         def build() -> _Slot:
             model, tokenizer = load_policy(directory, device=self.spec.device)
             engine = LocalEngine(
                 model, tokenizer, max_slots=self.spec.max_slots, max_seq_len=self.spec.max_seq_len,
-                interrupt_mode="abort", device=self.spec.device, version=version,
+                interrupt_mode="abort", device=self.spec.device, version=version, keep_versions=keep_versions,
             )  # fmt: skip
             engine.start()
             return _Slot(engine, tokenizer, stop_token_ids(tokenizer, model))
@@ -139,16 +156,27 @@ class EnginePool:
         async with self._lock:
             slot = self._live.get(run_id)
             if slot is None:
-                slot = self._live[run_id] = await self._build(base_dir, 0)
+                slot = self._live[run_id] = await self._build(base_dir, 0, self.spec.keep_versions)
         await slot.update(update)
 
     def live_version(self, run_id: str) -> int | None:
+        """The version new samples of the model's live engine run on (None: no live engine yet)."""
         slot = self._live.get(run_id)
         return None if slot is None else slot.engine.version
 
+    def live_versions(self, run_id: str) -> tuple[int, ...]:
+        """Every version the model's live engine holds now, oldest first."""
+        slot = self._live.get(run_id)
+        return () if slot is None else slot.engine.versions
+
+    def live_stats(self, run_id: str) -> dict[str, float]:
+        """The counters of the model's live engine (``LocalEngine.stats``; empty: no live engine yet)."""
+        slot = self._live.get(run_id)
+        return {} if slot is None else slot.engine.stats()
+
     async def _slot_for(self, target: SamplerTarget) -> _Slot:
         live = self._live.get(target.run_id) if target.run_id is not None else None
-        if live is not None and live.engine.version == target.version and not live.updating:
+        if live is not None and target.version in live.engine.versions and not live.updating:
             return live
         async with self._lock:
             slot = self._snapshots.get(target.directory)
@@ -182,14 +210,18 @@ class EnginePool:
             )
             for start in range(0, n, slot.engine.max_slots)
         ]  # fmt: skip
-        out: list[Completion] = []
         async with slot.reading():
-            if slot.engine.version == target.version:
-                for i, params_i in enumerate(sampling):
-                    size = min(slot.engine.max_slots, n - i * slot.engine.max_slots)
-                    out.extend(await slot.engine.generate(prompt, params_i, n=size))
-                return out
-        # an update reached the live engine first: the target's own weights are on disk (a snapshot engine)
+            if target.version in slot.engine.versions:
+                sizes = [min(slot.engine.max_slots, n - i * slot.engine.max_slots) for i in range(len(sampling))]
+                calls = [slot.engine.generate(prompt, params_i, n=size, version=target.version)
+                         for params_i, size in zip(sampling, sizes, strict=True)]  # fmt: skip
+                groups = await asyncio.gather(*calls, return_exceptions=True)  # submitted, so pinned, together
+                failed = [g for g in groups if isinstance(g, BaseException)]
+                if not failed:
+                    return [c for group in groups for c in group]  # type: ignore[union-attr]
+                if not all(isinstance(g, VersionNotHeld) for g in failed):
+                    raise next(g for g in failed if not isinstance(g, VersionNotHeld))
+        # the live engine no longer holds the version: the target's own weights are on disk (a snapshot engine)
         return await self.sample(SamplerTarget(target.directory, target.version), prompt, params, n, stop)
 
     @staticmethod

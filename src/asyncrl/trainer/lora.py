@@ -10,6 +10,8 @@ only when ``trainer.lora_rank > 0``):
   tensors, ``base_layer`` names) into the state dict of the plain model with
   ``W + scaling · B @ A`` folded in, under the original Hugging Face names. The wrapped model
   itself is never merged in place (merge/unmerge round trips drift in floating point).
+- ``adapter_layers(model)``: the adapters alone, ``{HF name of the layer: (A, B, scaling)}``, for an
+  adapter-only weight update (``WeightUpdate.adapter``): a fraction of the merged weights' bytes.
 """
 
 from __future__ import annotations
@@ -94,6 +96,36 @@ def merge_lora_state_dict(state: dict[str, torch.Tensor], model: Any) -> dict[st
         if name.startswith(PEFT_PREFIX):
             name = name[len(PEFT_PREFIX) :]
         out[name] = value
+    return out
+
+
+def adapter_layers(model: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]]:
+    """Detached copies of the active adapters of a ``peft`` model, by the Hugging Face name of the layer
+    they adapt (``model.layers.0.self_attn.q_proj``): ``(A [r, in], B [out, r], scaling)``. Several active
+    adapters on one layer are stacked along the rank, their scalings folded into B (then 1.0)."""
+    out: dict[str, tuple[torch.Tensor, torch.Tensor, float]] = {}
+    with torch.no_grad():
+        for prefix, module in _lora_modules(model).items():
+            factors = []
+            for adapter in module.active_adapters:
+                if adapter not in module.lora_A:
+                    continue
+                if getattr(module, "use_dora", {}).get(adapter, False):
+                    raise ValueError(f"{prefix}: DoRA adapters are not plain low-rank deltas")
+                if getattr(module, "fan_in_fan_out", False):
+                    raise ValueError(f"{prefix}: fan_in_fan_out layers are not supported")
+                a = module.lora_A[adapter].weight.detach().clone()
+                b = module.lora_B[adapter].weight.detach().clone()
+                factors.append((a, b, float(module.scaling[adapter])))
+            if not factors:
+                continue
+            name = prefix[len(PEFT_PREFIX) :] if prefix.startswith(PEFT_PREFIX) else prefix
+            if len(factors) == 1:
+                out[name] = factors[0]
+            else:
+                a = torch.cat([f[0] for f in factors], 0)
+                b = torch.cat([f[1] * f[2] for f in factors], 1)
+                out[name] = (a, b, 1.0)
     return out
 
 
