@@ -28,7 +28,6 @@ else set in ``$ASYNCRL_API_KEY`` (see docs/security.md); a 401 raises ``Permissi
 from __future__ import annotations
 
 import asyncio
-import json
 import tempfile
 import time
 from collections.abc import Sequence
@@ -43,6 +42,7 @@ from asyncrl.rollout.api import SampleDone, refuse_on_sample_done
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Completion, WeightUpdate
 from asyncrl.web import JsonClient
+from asyncrl.web.client import error_message
 
 __all__ = ["RemoteEngine", "completion_from_sglang"]
 
@@ -262,9 +262,8 @@ class RemoteEngine:
         t0 = time.perf_counter()
         self._stats["requests"] += 1
         retries = self._http.retries
-        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         try:
-            status, raw = await self._http.request(method, path, data, timeout=timeout)
+            status, payload = await self._http.call(method, path, body, timeout=timeout)
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
             self._stats["errors"] += 1
             if isinstance(e, aiohttp.ClientConnectorError):
@@ -273,13 +272,9 @@ class RemoteEngine:
         finally:
             self._stats["retries"] += self._http.retries - retries
         self._stats["http_s"] += time.perf_counter() - t0
-        try:
-            payload = json.loads(raw) if raw else {}
-        except json.JSONDecodeError:
-            payload = {"message": raw[:200].decode("utf-8", "replace")}
         if status >= 400:
             self._stats["errors"] += 1
-            msg = payload.get("message", payload) if isinstance(payload, dict) else payload
+            msg = error_message(payload)
             if status == 401:
                 how = "the wrong API key" if self._headers else f"no API key (set {API_KEY_ENV})"
                 raise PermissionError(f"{method} {path} on {self.base_url}: HTTP 401 with {how}: {msg}")
