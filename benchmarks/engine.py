@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.config import ConfigError
 from asyncrl.results import write_text_result
 from benchmarks.options import add_json
 
@@ -395,11 +396,16 @@ def run_interrupt_cost(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--json``, ``--model``."""
+    """``--json``, ``--model``, ``--requests``."""
     add_json(parser)
     parser.add_argument("--model", help="model directory (default: the tiny model, built here)")
+    parser.add_argument(
+        "--requests", type=int, default=1500, help="requests of the workload, both sides (default %(default)s)"
+    )
 
 
 def run(args: argparse.Namespace) -> None:
-    """The engine benchmark on ``--model``."""
-    run_engine_bench(args.json, model_dir=args.model)
+    """The engine benchmark on ``--model`` with ``--requests`` requests."""
+    if args.requests < 1:
+        raise ConfigError(f"--requests must be >= 1, got {args.requests}")
+    run_engine_bench(args.json, model_dir=args.model, num_requests=args.requests)
