@@ -313,3 +313,17 @@ def test_a_stage_that_has_not_taken_is_built_again_with_the_next_seed(tmp_path, 
     assert stats["sft_restarts"] == kept and stats["sft_seed"] == 7 + 1000 * kept
     assert stats["sft_abandoned_steps"] == 4 * min(failures, 2) and stats["sft_loss"] == 0.05
     assert stats["sft_abandoned_wall_s"] == pytest.approx(0.1 * min(failures, 2))
+
+
+def test_examples_are_built_from_inside_a_running_event_loop(tiny_policy_dir) -> None:
+    """``asyncrl train`` builds a missing warm start from inside its event loop (``launch.local._train_async``):
+    the environment's resets then run in a loop of their own, and the examples are the same as outside one."""
+    import asyncio
+
+    _, tokenizer = load_policy(tiny_policy_dir, device="cpu", dtype="float32")
+    cfg = load_config(None, [*CALC, "task.train_size=16"])
+
+    async def inside() -> list:
+        return warm_start_examples(cfg, tokenizer)
+
+    assert asyncio.run(inside()) == warm_start_examples(cfg, tokenizer)

@@ -37,9 +37,11 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from asyncrl.config import Config, SFTConfig, with_values
 from asyncrl.config.checks import SFT_RESTART_FIELDS
@@ -47,6 +49,8 @@ from asyncrl.data.prompts import build_task, render_prompt
 from asyncrl.models import TINY_SHAPE_FIELDS, build_tiny_policy, load_policy, tiny_spec
 from asyncrl.trainer.sft import SFTExample, prompt_response_example, sft_train
 from asyncrl.types import Prompt
+
+T = TypeVar("T")
 
 CALCULATOR_DEMO_FORMAT = 1
 """Bump when the calculator demonstrations change (system message, tool schema, conversation)."""
@@ -196,6 +200,17 @@ def warm_start_examples(cfg: Config, tokenizer: Any) -> list[SFTExample]:
     ]
 
 
+def _run_alone(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to completion from synchronous code; when this thread already runs an event loop
+    (``asyncrl train`` builds a missing warm start from inside its own), in a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
 def calculator_examples(cfg: Config, tokenizer: Any) -> list[SFTExample]:
     """Worked conversations of the calculator task's training problems (never its held-out ones), in
     ``agent.tool_format``, each opened by the calculator environment's ``reset``; turns end at EOS. A
@@ -218,7 +233,7 @@ def calculator_examples(cfg: Config, tokenizer: Any) -> list[SFTExample]:
         return [await env.reset(prompt) for prompt in prompts]
 
     examples: list[SFTExample] = []
-    for problem, opening in zip(train, asyncio.run(openings()), strict=True):
+    for problem, opening in zip(train, _run_alone(openings), strict=True):
         call = format_tool_call(cfg.agent.tool_format, ToolCall(tool.name, {tool.arg: problem.question}), tool.tag)
         calls = demonstrates_call(problem.question, cfg.sft.tool_call_fraction)
         worked = demonstration(problem, env.tool_role, call, calls_tool=calls)[1:]  # reset opened with the question
