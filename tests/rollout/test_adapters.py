@@ -1,5 +1,6 @@
-"""Adapter-only weight updates in ``LocalEngine``: each held version equals its merged weights, versions
-mix in one batch, a request keeps the version it was pinned to, and unused versions are freed."""
+"""Adapter-only weight updates in ``LocalEngine`` (``rollout.adapters``, ``rollout.versions``): each held
+version equals its merged weights, versions mix in one batch, a request keeps the version it was pinned
+to, and unused versions are freed."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import asyncio
 import pytest
 import torch
 
-from asyncrl.rollout.adapters import prepare_adapter
-from asyncrl.rollout.engine import LocalEngine, SamplingParams, VersionNotHeld
+from asyncrl.rollout.adapters import VersionNotHeld, prepare_adapter
+from asyncrl.rollout.engine import LocalEngine, SamplingParams
 from asyncrl.types import WeightUpdate
 
 TOL = 1e-4  # DESIGN §4 invariant 4 (fp32 on CPU)

@@ -4,29 +4,19 @@ Owns the scheduler: requests wait in a FIFO queue, join the running batch at the
 slots free up, and leave it the step they finish (their slot is reused at once). The G samples of
 one request share its prefill (the prompt's KV is copied into their slots, or from a still-running
 sibling when the group could only partly join). Each step decodes one token for every running
-sample; each output token carries its behaviour log-prob (see ``sampling``) and the weights'
-version of the weights that sampled it. Full weight updates are applied between two steps, in one of two
-modes: ``abort`` (running samples return their partial output with ``finish_reason="abort"``; see
-``interruptible.generate_group`` for the resubmission loop) or ``keep`` (the samples go on with their
-KV cache, computed partly under the old weights).
-
-Adapter-only updates (LoRA, ``WeightUpdate.adapter``; see ``adapters``): the engine keeps its base weights
-and holds a small table of weight versions (``versions``), each the base plus one adapter. Every request
-is pinned at intake to the current version (or to the one it names, ``generate(version=...)``) and keeps
-it to its end: an adapter update interrupts nothing, whatever the interrupt mode; samples in flight finish
-on the version they started with while new requests take the new one, and one decode step mixes them (the
-base output of every row plus each version's low-rank delta on its own rows). Every token is stamped with
-its request's version, so per-token versions and the staleness bound stay exact. A version is dropped
-when no request uses it any more and it is not among the newest ``keep_versions``. A full update drops
-every version: requests still waiting or running move to the new weights (as above).
+sample; each output token carries its behaviour log-prob (see ``sampling``) and the version of the weights
+that sampled it. Full weight updates are applied between two steps, in one of two modes: ``abort`` (running
+samples return their partial output with ``finish_reason="abort"``; see ``interruptible.generate_group`` for
+the resubmission loop) or ``keep`` (the samples go on with their KV cache, computed partly under the old
+weights). Adapter-only (LoRA) updates interrupt nothing: they add a version beside the others, and each
+request keeps the one it was pinned to (``rollout.versions``).
 
 Prefix reuse across turns (``prefix_reuse=True``, ``rollout.prefix_reuse``): a finished sample's slot keeps
 its KV until a slot is needed; a prompt that extends that sequence (the next turn of a multi-turn
 episode: the conversation so far, the environment's reply appended) is placed in it and only its new
 tokens are prefilled (see ``scheduler``). No key is needed: the match is on the token ids, so it works
 behind the engine server and the pool too (when the next turn reaches the same engine). A weight
-update drops every retained sequence, and a retained sequence is only reused by a request pinned to the
-same version, so a reused token's KV is always of the request's own weights.
+update drops every retained sequence, and reuse never crosses versions: reused KV is the request's own.
 
 One step is vLLM v1's ``EngineCore.step``::
 
@@ -58,16 +48,16 @@ from typing import Any
 import torch
 
 from asyncrl.choices import InterruptMode, check_choice
-from asyncrl.rollout.adapters import Adapter, HeldWeights, LoraRows, VersionNotHeld, prepare_adapter
 from asyncrl.rollout.api import check_prompt_ids
 from asyncrl.rollout.kv_forward import SlotKVForward
 from asyncrl.rollout.requests import Request, post, post_call
 from asyncrl.rollout.sampling import SamplingParams, SlotParams, sample
 from asyncrl.rollout.scheduler import Finished, Placement, Scheduler, StepOutput, StepPlan
+from asyncrl.rollout.versions import VersionTable
 from asyncrl.rollout.weights import copy_state, load_update_tensors
 from asyncrl.types import Completion, WeightUpdate
 
-__all__ = ["EngineDied", "LocalEngine", "SamplingParams", "VersionNotHeld", "load_update_tensors"]
+__all__ = ["EngineDied", "LocalEngine", "SamplingParams", "load_update_tensors"]
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +86,10 @@ class LocalEngine:
     ) -> None:
         """``max_slots`` and ``max_seq_len`` (the KV cache's size) have no default: a run sizes the engine from
         ``rollout.max_slots`` and ``rollout.max_prompt_len + rollout.max_new_tokens``. ``prefix_reuse``: keep a
-        finished sample's KV for a prompt that extends it. ``keep_versions``: the newest weight versions kept
-        loaded when no request uses them (adapter updates; module docstring)."""
+        finished sample's KV for a prompt that extends it. ``keep_versions``: see ``rollout.versions``."""
         check_choice(interrupt_mode, InterruptMode, "interrupt_mode")
         if max_slots < 1 or max_seq_len < 2:
             raise ValueError("max_slots must be >= 1 and max_seq_len >= 2")
-        if keep_versions < 1:
-            raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.max_slots = max_slots
@@ -113,11 +100,6 @@ class LocalEngine:
         self.vocab_size = self.forward.vocab_size
         self._state = self.model.state_dict()  # shares storage with the parameters
         self._version = int(version)
-        self.keep_versions = keep_versions
-        self._held: tuple[HeldWeights, ...] = (HeldWeights(self._version, None),)
-        """The versions served now, oldest first; the last is the current one (replaced whole: read by
-        ``versions`` on other threads)."""
-        self._lora_cache: tuple[int, LoraRows | None] | None = None  # (scheduler revision, decode-only rows)
         self._rng = random.Random()
         # shared with the asyncio side (under _cv)
         self._cv = threading.Condition()
@@ -134,6 +116,7 @@ class LocalEngine:
             max_slots=max_slots, max_seq_len=max_seq_len, prefill_token_budget=prefill_token_budget,
             scratch_slot=self.forward.scratch, prefix_reuse=prefix_reuse,
         )  # fmt: skip
+        self._versions = VersionTable(self._version, keep_versions, self.scheduler, self.device)
         self._decode_params: tuple[int, SlotParams] | None = None  # (scheduler revision, decode rows' parameters)
         self._stats: dict[str, float] = dict.fromkeys(
             (
@@ -141,7 +124,6 @@ class LocalEngine:
                 "prefill_tokens", "prefill_padded_tokens", "prefill_batches", "kv_copied_tokens",
                 "aborted_requests", "aborted_samples", "finished_samples", "requests", "weight_updates",
                 "update_s", "keep_interrupted_samples", "prefix_reused_tokens", "prefix_hits",
-                "adapter_updates", "versions_dropped",
             ),
             0.0,
         )  # fmt: skip
@@ -158,7 +140,7 @@ class LocalEngine:
     @property
     def versions(self) -> tuple[int, ...]:
         """The versions a request can run on now, oldest first (more than one after adapter updates)."""
-        return tuple(h.version for h in self._held)
+        return self._versions.versions
 
     def start(self) -> None:
         """Start the decode thread (idempotent)."""
@@ -178,15 +160,13 @@ class LocalEngine:
         sampling: SamplingParams,
         n: int = 1,
         on_sample_done: Callable[[int], None] | None = None,
-        *,
         version: int | None = None,
     ) -> list[Completion]:
         """Generate ``n`` samples of one prompt (sharing its prefill); returns when all have finished
-        (``stop``/``length``) or were aborted by a weight update (``abort``, partial output).
-        ``on_sample_done(i)`` is called on this event loop as soon as sample ``i`` finishes with
-        ``stop``/``length`` (not for aborted ones), before the whole group returns. ``version``: run on this
-        held version (``versions``; the newest publication of it), not the current one; ``VersionNotHeld``
-        when the engine does not hold it when the request arrives."""
+        (``stop``/``length``) or were aborted by a weight update (``abort``, partial output). ``on_sample_done(i)`` is
+        called on this event loop as soon as sample ``i`` finishes with ``stop``/``length`` (not for aborted ones),
+        before the whole group returns. ``version``: run on this held version (``versions``), not the current one
+        (``VersionNotHeld`` if it is not held on arrival)."""
         prompt = check_prompt_ids(input_ids, max_seq_len=self.max_seq_len, vocab_size=self.vocab_size)
         if not isinstance(n, int) or not 1 <= n <= self.max_slots:
             raise ValueError(f"n must be an int in [1, max_slots={self.max_slots}], got {n!r}")
@@ -209,9 +189,7 @@ class LocalEngine:
             raise
 
     async def update_weights(self, update: WeightUpdate) -> None:
-        """Load new weights between two decode steps; afterwards ``version == update.version``. A full update
-        (``tensors``/``path``) replaces the weights; an adapter update (``adapter``) adds a version over the
-        base weights that new requests take (module docstring)."""
+        """Load new weights between two decode steps; then ``version == update.version`` (``rollout.versions``)."""
         await self._control(lambda: self._apply_update(update))
 
     async def abort_all(self) -> int:
@@ -256,7 +234,7 @@ class LocalEngine:
         s["running_samples"] = float(self.scheduler.num_running)
         s["waiting_requests"] = float(self.scheduler.num_waiting + len(self._incoming))
         s["version"] = float(self._version)
-        s["held_versions"] = float(len(self._held))
+        s.update(self._versions.stats())
         s["max_slots"] = float(self.max_slots)
         return s
 
@@ -304,39 +282,6 @@ class LocalEngine:
                 self._dead = died
             self._fail_all(died)
 
-    def _pin(self, requests: list[Request]) -> list[Request]:
-        """Pin each arriving request to its weights (the current version, or the held one it names); fail
-        those naming a version not held. Returns the pinned ones."""
-        pinned = []
-        for request in requests:
-            weights = self._held[-1] if request.version is None else self._find(request.version)
-            if weights is None:
-                held = ", ".join(map(str, self.versions))
-                post(request.loop, request.future, None, VersionNotHeld(
-                    f"version {request.version} is not held by this engine (held: {held})"))  # fmt: skip
-                continue
-            request.weights = weights
-            pinned.append(request)
-        return pinned
-
-    def _find(self, version: int) -> HeldWeights | None:
-        """The newest held publication of ``version``."""
-        for held in reversed(self._held):
-            if held.version == version:
-                return held
-        return None
-
-    def _drop_unused_versions(self) -> None:
-        """Forget the versions no request uses that are not among the newest ``keep_versions``."""
-        held = self._held
-        if len(held) <= self.keep_versions:
-            return
-        used = {id(r.weights) for r in self.scheduler.requests()}
-        first_kept = len(held) - self.keep_versions
-        kept = tuple(h for i, h in enumerate(held) if i >= first_kept or id(h) in used)
-        self._stats["versions_dropped"] += len(held) - len(kept)
-        self._held = kept
-
     def _check_alive(self) -> None:
         """Raise ``EngineDied`` once the engine thread is gone (called under ``_cv``)."""
         if self._dead is not None:  # a fresh error per call: one shared instance would pile up tracebacks
@@ -351,7 +296,7 @@ class LocalEngine:
                 if self._closed:
                     return
                 controls, self._controls = self._controls, []
-                self.scheduler.add(self._pin(self._incoming))
+                self.scheduler.add(self._versions.pin(self._incoming))
                 self._stats["requests"] += len(self._incoming)
                 self._incoming = []
                 cancel, self._cancel_flag = self._cancel_flag, False
@@ -367,7 +312,6 @@ class LocalEngine:
                         post(loop, future, value)
                 if cancel:
                     self.scheduler.drop_cancelled()
-                    self._drop_unused_versions()
                 self._mark_occupancy()  # an abort or a cancel frees slots
                 if paused:
                     continue
@@ -390,8 +334,6 @@ class LocalEngine:
             post(loop, future, None, exc)
         self.scheduler.reset()
         self._decode_params = None
-        self._lora_cache = None
-        self._drop_unused_versions()
         self._mark_occupancy()
 
     def _mark_occupancy(self) -> None:
@@ -420,9 +362,9 @@ class LocalEngine:
         self._count_step(plan)  # counters first: a finished sample resolves a future whose caller may read stats()
         updated = self.scheduler.update(plan, output)
         self._mark_occupancy()  # before delivering, like the counters: a caller may read stats() at once
+        if updated:  # versions too: a caller may read them at once
+            self._versions.drop_unused()
         self._deliver(updated)
-        if updated:
-            self._drop_unused_versions()
         self._charge_time(plan, t_scheduled - t_start, time.perf_counter() - t_scheduled)
 
     def _start_joins(self, joins: tuple[Placement, ...]) -> None:
@@ -441,7 +383,7 @@ class LocalEngine:
     def _execute(self, plan: StepPlan) -> StepOutput:
         """Run the plan: one forward over the decode rows and the new prompts, each prompt's KV copied into
         its siblings' slots, a token sampled for every decode row and every newly prefilled sample."""
-        decode_logits, prompt_logits = self.forward.step(plan.batch, self._lora_rows(plan))
+        decode_logits, prompt_logits = self.forward.step(plan.batch, self._versions.lora_rows(plan))
         decode_tokens: list[int] = []
         decode_logprobs: list[float] = []
         if plan.num_decode:
@@ -458,35 +400,6 @@ class LocalEngine:
             rows = [prompt_logits[b] for b, prefill in enumerate(plan.prefills) for _ in prefill.slots]
             first_tokens, first_logprobs = self._sample_first_tokens(plan.prefills, rows)
         return StepOutput(self._version, decode_tokens, decode_logprobs, first_tokens, first_logprobs, prompt_logits)
-
-    def _lora_rows(self, plan: StepPlan) -> LoraRows | None:
-        """Which rows of the step take which adapter (None: every row runs on the base weights). One adapter
-        for every sample of the step (the common case) applies to all rows, idle ones included."""
-        if all(h.adapter is None for h in self._held):
-            return None
-        decode_only = not plan.prefills
-        if decode_only and self._lora_cache is not None and self._lora_cache[0] == self.scheduler.revision:
-            return self._lora_cache[1]
-
-        def adapter(request: Request) -> Adapter | None:
-            return None if request.weights is None else request.weights.adapter
-
-        rows = [None if s is None else adapter(s.request) for s in plan.decode_samples]
-        on_base = any(s is not None and a is None for s, a in zip(plan.decode_samples, rows, strict=True))
-        for prefill in plan.prefills:
-            a = adapter(prefill.request)
-            rows += [a] * len(prefill.prefill_ids)
-            on_base |= a is None
-        distinct = {id(a): a for a in rows if a is not None}
-        if not distinct:
-            lora = None
-        elif len(distinct) == 1 and not on_base:
-            lora = LoraRows.every_row(next(iter(distinct.values())))
-        else:
-            lora = LoraRows.build(rows, self.device)
-        if decode_only:
-            self._lora_cache = (self.scheduler.revision, lora)
-        return lora
 
     def _decode_sampling(self, plan: StepPlan) -> SlotParams:
         """The decode rows' sampling parameters, rebuilt only when the running samples changed."""
@@ -569,34 +482,19 @@ class LocalEngine:
 
     def _apply_update(self, update: WeightUpdate) -> None:
         t_start = time.perf_counter()
-        if update.adapter is not None:
-            self._apply_adapter(update)
-            self._stats["update_s"] += time.perf_counter() - t_start
-            return
-        copy_state(self._state, load_update_tensors(update), update.version)
-        self.forward.refresh()
-        self._version = int(update.version)
-        base = HeldWeights(self._version, None)
-        self._held = (base,)
-        self._lora_cache = None
-        self.scheduler.new_weights()
-        self._stats["weight_updates"] += 1
-        if self.interrupt_mode == "abort":
-            self._abort_running()
+        if update.adapter is not None:  # a version beside the others: nothing running is touched
+            self._versions.add_adapter(self.model, update, self.forward.dtype)
         else:
+            copy_state(self._state, load_update_tensors(update), update.version)
+            self.forward.refresh()
+            self.scheduler.new_weights()
+            self._versions.replace(int(update.version))  # what still waits or runs goes on with the new weights
+        self._version = int(update.version)
+        self._stats["weight_updates"] += 1
+        if update.adapter is None and self.interrupt_mode == "abort":
+            self._abort_running()
+        elif update.adapter is None:
             for _, sample_ in self.scheduler.running():
                 sample_.interruptions += 1
                 self._stats["keep_interrupted_samples"] += 1
-        for request in self.scheduler.requests():  # what still waits or runs (keep) goes on with the new weights
-            request.weights = base
         self._stats["update_s"] += time.perf_counter() - t_start
-
-    def _apply_adapter(self, update: WeightUpdate) -> None:
-        """An adapter-only update: a new held version over the base weights; nothing running is touched."""
-        assert update.adapter is not None
-        adapter = prepare_adapter(self.model, update.adapter, dtype=self.forward.dtype, device=self.device)
-        self._held = (*self._held, HeldWeights(int(update.version), adapter))
-        self._version = int(update.version)
-        self._stats["weight_updates"] += 1
-        self._stats["adapter_updates"] += 1
-        self._drop_unused_versions()

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.models import load_policy, stop_token_ids
-from asyncrl.rollout.engine import LocalEngine, VersionNotHeld
+from asyncrl.rollout.adapters import VersionNotHeld
+from asyncrl.rollout.engine import LocalEngine
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Completion, WeightUpdate
 
