@@ -10,18 +10,26 @@ linear layer ``(A, B, scaling)``) and the record of one servable weight version:
 - ``HeldWeights``: a version the engine can serve now: the base weights alone (``adapter is None``) or
   the base weights plus one adapter. A request is pinned to one at admission and keeps it to its end.
 - ``LoraRows``: which rows of one forward take which adapter (rows of different versions in one batch:
-  base output for every row, then each group's own low-rank delta).
+  base output for every row, then the low-rank deltas: with one adapter on every row, its own; with
+  several, every adapter's factors stacked along the rank and a row-by-block mask, so that a step costs
+  two matmuls per layer whatever the number of versions in it; ``StackCache`` keeps the stacks).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["Adapter", "HeldWeights", "LayerAdapter", "LoraRows", "LowRank", "VersionNotHeld", "prepare_adapter"]
+__all__ = [
+    "Adapter", "HeldWeights", "LayerAdapter", "LoraRows", "LowRank", "StackCache", "TermKey", "VersionNotHeld",
+    "prepare_adapter",
+]  # fmt: skip
+
+TermKey = tuple[int, str]
+"""A low-rank term of an adapter: (layer index, ``qkv``/``o``/``gu``/``down``), or (-1, ``lm_head``)."""
 
 _ATTN = ("q_proj", "k_proj", "v_proj")
 _MLP = ("gate_proj", "up_proj")
@@ -64,6 +72,10 @@ class Adapter:
     lm_head: LowRank | None
     nbytes: int
     """Bytes of the factors as received (A and B of every adapted layer)."""
+
+    def term(self, key: TermKey) -> LowRank | None:
+        layer, name = key
+        return self.lm_head if name == "lm_head" else getattr(self.layers[layer], name)
 
 
 @dataclass(eq=False)
@@ -151,18 +163,48 @@ def prepare_adapter(
     return Adapter(tuple(fused), head, nbytes)
 
 
+class StackCache:
+    """The stacked factors of each set of adapters that shared a step, term by term, built on first use
+    (cleared whenever the held versions change)."""
+
+    def __init__(self) -> None:
+        self._sets: dict[tuple[int, ...], dict[TermKey, tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None]] = {}
+
+    def clear(self) -> None:
+        self._sets.clear()
+
+    def stacked(
+        self, adapters: tuple[Adapter, ...], key: TermKey
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(A of every adapter stacked [sum r, in], B side by side [out, sum r], the adapter of each rank
+        column [sum r]); None when no adapter has the term."""
+        terms = self._sets.setdefault(tuple(id(a) for a in adapters), {})
+        if key not in terms:
+            parts = [(g, a.term(key)) for g, a in enumerate(adapters)]
+            parts = [(g, t) for g, t in parts if t is not None]
+            if not parts:
+                terms[key] = None
+            else:
+                a = torch.cat([t.a for _, t in parts], 0)
+                b = torch.cat([t.b for _, t in parts], 1)
+                cols = torch.cat([torch.full((t.a.shape[0],), g, device=a.device) for g, t in parts])
+                terms[key] = (a, b, cols)
+        return terms[key]
+
+
 @dataclass(frozen=True)
 class LoraRows:
-    """Which rows of one forward take which adapter: ``adapters[g]`` applies to the rows ``index[g]``
-    (None: every row). Rows in no group run on the base weights."""
+    """Which rows of one forward take which adapter: row ``i`` takes ``adapters[row_group[i]]`` (-1: none,
+    the base weights); ``row_group`` None: ``adapters[0]`` on every row."""
 
     adapters: tuple[Adapter, ...]
-    index: tuple[torch.Tensor | None, ...]
     row_group: torch.Tensor | None
-    """[rows] group of each row (-1: none); None when one adapter covers every row."""
+    stacks: StackCache | None = None
+    masks: dict[TermKey, torch.Tensor] = field(default_factory=dict)
+    """Each term's row-by-rank-column mask for these rows (1 where the column's adapter is the row's)."""
 
     @classmethod
-    def build(cls, rows: Sequence[Adapter | None], device: torch.device) -> LoraRows | None:
+    def build(cls, rows: Sequence[Adapter | None], device: torch.device, stacks: StackCache) -> LoraRows | None:
         """The groups of ``rows`` (each row's adapter; None: the base weights, or an idle row whose output
         is dropped); None when no row takes an adapter."""
         order: dict[int, int] = {}
@@ -179,39 +221,33 @@ class LoraRows:
             groups.append(g)
         if not adapters:
             return None
-        row_group = torch.tensor(groups, dtype=torch.long, device=device)
-        index = tuple(torch.nonzero(row_group == g).flatten() for g in range(len(adapters)))
-        return cls(tuple(adapters), index, row_group)
+        return cls(tuple(adapters), torch.tensor(groups, dtype=torch.long, device=device), stacks)
 
     @classmethod
     def every_row(cls, adapter: Adapter) -> LoraRows:
         """One adapter on every row of the forward."""
-        return cls((adapter,), (None,), None)
+        return cls((adapter,), None)
 
-    def subset(self, rows: torch.Tensor | slice) -> LoraRows | None:
+    def subset(self, rows: torch.Tensor | slice) -> LoraRows:
         """The groups of ``x[rows]`` (for the logits of a subset of the rows)."""
         if self.row_group is None:
             return self
-        group = self.row_group[rows]
-        regrouped = torch.full_like(group, -1)
-        adapters, index = [], []
-        for g, adapter in enumerate(self.adapters):
-            ix = torch.nonzero(group == g).flatten()
-            if ix.numel():
-                regrouped[ix] = len(adapters)
-                adapters.append(adapter)
-                index.append(ix)
-        return LoraRows(tuple(adapters), tuple(index), regrouped) if adapters else None
+        return LoraRows(self.adapters, self.row_group[rows], self.stacks)
 
-    def add(self, out: torch.Tensor, x: torch.Tensor, term: Any) -> torch.Tensor:
-        """``out`` plus each group's low-rank delta of ``x`` (``term(adapter)``: the ``LowRank`` of the layer
-        in question, or None), in place."""
-        for adapter, index in zip(self.adapters, self.index, strict=True):
-            low_rank = term(adapter)
-            if low_rank is None:
-                continue
-            if index is None:
+    def add(self, out: torch.Tensor, x: torch.Tensor, key: TermKey) -> torch.Tensor:
+        """``out`` plus the low-rank delta of term ``key`` of each row's adapter of ``x``, in place."""
+        if self.row_group is None:
+            low_rank = self.adapters[0].term(key)
+            if low_rank is not None:
                 out += low_rank.delta(x)
-            else:
-                out.index_add_(0, index, low_rank.delta(x[index]))
+            return out
+        assert self.stacks is not None
+        stacked = self.stacks.stacked(self.adapters, key)
+        if stacked is None:
+            return out
+        a, b, cols = stacked
+        mask = self.masks.get(key)
+        if mask is None:
+            mask = self.masks[key] = (self.row_group[:, None] == cols[None, :]).to(x.dtype)
+        out += ((x @ a.T) * mask) @ b.T
         return out

@@ -231,7 +231,7 @@ class SlotKVForward:
         else:
             x = torch.cat([F.linear(h, w, b) for w, b in zip(ly.qkv_w, ly.qkv_b, strict=True)], -1)
         if lora is not None:
-            lora.add(x, h, lambda a: a.layers[li].qkv)
+            lora.add(x, h, (li, "qkv"))
         return x.view(*h.shape[:-1], self.num_heads + 2 * self.num_kv_heads, self.head_dim)
 
     def _rope_qk(self, ly: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -255,14 +255,14 @@ class SlotKVForward:
                 gate, up = F.linear(h, ly.gu_w[0]), F.linear(h, ly.gu_w[1])
             return x + F.linear(F.silu(gate) * up, ly.down_w)
         gu = F.linear(h, ly.gu_w[0]) if len(ly.gu_w) == 1 else torch.cat([F.linear(h, w) for w in ly.gu_w], -1)
-        gate, up = lora.add(gu, h, lambda a: a.layers[li].gu).chunk(2, dim=-1)
+        gate, up = lora.add(gu, h, (li, "gu")).chunk(2, dim=-1)
         act = F.silu(gate) * up
-        return x + lora.add(F.linear(act, ly.down_w), act, lambda a: a.layers[li].down)
+        return x + lora.add(F.linear(act, ly.down_w), act, (li, "down"))
 
     def _logits(self, x: torch.Tensor, lora: LoraRows | None = None) -> torch.Tensor:
         x = F.rms_norm(x, (x.shape[-1],), self.final_norm, self.eps)
         logits = F.linear(x, self.lm_head)
-        return logits if lora is None else lora.add(logits, x, lambda a: a.lm_head)
+        return logits if lora is None else lora.add(logits, x, (-1, "lm_head"))
 
     # ----------------------------------------------------------------------------------- prefill
     def prefill(self, slots: list[int], prompts: list[list[int]]) -> torch.Tensor:
@@ -312,7 +312,7 @@ class SlotKVForward:
             o_all = outs[0] if len(outs) == 1 else torch.cat(outs, 0)
             o_out = F.linear(o_all, ly.o_w, ly.o_b)
             if lora is not None:
-                lora.add(o_out, o_all, lambda a, li=li: a.layers[li].o)
+                lora.add(o_out, o_all, (li, "o"))
             x = x + o_out
             x = self._mlp_block(ly, x, lora, li)
         decode_logits = None

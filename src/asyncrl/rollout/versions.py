@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.rollout.adapters import Adapter, HeldWeights, LoraRows, VersionNotHeld, prepare_adapter
+from asyncrl.rollout.adapters import Adapter, HeldWeights, LoraRows, StackCache, VersionNotHeld, prepare_adapter
 from asyncrl.rollout.requests import Request, post
 from asyncrl.rollout.scheduler import Scheduler, StepPlan
 from asyncrl.types import WeightUpdate
@@ -39,6 +39,7 @@ class VersionTable:
         """Versions dropped since the start (adapter versions no request used any more)."""
         self.adapter_updates = 0
         self._rows_cache: tuple[int, LoraRows | None] | None = None  # (scheduler revision, a decode-only step's)
+        self._stacks = StackCache()  # mixed-version steps' stacked factors
 
     @property
     def versions(self) -> tuple[int, ...]:
@@ -73,6 +74,7 @@ class VersionTable:
         assert update.adapter is not None
         adapter = prepare_adapter(model, update.adapter, dtype=dtype, device=self.device)
         self.held = (*self.held, HeldWeights(int(update.version), adapter))
+        self._stacks.clear()
         self.adapter_updates += 1
         self.drop_unused()
 
@@ -81,6 +83,7 @@ class VersionTable:
         on with them."""
         base = HeldWeights(int(version), None)
         self.held, self._rows_cache = (base,), None
+        self._stacks.clear()
         for request in self.scheduler.requests():
             request.weights = base
 
@@ -92,8 +95,10 @@ class VersionTable:
         used = {id(r.weights) for r in self.scheduler.requests()}
         first_kept = len(held) - self.keep
         kept = tuple(h for i, h in enumerate(held) if i >= first_kept or id(h) in used)
-        self.dropped += len(held) - len(kept)
-        self.held = kept
+        if len(kept) < len(held):
+            self.dropped += len(held) - len(kept)
+            self.held = kept
+            self._stacks.clear()
 
     def lora_rows(self, plan: StepPlan) -> LoraRows | None:
         """Which rows of the step take which adapter (None: every row runs on the base weights). One adapter
@@ -120,7 +125,7 @@ class VersionTable:
         elif len(distinct) == 1 and not on_base:
             lora = LoraRows.every_row(next(iter(distinct.values())))
         else:
-            lora = LoraRows.build(rows, self.device)
+            lora = LoraRows.build(rows, self.device, self._stacks)
         if decode_only:
             self._rows_cache = (revision, lora)
         return lora
