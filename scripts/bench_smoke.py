@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     base.mkdir(parents=True, exist_ok=False)
     tree = {
         "commit": _git("rev-parse", "--short", "HEAD"),  # the code run: HEAD and the files edited beside it
-        "uncommitted": _git("status", "--porcelain", "--untracked-files=no", "--", "src", "benchmarks").splitlines(),
+        "uncommitted": _git("status", "--porcelain", "--", "src", "benchmarks").splitlines(),
     }
     values: dict[str, str] = {}
     entries: dict[str, dict[str, Any]] = {}
