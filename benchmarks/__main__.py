@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "agent-learning": ("agent_learning", "warm start + RL on the calculator agent within a wall budget, per seed"),
     "agent-throughput": ("agent_throughput", "trained tokens/s with slow tools: eta = 4 against the best synchronous"),
     "tinker-loop": ("tinker_loop", "a cookbook-style RL loop via the tinker client against asyncrl train, per seed"),
+    "lora-update": ("lora_update", "a LoRA update as adapters alone against full weights: bytes, time to engine"),
     "plan-check": ("plan_check", "asyncrl plan's recommendation run for real beside its alternatives"),
     "profile": ("profile", "this machine's cost profile for asyncrl simulate and asyncrl plan"),
     "sim-validate": ("sim_validate", "the simulator's predictions against measured run directories"),

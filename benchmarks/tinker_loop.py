@@ -18,10 +18,10 @@ the cached one of the config):
 3. **The budget** is the same for both: ``--steps`` optimizer steps of ``--batch-size`` prompts x
    ``--group-size`` samples of at most ``--max-new-tokens``, LoRA of rank ``--lora-rank`` (``trainer.lora_rank``
    for ``asyncrl train``), learning rate ``--lr``, no warm-up, gradient clip 1.0.
-4. **Weight updates** (``--update-repeats``): the bytes of a LoRA update's adapter tensors against a full
-   update's, and the seconds each takes to reach a running engine (``LocalEngine.update_weights`` of the
-   merged weights, in process: the adapter is folded into the weights first; an engine holding the
-   adapter itself is future work, so a LoRA update still ships full tensors to the engine today).
+4. **Weight updates** (``--update-repeats``): the bytes of a LoRA update (the adapter tensors alone, as
+   the service ships them: ``WeightUpdate.adapter``) against a full update's, and the seconds each takes
+   to reach an idle engine (export + ``LocalEngine.update_weights``, in process). ``python -m benchmarks
+   lora-update`` measures this in more detail (samples in flight, decode cost).
 
 Over seeds: means with 95% t-intervals of accuracy before/after and of each arm's gain.
 """
@@ -162,15 +162,15 @@ def _evaluate(cfg: Any, model_dir: Path) -> dict[str, Any]:
 
 
 def measure_updates(model_dir: Path, rank: int, repeats: int) -> dict[str, Any]:
-    """Bytes of a LoRA update's adapter against a full update's, and the seconds each takes to reach a
-    running ``LocalEngine`` (merge + copy between decode steps; median of ``repeats``)."""
+    """Bytes of a LoRA update's adapter against a full update's, and the seconds each takes to reach an
+    idle ``LocalEngine`` (export + apply between decode steps; median of ``repeats``)."""
     from asyncrl.models import load_policy
     from asyncrl.rollout.engine import LocalEngine
     from asyncrl.service.model import LoraSpec, TrainedModel
     from asyncrl.types import WeightUpdate
 
-    def nbytes(state: dict[str, Any]) -> int:
-        return sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in state.values()}.values())
+    def nbytes(tensors: list[Any]) -> int:
+        return sum(t.numel() * t.element_size() for t in {t.data_ptr(): t for t in tensors}.values())
 
     model, tokenizer = load_policy(model_dir)
     engine = LocalEngine(model, tokenizer, max_slots=1, max_seq_len=64)
@@ -181,15 +181,20 @@ def measure_updates(model_dir: Path, rank: int, repeats: int) -> dict[str, Any]:
             trained, times = TrainedModel(model_dir, lora), []
             for version in range(1, repeats + 1):
                 t0 = time.perf_counter()
-                state = trained.merged_state()
-                asyncio.run(engine.update_weights(WeightUpdate(version, tensors=state)))
+                if lora is not None:  # the adapters alone
+                    layers = trained.adapter_layers()
+                    update, shipped = WeightUpdate(version, adapter=layers), [t for f in layers.values() for t in f[:2]]
+                else:
+                    state = trained.merged_state()
+                    update, shipped = WeightUpdate(version, tensors=state), list(state.values())
+                asyncio.run(engine.update_weights(update))
                 times.append(time.perf_counter() - t0)
-            out[f"{name}_trained_bytes"] = nbytes(trained.trainable_state())
-            out[f"{name}_update_bytes"] = nbytes(state)
+            out[f"{name}_trained_bytes"] = nbytes(list(trained.trainable_state().values()))
+            out[f"{name}_update_bytes"] = nbytes(shipped)
             out[f"{name}_update_s"] = statistics.median(times)
     finally:
         engine.close()
-    out["adapter_over_full_bytes"] = out["lora_trained_bytes"] / out["full_update_bytes"]
+    out["adapter_over_full_bytes"] = out["lora_update_bytes"] / out["full_update_bytes"]
     return out
 
 
