@@ -60,9 +60,22 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
     if not metrics:
         raise FileNotFoundError(f"{run}/metrics.jsonl has no training steps yet")
     eta = config.get("controller", {}).get("max_staleness")
-    written: list[Path] = []
-    t = [m["time_s"] for m in metrics]
 
+    written = [
+        _accuracy_plot(plt, metrics, summary, config, out / "reward.png"),
+        _throughput_plot(plt, metrics, out / "throughput.png"),
+        _staleness_plot(plt, ledger, eta, out / "staleness.png"),
+    ]
+    written.append(_timeline(plt, metrics, timeline, config, out / "timeline.png", tool_waits(ledger)))
+    if any("episode_turns_mean" in m for m in metrics):
+        written.append(_tool_use(plt, metrics, summary, out / "tools.png"))
+    return written
+
+
+def _accuracy_plot(plt: Any, metrics: list[dict], summary: dict[str, Any], config: dict[str, Any], path: Path) -> Path:
+    """Rollout and trained-batch accuracy against wall time, with held-out accuracy before and after."""
+    eta = config.get("controller", {}).get("max_staleness")
+    t = [m["time_s"] for m in metrics]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     rollout = [(m["time_s"], m["rollout_accuracy"]) for m in metrics if m.get("rollout_accuracy") is not None]
     if rollout:
@@ -85,8 +98,12 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
     ax.set_title(f"Accuracy against wall time (max_staleness={eta}, {len(metrics)} steps)")
     ax.legend(loc="best", fontsize=8)
     ax.grid(alpha=0.3)
-    written.append(save_figure(fig, out / "reward.png"))
+    return save_figure(fig, path)
 
+
+def _throughput_plot(plt: Any, metrics: list[dict], path: Path) -> Path:
+    """Trained and generated tokens per second against wall time."""
+    t = [m["time_s"] for m in metrics]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     step_rate = [m.get("trained_tokens_per_s_step") for m in metrics]
     if all(v is not None for v in step_rate):
@@ -112,8 +129,11 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
     ax.title.set_fontsize(9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    written.append(save_figure(fig, out / "throughput.png"))
+    return save_figure(fig, path)
 
+
+def _staleness_plot(plt: Any, ledger: list[dict], eta: int | None, path: Path) -> Path:
+    """How many versions old each trained sample was, against the bound."""
     trained = [r for r in ledger if r.get("status") == "trained" and r.get("min_version") is not None]
     counts = Counter(r["trained_step"] - r["min_version"] for r in trained)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -128,12 +148,7 @@ def make_report(run_dir: str | Path, out_dir: str | Path | None = None) -> list[
     ax.set_ylabel("samples")
     dropped = len({r["prompt_id"] for r in ledger if r.get("status") == "stale"})
     ax.set_title(f"Staleness of {len(trained)} trained samples ({dropped} groups dropped as stale)", fontsize=10)
-    written.append(save_figure(fig, out / "staleness.png"))
-
-    written.append(_timeline(plt, metrics, timeline, config, out / "timeline.png", tool_waits(ledger)))
-    if any("episode_turns_mean" in m for m in metrics):
-        written.append(_tool_use(plt, metrics, summary, out / "tools.png"))
-    return written
+    return save_figure(fig, path)
 
 
 _TOOL_RATES = (
