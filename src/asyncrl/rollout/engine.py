@@ -27,8 +27,7 @@ One step is vLLM v1's ``EngineCore.step``::
     output = execute(plan)                   one forward (kv_forward), prompt KV fanned out, sampling
     scheduler.update(plan, output)           tokens appended, finished samples leave their slots
 
-The scheduler (``scheduler``) owns the slots and the queue and is tested without a model; the model
-forward lives in ``kv_forward``; sampling in ``sampling``.
+The scheduler (``scheduler``) owns slots and queue (tested without a model); the forward is ``kv_forward``.
 
 Threading: the decode loop runs in one daemon thread; the asyncio side submits through a lock and
 gets results back with ``loop.call_soon_threadsafe``. Every change of engine state (weight update,
@@ -336,12 +335,13 @@ class LocalEngine:
         self._decode_params = None
         self._mark_occupancy()
 
-    def _mark_occupancy(self) -> None:
-        """Settle ``running_sample_s`` up to now at the count held since the last mark, and hold the
-        current count from now on (called wherever the running samples may have changed)."""
+    def _mark_occupancy(self) -> float:
+        """Settle ``running_sample_s`` up to now at the count held since the last mark, hold the current
+        count from now on (called wherever the running samples may have changed); returns now."""
         now = time.perf_counter()
         settled, since, running = self._occupancy
         self._occupancy = (settled + running * (now - since), now, self.scheduler.num_running)
+        return now
 
     # ------------------------------------------------------------------------------ the step
     def _step(self) -> None:
@@ -361,11 +361,11 @@ class LocalEngine:
         output = self._execute(plan)
         self._count_step(plan)  # counters first: a finished sample resolves a future whose caller may read stats()
         updated = self.scheduler.update(plan, output)
-        self._mark_occupancy()  # before delivering, like the counters: a caller may read stats() at once
+        # one instant settles occupancy and the step's time, before delivery (stats() may be read at once)
+        self._charge_time(plan, t_scheduled - t_start, self._mark_occupancy() - t_scheduled)
         if updated:  # versions too: a caller may read them at once
             self._versions.drop_unused()
         self._deliver(updated)
-        self._charge_time(plan, t_scheduled - t_start, time.perf_counter() - t_scheduled)
 
     def _start_joins(self, joins: tuple[Placement, ...]) -> None:
         """Samples joining a group whose prompt is cached: its KV copied from a running sibling, the first
