@@ -75,7 +75,7 @@ __all__ = [
     "STEP_STATS",
     "summarize",
     "t_interval",
-]  # fmt: skip
+]
 
 StalenessMode = Literal["fixed", "bounded"]
 STALENESS_MODES: tuple[str, ...] = get_args(StalenessMode)
@@ -87,24 +87,44 @@ OBJECTIVES: dict[str, list[str]] = {
     "decoupled_uncapped": ["algo.prox_mode=recompute", "algo.behav_cap=null"],
     "prox_clip": ["algo.prox_mode=recompute", "algo.behav_weight=false", "algo.behav_cap=null"],
     "uncorrected": ["algo.loss_type=pg", "algo.prox_mode=behav", "algo.behav_cap=null"],
-    "seq_tis": ["algo.prox_mode=recompute", "algo.behav_cap=2.0", "algo.behav_cap_level=sequence",
-                "algo.behav_cap_mode=clamp"],
-    "seq_mis": ["algo.prox_mode=recompute", "algo.behav_cap=2.0", "algo.behav_cap_level=sequence",
-                "algo.behav_cap_mode=mask"],
+    "seq_tis": [
+        "algo.prox_mode=recompute",
+        "algo.behav_cap=2.0",
+        "algo.behav_cap_level=sequence",
+        "algo.behav_cap_mode=clamp",
+    ],
+    "seq_mis": [
+        "algo.prox_mode=recompute",
+        "algo.behav_cap=2.0",
+        "algo.behav_cap_level=sequence",
+        "algo.behav_cap_mode=mask",
+    ],
     "m2po": ["algo.prox_mode=recompute", "algo.m2_threshold=0.04", "algo.behav_cap=null"],
     "version_gap": ["algo.prox_mode=recompute", "algo.max_version_gap=2"],
-}  # fmt: skip
+}
 """The config overrides of each objective (the user's ``--set`` comes after them and wins)."""
 
 DEFAULT_OBJECTIVES = ("decoupled", "loglinear", "naive", "uncorrected", "seq_tis", "seq_mis", "m2po")
 DEFAULT_LAGS = (0, 1, 2, 4, 8, 16)
 
 STEP_STATS = (
-    "behav_weight_mean", "behav_weight_sq_mean", "log_behav_weight_sq_mean", "behav_weight_max",
-    "behav_capped_frac", "dropped_frac", "version_gap_masked_frac", "m2_masked_frac", "clip_frac",
-    "approx_kl_prox", "approx_kl_behav", "grad_norm",
-    "applied_weight_mean", "applied_weight_sq_mean", "applied_weight_max", "applied_clip_frac",
-)  # fmt: skip
+    "behav_weight_mean",
+    "behav_weight_sq_mean",
+    "log_behav_weight_sq_mean",
+    "behav_weight_max",
+    "behav_capped_frac",
+    "dropped_frac",
+    "version_gap_masked_frac",
+    "m2_masked_frac",
+    "clip_frac",
+    "approx_kl_prox",
+    "approx_kl_behav",
+    "grad_norm",
+    "applied_weight_mean",
+    "applied_weight_sq_mean",
+    "applied_weight_max",
+    "applied_clip_frac",
+)
 """Per-step trainer metrics averaged over a run (``*_max``: the largest); absent ones are skipped. ``applied_*``:
 the behaviour weight after the cap, the factor the gradient really sees (``algo.losses.policy_loss``)."""
 
@@ -168,15 +188,21 @@ def _row(run_dir: Path, collapse_fraction: float) -> dict[str, Any]:
     before, after = summary["accuracy_before"], summary["accuracy_after"]
     reason = collapse_reason(metrics, before, after, collapse_fraction)
     return {
-        "accuracy_before": before, "accuracy_after": after,
+        "accuracy_before": before,
+        "accuracy_after": after,
         "accuracy_greedy_after": summary.get("accuracy_greedy_after"),
-        "collapsed": reason is not None, "collapse_reason": reason,
-        "steps": summary["steps"], "skipped_steps": summary["skipped_steps"],
+        "collapsed": reason is not None,
+        "collapse_reason": reason,
+        "steps": summary["steps"],
+        "skipped_steps": summary["skipped_steps"],
         "staleness_mean": statistics.fmean([m["staleness_mean"] for m in metrics]) if metrics else 0.0,
         "max_staleness_seen": summary["max_staleness_seen"],
-        **_step_means(metrics), "curves": _curves(metrics),
-        "rl_wall_s": summary["rl_wall_s"], "wall_s": summary["wall_s"], "run_dir": str(run_dir),
-    }  # fmt: skip
+        **_step_means(metrics),
+        "curves": _curves(metrics),
+        "rl_wall_s": summary["rl_wall_s"],
+        "wall_s": summary["wall_s"],
+        "run_dir": str(run_dir),
+    }
 
 
 def run_arm(overrides: list[str], run_dir: Path, collapse_fraction: float, reuse: Path | None) -> dict[str, Any]:
@@ -214,9 +240,13 @@ def arm_overrides(
         case other:
             raise ValueError(f"unknown staleness mode {other!r} (available: {', '.join(STALENESS_MODES)})")
     out += [
-        "algo.filter_equal_rewards=false", "controller.eval_every=0", "controller.checkpoint_every=0",
-        f"trainer.lr={lr}", f"run.seed={seed}", *OBJECTIVES[objective],
-    ]  # fmt: skip
+        "algo.filter_equal_rewards=false",
+        "controller.eval_every=0",
+        "controller.checkpoint_every=0",
+        f"trainer.lr={lr}",
+        f"run.seed={seed}",
+        *OBJECTIVES[objective],
+    ]
     if steps is not None:
         out.append(f"controller.total_steps={steps}")
     return [*out, *user]
@@ -232,12 +262,17 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         mean, half = t_interval(acc)
         ok = math.isfinite(half)  # one seed: no interval (None in the JSON)
         item: dict[str, Any] = {
-            "objective": key[0], "lag": key[1], "lr": key[2], "seeds": [r["seed"] for r in cell], "n": len(acc),
-            "accuracy_after_mean": mean if acc else None, "accuracy_after_ci95_half": half if ok else None,
+            "objective": key[0],
+            "lag": key[1],
+            "lr": key[2],
+            "seeds": [r["seed"] for r in cell],
+            "n": len(acc),
+            "accuracy_after_mean": mean if acc else None,
+            "accuracy_after_ci95_half": half if ok else None,
             "accuracy_after_ci95": [mean - half, mean + half] if ok else None,
             "accuracy_before_mean": statistics.fmean([r["accuracy_before"] for r in cell]),
             "collapse_rate": sum(r["collapsed"] for r in cell) / len(cell),
-        }  # fmt: skip
+        }
         for stat in STEP_STATS:
             values = [r[stat] for r in cell if stat in r]
             if values:
@@ -265,11 +300,18 @@ def paired_differences(rows: list[dict[str, Any]], reference: str = REFERENCE_OB
             continue
         mean, half = t_interval(diffs)
         ok = math.isfinite(half)
-        out.append({
-            "objective": objective, "reference": reference, "lag": lag, "lr": lr, "n": len(diffs),
-            "minus_reference_mean": mean, "minus_reference_ci95": [mean - half, mean + half] if ok else None,
-            "minus_reference_per_seed": diffs,
-        })  # fmt: skip
+        out.append(
+            {
+                "objective": objective,
+                "reference": reference,
+                "lag": lag,
+                "lr": lr,
+                "n": len(diffs),
+                "minus_reference_mean": mean,
+                "minus_reference_ci95": [mean - half, mean + half] if ok else None,
+                "minus_reference_per_seed": diffs,
+            }
+        )
     return out
 
 
@@ -354,15 +396,35 @@ def run_ablation(
                     row = {"objective": objective, "lag": lag, "lr": lr, "seed": seed}
                     row.update(run_arm(arm, run_dir, collapse_fraction, Path(reuse) if reuse else None))
                     rows.append(row)
-    keys = ["objective", "lag", "lr", "seed", "accuracy_before", "accuracy_after", "collapsed",
-            "behav_weight_mean", "behav_weight_sq_mean", "clip_frac", "dropped_frac", "rl_wall_s"]  # fmt: skip
+    keys = [
+        "objective",
+        "lag",
+        "lr",
+        "seed",
+        "accuracy_before",
+        "accuracy_after",
+        "collapsed",
+        "behav_weight_mean",
+        "behav_weight_sq_mean",
+        "clip_frac",
+        "dropped_frac",
+        "rl_wall_s",
+    ]
     print_table("bench ablation: runs", rows, keys, width=16, digits=4)
     payload = {
-        "bench": "ablation", "staleness": staleness, "overrides": user,
+        "bench": "ablation",
+        "staleness": staleness,
+        "overrides": user,
         "objectives": {o: OBJECTIVES[o] for o in objectives},
-        "lags": list(lags), "lrs": list(lrs), "seeds": list(seeds), "steps": steps,
-        "collapse_fraction": collapse_fraction, "rows": rows, "out_dir": str(out), "reused_from": reuse,
-    }  # fmt: skip
+        "lags": list(lags),
+        "lrs": list(lrs),
+        "seeds": list(seeds),
+        "steps": steps,
+        "collapse_fraction": collapse_fraction,
+        "rows": rows,
+        "out_dir": str(out),
+        "reused_from": reuse,
+    }
     return _finish(payload, json_path)
 
 
@@ -371,15 +433,27 @@ def _finish(payload: dict[str, Any], json_path: str | None, *, replace: bool = F
     file: ``output.write_with_plot``; ``replace``: ``--reanalyse``, the previous file kept beside)."""
     payload["summary"] = summarize(payload["rows"])
     payload["paired_differences"] = paired_differences(payload["rows"])
-    keys = ["objective", "lag", "lr", "n", "accuracy_after_mean", "accuracy_after_ci95_half", "collapse_rate",
-            "behav_weight_sq_mean", "behav_capped_frac", "clip_frac", "approx_kl_behav"]  # fmt: skip
+    keys = [
+        "objective",
+        "lag",
+        "lr",
+        "n",
+        "accuracy_after_mean",
+        "accuracy_after_ci95_half",
+        "collapse_rate",
+        "behav_weight_sq_mean",
+        "behav_capped_frac",
+        "clip_frac",
+        "approx_kl_behav",
+    ]
     print_table("bench ablation: over seeds (95% t-interval)", payload["summary"], keys, width=16, digits=4)
     keys = ["objective", "lag", "lr", "n", "minus_reference_mean", "minus_reference_ci95"]
     title = f"bench ablation: minus {REFERENCE_OBJECTIVE}, seed by seed"
     print_table(title, payload["paired_differences"], keys, width=16, digits=4)
     if json_path:
-        write_with_plot(json_path, json.dumps(payload, indent=2), lambda png: plot_ablation(payload, png),
-                        replace=replace)  # fmt: skip
+        write_with_plot(
+            json_path, json.dumps(payload, indent=2), lambda png: plot_ablation(payload, png), replace=replace
+        )
     return payload
 
 
@@ -416,19 +490,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_steps(parser)
     parser.add_argument("--lags", help="comma-separated controller.fixed_lag values (default 0,1,2,4,8,16)")
     parser.add_argument(
-        "--objectives", help=f"comma-separated objectives (default {','.join(DEFAULT_OBJECTIVES)}; "
-        f"available: {', '.join(OBJECTIVES)})",
-    )  # fmt: skip
+        "--objectives",
+        help=f"comma-separated objectives (default {','.join(DEFAULT_OBJECTIVES)}; available: {', '.join(OBJECTIVES)})",
+    )
     parser.add_argument("--lrs", help="comma-separated trainer.lr values (default: the config's)")
     add_seeds(parser, "0,1,2")
     parser.add_argument(
-        "--staleness", default="fixed", help="fixed (controller.fixed_lag = each lag, the default) or bounded "
+        "--staleness",
+        default="fixed",
+        help="fixed (controller.fixed_lag = each lag, the default) or bounded "
         "(ordinary asynchronous training, controller.max_staleness = each lag)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--collapse-fraction", type=float, default=0.5,
+        "--collapse-fraction",
+        type=float,
+        default=0.5,
         help="a run whose final accuracy is below this x its starting accuracy counts as collapsed (default 0.5)",
-    )  # fmt: skip
+    )
     add_out(parser, "runs/bench-ablation")
     parser.add_argument(
         "--reuse",
@@ -456,7 +534,15 @@ def run(args: argparse.Namespace) -> None:
     if args.staleness not in STALENESS_MODES:
         raise ConfigError(f"--staleness {args.staleness!r} (available: {', '.join(STALENESS_MODES)})")
     run_ablation(
-        args.json, overrides=base, objectives=objectives, lags=lags, lrs=lrs, seeds=seeds, steps=args.steps,
-        collapse_fraction=args.collapse_fraction, staleness=args.staleness, out_dir=args.out,
+        args.json,
+        overrides=base,
+        objectives=objectives,
+        lags=lags,
+        lrs=lrs,
+        seeds=seeds,
+        steps=args.steps,
+        collapse_fraction=args.collapse_fraction,
+        staleness=args.staleness,
+        out_dir=args.out,
         **({"reuse": args.reuse} if args.reuse else {}),
-    )  # fmt: skip
+    )

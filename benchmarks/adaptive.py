@@ -44,8 +44,15 @@ __all__ = ["add_arguments", "analyse", "arms", "run", "run_adaptive_bench", "Run
 TARGET_RATIO = 0.95
 """The issue's bar: adaptive throughput at least this fraction of the best fixed setting's."""
 
-SUMMARY_KEYS = ("steady_state_tokens_per_s", "trained_tokens_per_s", "accuracy_after", "staleness_mean",
-                "eta_mean", "high_water_mean", "stale_groups")  # fmt: skip
+SUMMARY_KEYS = (
+    "steady_state_tokens_per_s",
+    "trained_tokens_per_s",
+    "accuracy_after",
+    "staleness_mean",
+    "eta_mean",
+    "high_water_mean",
+    "stale_groups",
+)
 
 RunOne = Callable[[str, str, int, list[str]], dict[str, Any]]
 """``(workload, arm, seed, arm overrides) -> row figures``: one measured run (real or simulated)."""
@@ -150,22 +157,55 @@ def run_adaptive_bench(
             for arm, arm_overrides in arms(etas):
                 print(f"\n=== bench adaptive: {key}, seed {seed}, {arm} ===", flush=True)
                 figures = runner(key, arm, seed, arm_overrides)
-                rows.append({"workload": key, "arm": arm, "seed": seed, "adaptive": arm == "adaptive",
-                             "max_staleness": max(etas) if arm == "adaptive" else int(arm[4:]), **figures})  # fmt: skip
+                rows.append(
+                    {
+                        "workload": key,
+                        "arm": arm,
+                        "seed": seed,
+                        "adaptive": arm == "adaptive",
+                        "max_staleness": max(etas) if arm == "adaptive" else int(arm[4:]),
+                        **figures,
+                    }
+                )
     analysis = analyse(rows)
-    print_table("bench adaptive: runs", rows, ["workload", "arm", "seed", "steady_state_tokens_per_s",
-                 "accuracy_after", "staleness_mean", "eta_mean", "high_water_mean", "stale_groups"])  # fmt: skip
+    print_table(
+        "bench adaptive: runs",
+        rows,
+        [
+            "workload",
+            "arm",
+            "seed",
+            "steady_state_tokens_per_s",
+            "accuracy_after",
+            "staleness_mean",
+            "eta_mean",
+            "high_water_mean",
+            "stale_groups",
+        ],
+    )
     for item in analysis:
         ratio = item.get("throughput_ratio_vs_best", {})
-        print(f"{item['workload']}: best fixed {item.get('best_fixed')}, adaptive / best {ratio.get('mean')} "
-              f"[{ratio.get('low')}, {ratio.get('high')}], accuracy within spread {item.get('accuracy_within_spread')}"
-              f", meets the {TARGET_RATIO} target: {item.get('meets_target')}")  # fmt: skip
+        print(
+            f"{item['workload']}: best fixed {item.get('best_fixed')}, adaptive / best {ratio.get('mean')} "
+            f"[{ratio.get('low')}, {ratio.get('high')}], accuracy within spread {item.get('accuracy_within_spread')}"
+            f", meets the {TARGET_RATIO} target: {item.get('meets_target')}"
+        )
     payload = {
-        "bench": "adaptive", "mode": mode, "profiles": list(profiles),
-        "workloads": list(workloads), "etas": list(etas), "bound": max(etas), "seeds": list(seeds),
-        "steps": steps, "warmup_s": warmup_s, "overrides": base, "rows": rows, "analysis": analysis,
-        "out_dir": str(out) if out else None, "reused_from": reuse,
-    }  # fmt: skip
+        "bench": "adaptive",
+        "mode": mode,
+        "profiles": list(profiles),
+        "workloads": list(workloads),
+        "etas": list(etas),
+        "bound": max(etas),
+        "seeds": list(seeds),
+        "steps": steps,
+        "warmup_s": warmup_s,
+        "overrides": base,
+        "rows": rows,
+        "analysis": analysis,
+        "out_dir": str(out) if out else None,
+        "reused_from": reuse,
+    }
     write_json(json_path, payload)
     return payload
 
@@ -195,9 +235,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_overrides(parser)
     add_steps(parser, "training steps per run (default: the config's; simulated: 100)")
     parser.add_argument(
-        "--etas", help="comma-separated max_staleness of the fixed arms (default 0,2,4,8); the largest is the "
+        "--etas",
+        help="comma-separated max_staleness of the fixed arms (default 0,2,4,8); the largest is the "
         "adaptive arm's bound",
-    )  # fmt: skip
+    )
     add_seeds(parser, "0,1,2")
     parser.add_argument("--workload", default="task,long", help="comma-separated workloads (default task,long)")
     add_warmup(parser)
@@ -224,8 +265,9 @@ def run(args: argparse.Namespace) -> None:
         unknown = sorted(set(workloads) - set(WORKLOADS))
         if unknown:
             raise ConfigError(f"unknown workload(s) {unknown} (available: {', '.join(WORKLOADS)})")
-        run_adaptive_bench(args.json, workloads=workloads, overrides=options.overrides(args), reuse=args.reuse,
-                           **common)  # fmt: skip
+        run_adaptive_bench(
+            args.json, workloads=workloads, overrides=options.overrides(args), reuse=args.reuse, **common
+        )
         return
     from benchmarks.adaptive_sim import SIM_WORKLOADS, simulated_runner
 
@@ -234,5 +276,11 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError(f"unknown workload(s) {unknown} (simulated: {', '.join(SIM_WORKLOADS)})")
     profiles = tuple(args.profile.split(","))
     keys = tuple(f"{p}/{w}" for p in profiles for w in workloads)
-    run_adaptive_bench(args.json, workloads=keys, run_one=simulated_runner(args.steps or 100), mode="simulated",
-                       profiles=profiles, **common)  # fmt: skip
+    run_adaptive_bench(
+        args.json,
+        workloads=keys,
+        run_one=simulated_runner(args.steps or 100),
+        mode="simulated",
+        profiles=profiles,
+        **common,
+    )

@@ -19,9 +19,16 @@ __all__ = ["SIM_WORKLOADS", "simulated_row", "simulated_runner"]
 
 SIM_WORKLOADS: dict[str, dict[str, Any]] = {
     "task": {},
-    "long": {"batch_size": 8, "length_median": 450.0, "length_sigma": 0.9, "max_new_tokens": 2048,
-             "prompt_len": 400, "high_water_unit": "samples", "interrupt_mode": "keep"},
-}  # fmt: skip
+    "long": {
+        "batch_size": 8,
+        "length_median": 450.0,
+        "length_sigma": 0.9,
+        "max_new_tokens": 2048,
+        "prompt_len": 400,
+        "high_water_unit": "samples",
+        "interrupt_mode": "keep",
+    },
+}
 """Scenario keys of each workload: ``task`` the scenario defaults (B = 16 x 8, lognormal lengths
 around 200 tokens), ``long`` an approximation of ``bench async``'s ``long`` (B = 8, long-tailed
 lengths around 450 tokens up to 2048, long prompts, the mark counted in samples, ``keep``)."""
@@ -35,11 +42,17 @@ def simulated_row(profile: str, workload: str, seed: int, arm_overrides: list[st
         keys[key.removeprefix("controller.")] = value
     r = simulate(with_overrides(Scenario(), keys)).result
     return {
-        "steady_state_tokens_per_s": r.steady_state_tokens_per_s, "trained_tokens_per_s": r.whole_run_tokens_per_s,
-        "accuracy_after": None, "staleness_mean": r.staleness_mean, "max_staleness_seen": r.max_staleness_seen,
-        "eta_mean": r.eta_mean, "high_water_mean": r.high_water_mean, "stale_groups": r.groups["stale"],
-        "engine_occupancy": r.engine_occupancy, "trainer_busy_frac": r.trainer_busy_frac,
-    }  # fmt: skip
+        "steady_state_tokens_per_s": r.steady_state_tokens_per_s,
+        "trained_tokens_per_s": r.whole_run_tokens_per_s,
+        "accuracy_after": None,
+        "staleness_mean": r.staleness_mean,
+        "max_staleness_seen": r.max_staleness_seen,
+        "eta_mean": r.eta_mean,
+        "high_water_mean": r.high_water_mean,
+        "stale_groups": r.groups["stale"],
+        "engine_occupancy": r.engine_occupancy,
+        "trainer_busy_frac": r.trainer_busy_frac,
+    }
 
 
 def simulated_runner(steps: int) -> RunOne:

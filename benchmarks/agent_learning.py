@@ -54,16 +54,34 @@ from benchmarks import options
 from benchmarks.options import add_json, add_out, add_overrides, add_seeds, parse_list
 from benchmarks.stats import mean_ci95
 
-__all__ = ["add_arguments", "analyse", "check_task", "gain_made_of", "PLOTTED", "run", "merge_results",
-           "run_agent_learning_bench", "seed_row", "task_label", "TOOL_RATES"]  # fmt: skip
+__all__ = [
+    "add_arguments",
+    "analyse",
+    "check_task",
+    "gain_made_of",
+    "PLOTTED",
+    "run",
+    "merge_results",
+    "run_agent_learning_bench",
+    "seed_row",
+    "task_label",
+    "TOOL_RATES",
+]
 
-TOOL_RATES = ("tool_call_correct_rate", "tool_call_hit_rate", "tool_call_malformed_rate", "episode_tool_call_frac",
-              "episode_tool_hit_frac", "episode_turns_mean")  # fmt: skip
+TOOL_RATES = (
+    "tool_call_correct_rate",
+    "tool_call_hit_rate",
+    "tool_call_malformed_rate",
+    "episode_tool_call_frac",
+    "episode_tool_hit_frac",
+    "episode_turns_mean",
+)
 """Held-out tool-use figures reported before and after RL (``controller.metrics.tool_use_rates``)."""
 
 
-def seed_row(seed: int, summary: dict[str, Any], metrics: list[dict[str, Any]], warm_start_s: float,
-             budget_s: float) -> dict[str, Any]:  # fmt: skip
+def seed_row(
+    seed: int, summary: dict[str, Any], metrics: list[dict[str, Any]], warm_start_s: float, budget_s: float
+) -> dict[str, Any]:
     """One seed's result from its run's ``summary.json`` and ``metrics.jsonl`` (times in seconds)."""
     before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
     rl_s = float(summary["rl_wall_s"])
@@ -142,8 +160,17 @@ def gain_made_of(before: dict[str, Any], after: dict[str, Any]) -> dict[str, flo
 def analyse(rows: list[dict[str, Any]], budget_s: float, min_gain_points: float = 20.0) -> dict[str, Any]:
     """Means with 95% intervals over seeds, and how many seeds met the criterion (a gain of at least
     ``min_gain_points`` with warm start + RL within ``budget_s``)."""
-    keys = ["accuracy_before", "accuracy_after", "gain_points", "warm_start_s", "rl_wall_s", "train_wall_s",
-            "total_wall_s", "warm_start_cpu_s", "run_cpu_s"]  # fmt: skip
+    keys = [
+        "accuracy_before",
+        "accuracy_after",
+        "gain_points",
+        "warm_start_s",
+        "rl_wall_s",
+        "train_wall_s",
+        "total_wall_s",
+        "warm_start_cpu_s",
+        "run_cpu_s",
+    ]
     keys += [f"{k}_{w}" for k in TOOL_RATES for w in ("before", "after")]
     summary = {}
     for key in keys:
@@ -156,7 +183,7 @@ def analyse(rows: list[dict[str, Any]], budget_s: float, min_gain_points: float 
     summary.update(_kinds_over_seeds(rows))
     met = [r["seed"] for r in rows if r["within_budget"] and (r["gain_points"] or 0.0) >= min_gain_points]
     rose = {key: _rose(rows, key) for key in ("tool_call_hit_rate", "episode_tool_call_frac", "episode_tool_hit_frac")}
-    return {  # fmt: skip
+    return {
         "summary": summary,
         "criterion": {
             "min_gain_points": min_gain_points,
@@ -206,8 +233,13 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, budget_s: float, task: s
         bottom.plot(t, [c[2] for c in row["curve"]], marker="o", color=color, label=f"seed {row['seed']}")
         calls = [(c[0], c[3]) for c in row["curve"] if len(c) > 3 and c[3] is not None]  # older files: none
         if calls:
-            bottom.plot(*zip(*calls, strict=True), marker="x", linestyle="--", color=color,
-                        label=f"seed {row['seed']}: episodes calling")  # fmt: skip
+            bottom.plot(
+                *zip(*calls, strict=True),
+                marker="x",
+                linestyle="--",
+                color=color,
+                label=f"seed {row['seed']}: episodes calling",
+            )
         for ax in (top, bottom):
             ax.axvline(row["warm_start_s"], color=color, alpha=0.3, linestyle=":")
     for ax in (top, bottom):
@@ -215,8 +247,9 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, budget_s: float, task: s
         ax.grid(alpha=0.3)
         ax.set_ylim(-0.02, 1.02)
     top.set_ylabel("held-out accuracy")
-    top.set_title(f"{task}: held-out accuracy during RL ({rows[0]['accuracy_mode']}; dotted: warm start ends)",
-                  fontsize=9)  # fmt: skip
+    top.set_title(
+        f"{task}: held-out accuracy during RL ({rows[0]['accuracy_mode']}; dotted: warm start ends)", fontsize=9
+    )
     bottom.set_ylabel("held-out tool calls that hit\n(dashed: episodes that call)")
     bottom.set_xlabel("wall time since the warm start began (s)")
     top.legend(fontsize=8)
@@ -235,8 +268,7 @@ def _run_seed(config: str | None, overrides: list[str], seed: int, out: Path, bu
     from asyncrl.launch.warm_start import run_warm_start
 
     seed_dir = out / f"seed{seed}"
-    cfg = load_config(config, [*overrides, f"run.seed={seed}", f"sft.seed={seed}",
-                               f"run.run_dir={seed_dir / 'run'}"])  # fmt: skip
+    cfg = load_config(config, [*overrides, f"run.seed={seed}", f"sft.seed={seed}", f"run.run_dir={seed_dir / 'run'}"])
     check_task(cfg.task.name, cfg.rollout.workflow)
     warm_start_threads, threads_before = usable_cores(), torch.get_num_threads()
     configure_threads(cfg, warm_start_threads)  # the warm start runs alone: every core, as a user would give it
@@ -249,8 +281,13 @@ def _run_seed(config: str | None, overrides: list[str], seed: int, out: Path, bu
     print(f"seed {seed}: warm start {warm_start_s:.0f} s", flush=True)
     run_dir, summary = train(with_values(cfg, {"model.path": str(seed_dir / "warm_start")}))
     row = seed_row(seed, summary, read_jsonl(run_dir / "metrics.jsonl"), warm_start_s, budget_s)
-    return {**row, "warm_start_cpu_s": cpu1 - cpu0, "run_cpu_s": cpu_seconds() - cpu1,
-            "warm_start_threads": warm_start_threads, "warm_start": warm}  # fmt: skip
+    return {
+        **row,
+        "warm_start_cpu_s": cpu1 - cpu0,
+        "run_cpu_s": cpu_seconds() - cpu1,
+        "warm_start_threads": warm_start_threads,
+        "warm_start": warm,
+    }
 
 
 def check_task(task: str, workflow: str) -> None:
@@ -260,8 +297,10 @@ def check_task(task: str, workflow: str) -> None:
         return
     from asyncrl.config import ConfigError
 
-    raise ConfigError(f"bench agent-learning runs task.name=calculator with rollout.workflow=agent, or "
-                     f"task.name=reasoning_gym; got task.name={task} with rollout.workflow={workflow}")  # fmt: skip
+    raise ConfigError(
+        f"bench agent-learning runs task.name=calculator with rollout.workflow=agent, or "
+        f"task.name=reasoning_gym; got task.name={task} with rollout.workflow={workflow}"
+    )
 
 
 def task_label(config: str | None, overrides: list[str]) -> str:
@@ -300,11 +339,19 @@ def run_agent_learning_bench(
         rows.append(_run_seed(config, overrides, seed, out, budget_s))
         print(f"seed {seed}: {json.dumps({k: v for k, v in rows[-1].items() if k != 'curve'})}", flush=True)
     task = task_label(config, overrides)
-    payload = {"bench": "agent-learning", "task": task, "config": config, "overrides": overrides,
-               "budget_s": budget_s, "rows": rows, **analyse(rows, budget_s, min_gain_points)}  # fmt: skip
+    payload = {
+        "bench": "agent-learning",
+        "task": task,
+        "config": config,
+        "overrides": overrides,
+        "budget_s": budget_s,
+        "rows": rows,
+        **analyse(rows, budget_s, min_gain_points),
+    }
     if json_path:  # never over a file (``output.write_with_plot``)
-        write_with_plot(json_path, json.dumps(payload, indent=2) + "\n",
-                        lambda png: plot_curves(rows, png, budget_s, task))  # fmt: skip
+        write_with_plot(
+            json_path, json.dumps(payload, indent=2) + "\n", lambda png: plot_curves(rows, png, budget_s, task)
+        )
     _print_table(payload)
     return payload
 
@@ -326,8 +373,12 @@ def merge_results(paths: list[str], min_gain_points: float = 20.0) -> dict[str, 
     seeds = [row["seed"] for row in rows]
     if len(set(seeds)) != len(seeds):
         raise ConfigError(f"--merge: a seed appears twice among {paths} (seeds {seeds})")
-    return {**{key: first.get(key) for key in same}, "merged_from": list(paths), "rows": rows,
-            **analyse(rows, first["budget_s"], min_gain_points)}  # fmt: skip
+    return {
+        **{key: first.get(key) for key in same},
+        "merged_from": list(paths),
+        "rows": rows,
+        **analyse(rows, first["budget_s"], min_gain_points),
+    }
 
 
 def _rate(value: float | None) -> str:
@@ -336,16 +387,20 @@ def _rate(value: float | None) -> str:
 
 
 def _print_table(payload: dict[str, Any]) -> None:
-    print(f"{'seed':>4} {'before':>7} {'after':>7} {'gain pts':>8} {'hit before':>10} {'hit after':>9} "
-          f"{'calling before':>14} {'after':>6} {'warm s':>7} {'restarts':>8} {'RL s':>6} "
-          f"{'in budget':>9}")  # fmt: skip
+    print(
+        f"{'seed':>4} {'before':>7} {'after':>7} {'gain pts':>8} {'hit before':>10} {'hit after':>9} "
+        f"{'calling before':>14} {'after':>6} {'warm s':>7} {'restarts':>8} {'RL s':>6} "
+        f"{'in budget':>9}"
+    )
     for r in payload["rows"]:
         gain = f"{r['gain_points']:.1f}" if r["gain_points"] is not None else "-"
-        print(f"{r['seed']:>4} {r['accuracy_before']:>7.3f} {r['accuracy_after'] or 0:>7.3f} {gain:>8} "
-              f"{_rate(r['tool_call_hit_rate_before']):>10} {_rate(r['tool_call_hit_rate_after']):>9} "
-              f"{_rate(r['episode_tool_call_frac_before']):>14} {_rate(r['episode_tool_call_frac_after']):>6} "
-              f"{r['warm_start_s']:>7.0f} {(r.get('warm_start') or {}).get('sft_restarts', 0):>8.0f} "
-              f"{r['rl_wall_s']:>6.0f} {str(r['within_budget']):>9}")  # fmt: skip
+        print(
+            f"{r['seed']:>4} {r['accuracy_before']:>7.3f} {r['accuracy_after'] or 0:>7.3f} {gain:>8} "
+            f"{_rate(r['tool_call_hit_rate_before']):>10} {_rate(r['tool_call_hit_rate_after']):>9} "
+            f"{_rate(r['episode_tool_call_frac_before']):>14} {_rate(r['episode_tool_call_frac_after']):>6} "
+            f"{r['warm_start_s']:>7.0f} {(r.get('warm_start') or {}).get('sft_restarts', 0):>8.0f} "
+            f"{r['rl_wall_s']:>6.0f} {str(r['within_budget']):>9}"
+        )
     gain = payload["summary"].get("gain_points")
     if gain:
         print(f"gain: mean {gain['mean']:.1f} points, 95% CI [{gain['low']}, {gain['high']}] over {gain['n']} seeds")
@@ -375,11 +430,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_overrides(parser)
     add_seeds(parser, "0,1,2")
     parser.add_argument("--budget-s", type=float, default=600.0, help="wall budget of warm start + RL per seed")
-    parser.add_argument("--min-gain-points", type=float, default=20.0,
-                        help="the criterion's least held-out gain, in points (default %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--min-gain-points",
+        type=float,
+        default=20.0,
+        help="the criterion's least held-out gain, in points (default %(default)s)",
+    )
     add_out(parser, "runs/bench-agent-learning")
-    parser.add_argument("--merge", metavar="A,B",
-                        help="combine result files of one configuration run apart; nothing runs")  # fmt: skip
+    parser.add_argument(
+        "--merge", metavar="A,B", help="combine result files of one configuration run apart; nothing runs"
+    )
 
 
 def run(args: argparse.Namespace) -> None:
@@ -388,11 +448,20 @@ def run(args: argparse.Namespace) -> None:
         payload = merge_results(args.merge.split(","), args.min_gain_points)
         if args.json:
             rows, budget_s = payload["rows"], payload["budget_s"]
-            write_with_plot(args.json, json.dumps(payload, indent=2) + "\n",
-                            lambda png: plot_curves(rows, png, budget_s, payload["task"] or "calculator"))  # fmt: skip
+            write_with_plot(
+                args.json,
+                json.dumps(payload, indent=2) + "\n",
+                lambda png: plot_curves(rows, png, budget_s, payload["task"] or "calculator"),
+            )
         _print_table(payload)
         return
     seeds = list(parse_list(args.seeds, int, (0, 1, 2), "--seeds"))
-    run_agent_learning_bench(args.json, config=args.config, overrides=options.overrides(args), seeds=seeds,
-                             budget_s=args.budget_s, out_dir=args.out,
-                             min_gain_points=args.min_gain_points)  # fmt: skip
+    run_agent_learning_bench(
+        args.json,
+        config=args.config,
+        overrides=options.overrides(args),
+        seeds=seeds,
+        budget_s=args.budget_s,
+        out_dir=args.out,
+        min_gain_points=args.min_gain_points,
+    )

@@ -57,22 +57,40 @@ __all__ = [
     "TARGET_RATIO",
     "tool_wait_row",
     "WORKLOAD",
-]  # fmt: skip
+]
 
 WORKLOAD = (
     # the warm start of bench prefix-reuse (the cache key: task, sft, call format, environment)
-    "rollout.workflow=agent", "task.name=calculator", "agent.tool_format=tag", "task.train_size=2048",
-    "sft.steps=100", "sft.batch_size=16", "sft.warmup_steps=10",
+    "rollout.workflow=agent",
+    "task.name=calculator",
+    "agent.tool_format=tag",
+    "task.train_size=2048",
+    "sft.steps=100",
+    "sft.batch_size=16",
+    "sft.warmup_steps=10",
     # the episodes: a call, the result, the answer (at most 3 turns of <= 32 tokens)
-    "agent.max_turns=3", "agent.max_tokens=96", "agent.max_turn_tokens=32", "rollout.max_new_tokens=32",
-    "rollout.temperature=1.0", "rollout.group_size=8", "rollout.max_slots=64",
+    "agent.max_turns=3",
+    "agent.max_tokens=96",
+    "agent.max_turn_tokens=32",
+    "rollout.max_new_tokens=32",
+    "rollout.temperature=1.0",
+    "rollout.group_size=8",
+    "rollout.max_slots=64",
     # slow tools: a long-tailed wait per call
-    "agent.tool_latency=lognormal", "agent.tool_latency_median_s=0.2", "agent.tool_latency_sigma=1.0",
+    "agent.tool_latency=lognormal",
+    "agent.tool_latency_median_s=0.2",
+    "agent.tool_latency_sigma=1.0",
     # training: every group trained; a small held-out set (before and after only)
-    "algo.filter_equal_rewards=false", "trainer.lr=1e-4", "controller.batch_size=8", "controller.checkpoint_every=0",
-    "task.eval_size=16", "eval.greedy=true", "eval.report_greedy=false", "eval.max_new_tokens=32",
+    "algo.filter_equal_rewards=false",
+    "trainer.lr=1e-4",
+    "controller.batch_size=8",
+    "controller.checkpoint_every=0",
+    "task.eval_size=16",
+    "eval.greedy=true",
+    "eval.report_greedy=false",
+    "eval.max_new_tokens=32",
     "run.progress=false",
-)  # fmt: skip
+)
 """Config overrides of every run (the user's ``--set`` wins over them)."""
 
 ASYNC_ETA = 4
@@ -124,13 +142,15 @@ def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if "sync" not in arms or "async" not in arms:
             continue
         sync, fast = arms["sync"], arms["async"]
-        per_seed.append({
-            "seed": seed,
-            "steady_state_ratio": _ratio(fast, sync, "steady_state_tokens_per_s"),
-            "whole_run_ratio": _ratio(fast, sync, "trained_tokens_per_s"),
-            "sync_tool_wait_share": sync.get("tool_wait_share"),
-            "async_tool_wait_share": fast.get("tool_wait_share"),
-        })  # fmt: skip
+        per_seed.append(
+            {
+                "seed": seed,
+                "steady_state_ratio": _ratio(fast, sync, "steady_state_tokens_per_s"),
+                "whole_run_ratio": _ratio(fast, sync, "trained_tokens_per_s"),
+                "sync_tool_wait_share": sync.get("tool_wait_share"),
+                "async_tool_wait_share": fast.get("tool_wait_share"),
+            }
+        )
 
     def over(values: list[Any]) -> dict[str, Any]:
         return mean_ci95([v for v in values if v is not None])
@@ -173,37 +193,61 @@ def plot(payload: dict[str, Any], path: Path) -> None:
             if row is None:
                 continue
             x = i + (j - 0.5) * 2 * width
-            left.bar(x - width / 2, row.get("steady_state_tokens_per_s") or 0.0, width, color=colour,
-                     label=f"{arm}: steady state" if i == 0 else None)  # fmt: skip
-            left.bar(x + width / 2, row["trained_tokens_per_s"], width, color=colour, alpha=0.4, hatch="//",
-                     label=f"{arm}: whole run" if i == 0 else None)  # fmt: skip
+            left.bar(
+                x - width / 2,
+                row.get("steady_state_tokens_per_s") or 0.0,
+                width,
+                color=colour,
+                label=f"{arm}: steady state" if i == 0 else None,
+            )
+            left.bar(
+                x + width / 2,
+                row["trained_tokens_per_s"],
+                width,
+                color=colour,
+                alpha=0.4,
+                hatch="//",
+                label=f"{arm}: whole run" if i == 0 else None,
+            )
     left.set_xticks(range(len(seeds)), [f"seed {s}" for s in seeds])
     left.set_ylabel("trained tokens / s")
     left.legend(fontsize=7)
     for k, (key, marker) in enumerate((("steady_state_ratio", "o"), ("whole_run_ratio", "s"))):
         points = [(s["seed"], s[key]) for s in payload["per_seed"] if s[key] is not None]
         if points:
-            right.scatter([seeds.index(p[0]) + 0.1 * k for p in points], [p[1] for p in points], marker=marker,
-                          label=key.replace("_", " "))  # fmt: skip
+            right.scatter(
+                [seeds.index(p[0]) + 0.1 * k for p in points],
+                [p[1] for p in points],
+                marker=marker,
+                label=key.replace("_", " "),
+            )
         stat = payload["summary"][key]
         if stat["low"] is not None:
-            right.errorbar([len(seeds) + 0.1 * k], [stat["mean"]], yerr=[[stat["mean"] - stat["low"]],
-                           [stat["high"] - stat["mean"]]], fmt=marker, color="k", capsize=4)  # fmt: skip
+            right.errorbar(
+                [len(seeds) + 0.1 * k],
+                [stat["mean"]],
+                yerr=[[stat["mean"] - stat["low"]], [stat["high"] - stat["mean"]]],
+                fmt=marker,
+                color="k",
+                capsize=4,
+            )
     right.axhline(TARGET_RATIO, color="r", linestyle="--", label=f"{TARGET_RATIO:g}x")
     right.set_xticks(range(len(seeds) + 1), [*(f"seed {s}" for s in seeds), "mean (95% CI)"])
     right.set_xlim(-0.5, len(seeds) + 0.5)
     right.set_ylabel(f"η={ASYNC_ETA} / η=0")
     right.set_ylim(bottom=0)
     right.legend(fontsize=7)
-    fig.suptitle(f"calculator with slow tools: asynchronous (η={ASYNC_ETA}) vs synchronous trained tokens/s",
-                 fontsize=10)  # fmt: skip
+    fig.suptitle(
+        f"calculator with slow tools: asynchronous (η={ASYNC_ETA}) vs synchronous trained tokens/s", fontsize=10
+    )
     from asyncrl.controller.report import save_figure
 
     save_figure(fig, path)
 
 
-def _arm_row(seed: int, eta: int, setting: str, extra: list[str], base: list[str], run_dir: Path,
-             warmup_s: float) -> dict[str, Any]:  # fmt: skip
+def _arm_row(
+    seed: int, eta: int, setting: str, extra: list[str], base: list[str], run_dir: Path, warmup_s: float
+) -> dict[str, Any]:
     """One run of an arm: ``runs.run_and_measure``'s row and its tool waits."""
     from asyncrl.controller.rundir import read_jsonl
     from benchmarks.runs import run_and_measure
@@ -241,14 +285,23 @@ def run_agent_throughput_bench(
         raise ValueError(f"sync setting {sync_setting!r}: expected one of {', '.join(SYNC_CANDIDATES)}")
     rows = []
     for seed in seeds:
-        for eta, setting, extra in ((0, sync_setting, SYNC_CANDIDATES[sync_setting]),
-                                    (ASYNC_ETA, "async", ASYNC_SETTING)):  # fmt: skip
+        for eta, setting, extra in (
+            (0, sync_setting, SYNC_CANDIDATES[sync_setting]),
+            (ASYNC_ETA, "async", ASYNC_SETTING),
+        ):
             print(f"\n=== bench agent-throughput: seed {seed}, max_staleness={eta} ({setting}) ===", flush=True)
             rows.append(_arm_row(seed, eta, setting, extra, base, out / f"s{seed}-eta{eta}", warmup_s))
     payload: dict[str, Any] = {
-        "bench": "agent-throughput", "overrides": base, "seeds": list(seeds), "steps": steps, "warmup_s": warmup_s,
-        "sync_setting": sync_setting, "sync_probes": probes, "rows": rows, "out_dir": str(out),
-    }  # fmt: skip
+        "bench": "agent-throughput",
+        "overrides": base,
+        "seeds": list(seeds),
+        "steps": steps,
+        "warmup_s": warmup_s,
+        "sync_setting": sync_setting,
+        "sync_probes": probes,
+        "rows": rows,
+        "out_dir": str(out),
+    }
     return _finish(payload, json_path)
 
 
@@ -295,21 +348,26 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 def _print_summary(payload: dict[str, Any]) -> None:
     print(f"\nbench agent-throughput: synchronous setting {payload['sync_setting']}")
-    print(f"{'seed':>4} {'eta':>3} {'steady tok/s':>12} {'whole tok/s':>11} {'tool share':>10} {'waits/ep':>8} "
-          f"{'wait p50':>8} {'wait p90':>8} {'RL s':>6}")  # fmt: skip
+    print(
+        f"{'seed':>4} {'eta':>3} {'steady tok/s':>12} {'whole tok/s':>11} {'tool share':>10} {'waits/ep':>8} "
+        f"{'wait p50':>8} {'wait p90':>8} {'RL s':>6}"
+    )
     for r in payload["rows"]:
-        print(f"{r['seed']:>4} {r['max_staleness']:>3} {_fmt(r.get('steady_state_tokens_per_s')):>12} "
-              f"{_fmt(r['trained_tokens_per_s']):>11} {_fmt(r['tool_wait_share']):>10} "
-              f"{_fmt(r['tool_waits_per_episode']):>8} {_fmt(r['tool_wait_p50_s']):>8} "
-              f"{_fmt(r['tool_wait_p90_s']):>8} {r['rl_wall_s']:>6.0f}")  # fmt: skip
+        print(
+            f"{r['seed']:>4} {r['max_staleness']:>3} {_fmt(r.get('steady_state_tokens_per_s')):>12} "
+            f"{_fmt(r['trained_tokens_per_s']):>11} {_fmt(r['tool_wait_share']):>10} "
+            f"{_fmt(r['tool_waits_per_episode']):>8} {_fmt(r['tool_wait_p50_s']):>8} "
+            f"{_fmt(r['tool_wait_p90_s']):>8} {r['rl_wall_s']:>6.0f}"
+        )
     summary = payload["summary"]
     for key in ("steady_state_ratio", "whole_run_ratio"):
         stat = summary[key]
         interval = f" [{_fmt(stat['low'])}, {_fmt(stat['high'])}]" if stat["low"] is not None else ""
         print(f"{key}: mean {_fmt(stat['mean'])}{interval} over {stat['n']} seeds")
     share = {arm: _fmt(stat["tool_wait_share"]["mean"]) for arm, stat in summary["arms"].items()}
-    print(f"tool-wait share (of the episodes' time in flight): synchronous {share['sync']}, asynchronous "
-          f"{share['async']}")  # fmt: skip
+    print(
+        f"tool-wait share (of the episodes' time in flight): synchronous {share['sync']}, asynchronous {share['async']}"
+    )
     print(f"seeds at {TARGET_RATIO:g}x (steady state): {summary['seeds_at_target']}")
 
 
@@ -344,6 +402,12 @@ def run(args: argparse.Namespace) -> None:
     base = options.overrides(args)
     load_config(None, [*WORKLOAD, *base])  # fail fast on an override the workload refuses
     run_agent_throughput_bench(
-        args.json, overrides=base, seeds=seeds, steps=args.steps or 40, warmup_s=args.warmup_s,
-        probe_steps=args.probe_steps, sync_setting=args.sync_setting, out_dir=args.out,
-    )  # fmt: skip
+        args.json,
+        overrides=base,
+        seeds=seeds,
+        steps=args.steps or 40,
+        warmup_s=args.warmup_s,
+        probe_steps=args.probe_steps,
+        sync_setting=args.sync_setting,
+        out_dir=args.out,
+    )

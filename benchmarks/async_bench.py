@@ -121,9 +121,10 @@ async def _engine_alone(overrides: list[str], seconds: float, max_fill_s: float 
     source = PromptSource(drop_long_prompts(train_prompts, cfg.rollout.max_prompt_len), cfg.run.seed)
     score = make_score_fn("arithmetic", tok)
     sampling = SamplingParams(
-        max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
         stop_token_ids=stop_token_ids(tok, model),
-    )  # fmt: skip
+    )
     stop = False
     n_workers = cfg.controller.max_concurrent
     first_done = 0
@@ -180,21 +181,29 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             steady = [r["steady_state_tokens_per_s"] for r in e_rows if r["steady_state_tokens_per_s"] is not None]
             acc = [r["accuracy_after"] for r in e_rows if r["accuracy_after"] is not None]
             item: dict[str, Any] = {
-                "workload": w, "max_staleness": eta, "high_water_batches": hw, "seeds": [r["seed"] for r in e_rows],
-                "steady_state_tokens_per_s_mean": mean_or_zero(steady), "steady_state_tokens_per_s_std": _std(steady),
+                "workload": w,
+                "max_staleness": eta,
+                "high_water_batches": hw,
+                "seeds": [r["seed"] for r in e_rows],
+                "steady_state_tokens_per_s_mean": mean_or_zero(steady),
+                "steady_state_tokens_per_s_std": _std(steady),
                 "steady_state_tokens_per_s_ci95": mean_ci95(steady),
                 "trained_tokens_per_s_mean": mean_or_zero([r["trained_tokens_per_s"] for r in e_rows]),
-                "accuracy_after_mean": mean_or_zero(acc), "accuracy_after_std": _std(acc),
+                "accuracy_after_mean": mean_or_zero(acc),
+                "accuracy_after_std": _std(acc),
                 "staleness_mean": mean_or_zero([r["staleness_mean"] for r in e_rows]),
-            }  # fmt: skip
+            }
             paired = [(r, sync[r["seed"]]) for r in e_rows if r["seed"] in sync]
             if paired:
                 for key, name in (("steady_state_tokens_per_s", "steady_state"), ("trained_tokens_per_s", "whole_run")):
                     ratios = [r[key] / max(s[key], 1e-9) for r, s in paired if None not in (r[key], s[key])]
                     item[f"{name}_ratio_vs_sync"] = mean_ci95(ratios)
                     item[f"{name}_ratio_vs_sync_per_seed"] = ratios
-                deltas = [100 * (r["accuracy_after"] - s["accuracy_after"]) for r, s in paired
-                          if r["accuracy_after"] is not None and s["accuracy_after"] is not None]  # fmt: skip
+                deltas = [
+                    100 * (r["accuracy_after"] - s["accuracy_after"])
+                    for r, s in paired
+                    if r["accuracy_after"] is not None and s["accuracy_after"] is not None
+                ]
                 item["accuracy_delta_vs_sync_points_mean"] = mean_or_zero(deltas)
                 item["accuracy_delta_vs_sync_points_std"] = _std(deltas)
                 item["accuracy_delta_vs_sync_points_ci95"] = mean_ci95(deltas)
@@ -269,19 +278,44 @@ def run_async_bench(
         if item["workload"] in limits:
             limit = limits[item["workload"]]["bottleneck_limit_tokens_per_s"]
             item["fraction_of_limit"] = item["steady_state_tokens_per_s_mean"] / max(limit, 1e-9)
-    keys = ["workload", "seed", "max_staleness", "high_water_batches", "steady_state_tokens_per_s",
-            "trained_tokens_per_s", "accuracy_after", "staleness_mean", "stale_groups", "unused_groups",
-            "response_len_p50", "rl_wall_s"]  # fmt: skip
+    keys = [
+        "workload",
+        "seed",
+        "max_staleness",
+        "high_water_batches",
+        "steady_state_tokens_per_s",
+        "trained_tokens_per_s",
+        "accuracy_after",
+        "staleness_mean",
+        "stale_groups",
+        "unused_groups",
+        "response_len_p50",
+        "rl_wall_s",
+    ]
     print_table("bench async: runs (steady state: generated in the window x trained per generated)", rows, keys)
-    keys = ["workload", "max_staleness", "high_water_batches", "steady_state_tokens_per_s_mean",
-            "fraction_of_limit", "accuracy_after_mean", "accuracy_after_std", "accuracy_delta_vs_sync_points_mean",
-            "accuracy_delta_vs_sync_points_std"]  # fmt: skip
+    keys = [
+        "workload",
+        "max_staleness",
+        "high_water_batches",
+        "steady_state_tokens_per_s_mean",
+        "fraction_of_limit",
+        "accuracy_after_mean",
+        "accuracy_after_std",
+        "accuracy_delta_vs_sync_points_mean",
+        "accuracy_delta_vs_sync_points_std",
+    ]
     print_table("bench async: over seeds", summary, keys)
     print(json.dumps({"limits": limits}, indent=2))
     payload = {
-        "bench": "async", "overrides": base, "seeds": list(seeds), "warmup_s": warmup_s,
-        "rows": rows, "summary": summary, "limits": limits, "out_dir": str(out),
-    }  # fmt: skip
+        "bench": "async",
+        "overrides": base,
+        "seeds": list(seeds),
+        "warmup_s": warmup_s,
+        "rows": rows,
+        "summary": summary,
+        "limits": limits,
+        "out_dir": str(out),
+    }
     write_json(json_path, payload)
     return payload
 
@@ -319,6 +353,14 @@ def run(args: argparse.Namespace) -> None:
     seeds = parse_list(args.seeds, int, (0,), "--seeds")
     marks = parse_list(args.high_water, int, (), "--high-water") or None
     run_async_bench(
-        args.json, overrides=options.overrides(args), steps=args.steps, out_dir=args.out, etas=etas,
-        workloads=workloads, seeds=seeds, warmup_s=args.warmup_s, high_waters=marks, calibrate_s=args.calibrate,
-    )  # fmt: skip
+        args.json,
+        overrides=options.overrides(args),
+        steps=args.steps,
+        out_dir=args.out,
+        etas=etas,
+        workloads=workloads,
+        seeds=seeds,
+        warmup_s=args.warmup_s,
+        high_waters=marks,
+        calibrate_s=args.calibrate,
+    )

@@ -88,8 +88,10 @@ def run_decode_sweep(
                 row = _sweep_one(engine, context, n, new_tokens, token_id)
                 rows.append(row)
                 if print_table:
-                    print(f"context {context:5d}  running {n:4d}: {row['decode_tokens_per_s']:8.0f} decode tok/s",
-                          flush=True)  # fmt: skip
+                    print(
+                        f"context {context:5d}  running {n:4d}: {row['decode_tokens_per_s']:8.0f} decode tok/s",
+                        flush=True,
+                    )
     finally:
         engine.close()
         torch.set_num_threads(prev_threads)

@@ -297,8 +297,13 @@ def run_interrupt_cost(
     rows = []
     samples: dict[str, list] = {}
     for mode in ("none", "abort", "keep"):
-        eng = LocalEngine(models[mode], tokenizer, max_slots=slots, max_seq_len=max_len,
-                          interrupt_mode="keep" if mode == "none" else mode)  # fmt: skip
+        eng = LocalEngine(
+            models[mode],
+            tokenizer,
+            max_slots=slots,
+            max_seq_len=max_len,
+            interrupt_mode="keep" if mode == "none" else mode,
+        )
 
         async def go(eng: LocalEngine = eng, mode: str = mode) -> tuple[list, int]:
             jobs = [
@@ -385,8 +390,16 @@ def run_interrupt_cost(
         },
     }
     if print_table:
-        cols = ("mode", "weight_updates", "useful_tokens_per_s", "reprefill_tokens", "reprefill_per_useful_token",
-                "stale_kv_fraction", "logprob_gap_mean", "logprob_gap_max")  # fmt: skip
+        cols = (
+            "mode",
+            "weight_updates",
+            "useful_tokens_per_s",
+            "reprefill_tokens",
+            "reprefill_per_useful_token",
+            "stale_kv_fraction",
+            "logprob_gap_mean",
+            "logprob_gap_max",
+        )
         print("  ".join(f"{c:>18}" for c in cols))
         for r in rows:
             print("  ".join(f"{r[c]!s:>18}" for c in cols))

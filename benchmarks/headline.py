@@ -165,11 +165,15 @@ def analyse(
         samples = eval_samples * min(final_window, max(1, len(sync["curve"]) - 1))
         se = math.sqrt(start * (1 - start) / eval_samples + final * (1 - final) / samples) if eval_samples else None
         item: dict[str, Any] = {
-            "seed": seed, "target_accuracy": target, "sync_start": start, "sync_final": final,
-            "sync_gain_se": se, "target_meaningful": se is None or final - start > 2 * se,
+            "seed": seed,
+            "target_accuracy": target,
+            "sync_start": start,
+            "sync_final": final,
+            "sync_gain_se": se,
+            "target_meaningful": se is None or final - start > 2 * se,
             # a synchronous run that never holds its own target (a plateau above its end) gives no speed-up
             "sync_holds_target": math.isfinite(t_sync),
-        }  # fmt: skip
+        }
         for eta, row in sorted(arms.items()):
             if not row["curve"]:  # a run with no evaluated snapshot says nothing of time or accuracy
                 continue
@@ -239,8 +243,9 @@ def plot_curves(rows: list[dict[str, Any]], path: Path, targets: dict[int, float
     for row in rows:
         t, acc = zip(*row["curve"], strict=True) if row["curve"] else ((), ())
         label = f"η={row['max_staleness']}" if row["seed"] == seeds[0] else None
-        ax.plot(t, acc, styles[seeds.index(row["seed"]) % 4], color=colours[row["max_staleness"]], marker=".",
-                label=label)  # fmt: skip
+        ax.plot(
+            t, acc, styles[seeds.index(row["seed"]) % 4], color=colours[row["max_staleness"]], marker=".", label=label
+        )
     for seed, target in targets.items():
         ax.axhline(target, color="grey", lw=0.6, ls=styles[seeds.index(seed) % 4])
     ax.set_xlabel("RL wall time (s)")
@@ -257,8 +262,14 @@ def probe_sync(base: list[str], seed: int, steps: int, out: Path, warmup_s: floa
     probes = []
     for name, extra in SYNC_CANDIDATES.items():
         print(f"\n=== bench headline: synchronous candidate {name} (seed {seed}, {steps} steps) ===", flush=True)
-        over = [*base, *extra, f"run.seed={seed}", "controller.max_staleness=0", f"controller.total_steps={steps}",
-                "controller.snapshot_every_s=0"]  # fmt: skip
+        over = [
+            *base,
+            *extra,
+            f"run.seed={seed}",
+            "controller.max_staleness=0",
+            f"controller.total_steps={steps}",
+            "controller.snapshot_every_s=0",
+        ]
         row = run_and_measure(over, out / f"probe-{name}", 0.0)
         probes.append({"candidate": name, "overrides": extra, **{k: v for k, v in row.items() if k != "snapshots"}})
     best = max(probes, key=lambda p: p["trained_tokens_per_s"])
@@ -312,10 +323,20 @@ def run_headline_bench(
         for eta in etas:
             setting = SYNC_CANDIDATES[sync_setting] if eta == 0 else ASYNC_SETTING
             print(f"\n=== bench headline: {workload}, seed {seed}, max_staleness={eta} ===", flush=True)
-            over = [*base, *setting, f"run.seed={seed}", f"controller.max_staleness={eta}",
-                    f"controller.snapshot_every_s={snapshot_every_s}"]  # fmt: skip
-            row = {"workload": workload, "seed": seed, "max_staleness": eta,
-                   "setting": sync_setting if eta == 0 else "async", "overrides": setting}  # fmt: skip
+            over = [
+                *base,
+                *setting,
+                f"run.seed={seed}",
+                f"controller.max_staleness={eta}",
+                f"controller.snapshot_every_s={snapshot_every_s}",
+            ]
+            row = {
+                "workload": workload,
+                "seed": seed,
+                "max_staleness": eta,
+                "setting": sync_setting if eta == 0 else "async",
+                "overrides": setting,
+            }
             row.update(run_and_measure(over, out / f"s{seed}-eta{eta}", warmup_s))
             rows.append(row)
     print("\n=== bench headline: evaluating the snapshots (after every run) ===", flush=True)
@@ -328,11 +349,21 @@ def run_headline_bench(
     eval_cfg = load_config(None, scoring)
     eval_samples = eval_cfg.task.eval_size * (1 if eval_cfg.eval.greedy else eval_cfg.eval.samples_per_prompt)
     payload = {
-        "bench": "headline", "workload": workload, "overrides": base, "seeds": list(seeds), "etas": list(etas),
-        "target_fraction": target_fraction, "warmup_s": warmup_s, "snapshot_every_s": snapshot_every_s,
-        "time_budget_s": time_budget_s, "snapshot_overrides": scoring,
-        "eval_samples": eval_samples, "sync_setting": sync_setting, "sync_probes": probes, "rows": rows,
-    }  # fmt: skip
+        "bench": "headline",
+        "workload": workload,
+        "overrides": base,
+        "seeds": list(seeds),
+        "etas": list(etas),
+        "target_fraction": target_fraction,
+        "warmup_s": warmup_s,
+        "snapshot_every_s": snapshot_every_s,
+        "time_budget_s": time_budget_s,
+        "snapshot_overrides": scoring,
+        "eval_samples": eval_samples,
+        "sync_setting": sync_setting,
+        "sync_probes": probes,
+        "rows": rows,
+    }
     return finish(payload, json_path)
 
 
@@ -390,13 +421,19 @@ def _fmt(stat: dict[str, Any]) -> str:
 def _print_summary(payload: dict[str, Any]) -> None:
     print(f"\nbench headline ({payload['workload']}): synchronous setting {payload['sync_setting']}")
     for s in payload["per_seed"]:
-        print(f"  seed {s['seed']}: target {s['target_accuracy']:.3f} (sync {s['sync_start']:.3f} -> "
-              f"{s['sync_final']:.3f})")  # fmt: skip
-    print(f"  {'arm':>6}  {'speed-up to target':>26}  {'final accuracy':>24}  {'steady-state ratio':>24}  "
-          f"{'whole-run ratio':>24}")  # fmt: skip
+        print(
+            f"  seed {s['seed']}: target {s['target_accuracy']:.3f} (sync {s['sync_start']:.3f} -> "
+            f"{s['sync_final']:.3f})"
+        )
+    print(
+        f"  {'arm':>6}  {'speed-up to target':>26}  {'final accuracy':>24}  {'steady-state ratio':>24}  "
+        f"{'whole-run ratio':>24}"
+    )
     for name, stat in payload["summary"].items():
-        print(f"  {name:>6}  {_fmt(stat['speedup']):>26}  {_fmt(stat['final_accuracy']):>24}  "
-              f"{_fmt(stat['steady_state_ratio']):>24}  {_fmt(stat['whole_run_ratio']):>24}")  # fmt: skip
+        print(
+            f"  {name:>6}  {_fmt(stat['speedup']):>26}  {_fmt(stat['final_accuracy']):>24}  "
+            f"{_fmt(stat['steady_state_ratio']):>24}  {_fmt(stat['whole_run_ratio']):>24}"
+        )
 
 
 PLOTTED = True
@@ -424,29 +461,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds of RL time between policy snapshots",
     )
     parser.add_argument(
-        "--target-fraction", type=float, default=0.9,
+        "--target-fraction",
+        type=float,
+        default=0.9,
         help="the target is the synchronous run's start + this fraction of its gain (default 0.9)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--sync-setting",
         help=f"the synchronous setting, without probing ({', '.join(SYNC_CANDIDATES)})",
     )
     parser.add_argument("--probe-steps", type=int, default=0, help="steps of each synchronous probe (0: --steps)")
     parser.add_argument(
-        "--time-budget-s", type=float, default=None,
+        "--time-budget-s",
+        type=float,
+        default=None,
         help="every arm stops starting steps at this much RL time (--steps stays a cap)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--samples-per-prompt", type=int, default=None,
+        "--samples-per-prompt",
+        type=int,
+        default=None,
         help="samples per held-out prompt when scoring snapshots (default: the runs' eval setting; --reevaluate: 8)",
-    )  # fmt: skip
+    )
     add_out(parser, "runs/bench-headline")
     add_reanalyse(parser)
     parser.add_argument(
-        "--reevaluate", metavar="FILE", nargs="+",
+        "--reevaluate",
+        metavar="FILE",
+        nargs="+",
         help="evaluate the snapshots of finished result files again (--samples-per-prompt), analysed together "
         "into --json (--etas: only those arms)",
-    )  # fmt: skip
+    )
 
 
 def run(args: argparse.Namespace) -> None:
@@ -477,9 +522,18 @@ def run(args: argparse.Namespace) -> None:
     if args.time_budget_s is not None and args.time_budget_s <= 0:
         raise ConfigError("--time-budget-s must be > 0 (leave it out for step budgets alone)")
     run_headline_bench(
-        args.json, overrides=base, workload=args.workload, steps=args.steps, etas=etas,
-        seeds=parse_list(args.seeds, int, (0, 1, 2), "--seeds"), snapshot_every_s=args.snapshot_every,
-        warmup_s=args.warmup_s, target_fraction=args.target_fraction, probe_steps=args.probe_steps,
-        sync_setting=args.sync_setting, time_budget_s=args.time_budget_s or 0.0,
-        snapshot_samples_per_prompt=args.samples_per_prompt, out_dir=args.out,
-    )  # fmt: skip
+        args.json,
+        overrides=base,
+        workload=args.workload,
+        steps=args.steps,
+        etas=etas,
+        seeds=parse_list(args.seeds, int, (0, 1, 2), "--seeds"),
+        snapshot_every_s=args.snapshot_every,
+        warmup_s=args.warmup_s,
+        target_fraction=args.target_fraction,
+        probe_steps=args.probe_steps,
+        sync_setting=args.sync_setting,
+        time_budget_s=args.time_budget_s or 0.0,
+        snapshot_samples_per_prompt=args.samples_per_prompt,
+        out_dir=args.out,
+    )

@@ -52,8 +52,16 @@ def run_interrupt_bench(
     drain = rows[-1]
     for row in rows:
         row["throughput_ratio_vs_drain"] = row["trained_tokens_per_s"] / max(drain["trained_tokens_per_s"], 1e-9)
-    keys = ["update_mode", "trained_tokens_per_s", "throughput_ratio_vs_drain", "steady_state_tokens_per_s",
-            "interruptions_per_sample", "weight_sync_s", "staleness_mean", "accuracy_after"]  # fmt: skip
+    keys = [
+        "update_mode",
+        "trained_tokens_per_s",
+        "throughput_ratio_vs_drain",
+        "steady_state_tokens_per_s",
+        "interruptions_per_sample",
+        "weight_sync_s",
+        "staleness_mean",
+        "accuracy_after",
+    ]
     print_table("bench interrupt: in-flight weight updates vs draining", rows, keys)
     ratios = {f"{r['update_mode']}_vs_drain": r["throughput_ratio_vs_drain"] for r in rows}
     payload = {"bench": "interrupt", "overrides": wl, "rows": rows, "ratios": ratios, "out_dir": str(out)}
@@ -81,6 +89,10 @@ def run(args: argparse.Namespace) -> None:
     if WORKLOAD_ALIASES.get(args.workload, args.workload) not in WORKLOADS:
         raise ConfigError(f"unknown workload {args.workload!r} (available: {', '.join(WORKLOADS)})")
     run_interrupt_bench(
-        args.json, overrides=options.overrides(args), steps=args.steps, out_dir=args.out,
-        max_staleness=args.max_staleness, workload=args.workload,
-    )  # fmt: skip
+        args.json,
+        overrides=options.overrides(args),
+        steps=args.steps,
+        out_dir=args.out,
+        max_staleness=args.max_staleness,
+        workload=args.workload,
+    )

@@ -222,8 +222,10 @@ def run_lora_update_bench(args: argparse.Namespace) -> dict[str, Any]:
         dirs = [(f"random-init {s}", build_tiny_policy(Path(tmp) / s, TinyModelSpec(**SHAPES[s]))) for s in shapes]
         dirs += [(str(p), p) for p in extra]
         for label, directory in dirs:
-            row = {"label": label, **measure_model(directory, rank=args.rank, repeats=args.repeats,
-                                                   slots=args.slots, tokens=args.tokens)}  # fmt: skip
+            row = {
+                "label": label,
+                **measure_model(directory, rank=args.rank, repeats=args.repeats, slots=args.slots, tokens=args.tokens),
+            }
             row["model"] = label
             idle, flight = row["idle"], row["in_flight"]
             print(
@@ -234,8 +236,15 @@ def run_lora_update_bench(args: argparse.Namespace) -> dict[str, Any]:
                 flush=True,
             )
             rows.append(row)
-    payload = {"bench": "lora-update", "rank": args.rank, "repeats": args.repeats, "slots": args.slots,
-               "tokens": args.tokens, "torch_threads": torch.get_num_threads(), "rows": rows}  # fmt: skip
+    payload = {
+        "bench": "lora-update",
+        "rank": args.rank,
+        "repeats": args.repeats,
+        "slots": args.slots,
+        "tokens": args.tokens,
+        "torch_threads": torch.get_num_threads(),
+        "rows": rows,
+    }
     write_json(args.json, payload)
     return payload
 

@@ -47,9 +47,21 @@ from benchmarks.runs import print_table
 from benchmarks.stats import mean_ci95
 
 __all__ = [
-    "add_arguments", "Cell", "best_lrs", "comparison", "compare_cells", "DEFAULTS", "estimate_seconds", "paired",
-    "Plan", "run", "run_objectives", "SHORT", "tune_cells", "tuning_table",
-]  # fmt: skip
+    "add_arguments",
+    "Cell",
+    "best_lrs",
+    "comparison",
+    "compare_cells",
+    "DEFAULTS",
+    "estimate_seconds",
+    "paired",
+    "Plan",
+    "run",
+    "run_objectives",
+    "SHORT",
+    "tune_cells",
+    "tuning_table",
+]
 
 REFERENCE = "decoupled"
 """The objective every other one is paired with (the project's default objective)."""
@@ -62,9 +74,15 @@ BOUNDED_OVERRIDES = ["controller.high_water_batches=0"]
 """The bounded-asynchrony cells': the high-water mark off, so that η bounds staleness."""
 
 STATS = (
-    "behav_weight_sq_mean", "applied_weight_sq_mean", "applied_weight_max", "behav_capped_frac", "clip_frac",
-    "applied_clip_frac", "approx_kl_behav", "staleness_mean",
-)  # fmt: skip
+    "behav_weight_sq_mean",
+    "applied_weight_sq_mean",
+    "applied_weight_max",
+    "behav_capped_frac",
+    "clip_frac",
+    "applied_clip_frac",
+    "approx_kl_behav",
+    "staleness_mean",
+)
 """The off-policy statistics of each row kept in the summaries (means over seeds)."""
 
 SECONDS_PER_RUN = 12.0
@@ -101,21 +119,41 @@ class Plan:
 
 
 DEFAULTS = Plan(
-    objectives=("decoupled", "decoupled_uncapped", "prox_clip", "naive"), lrs=(2.5e-5, 5e-5, 1e-4, 2e-4),
-    shared_lr=1e-4, lags=(2, 4, 8), etas=(4, 8), seeds=(0, 1, 2, 3, 4), tune_seeds=(0, 1, 2, 3, 4), tune_lag=0,
+    objectives=("decoupled", "decoupled_uncapped", "prox_clip", "naive"),
+    lrs=(2.5e-5, 5e-5, 1e-4, 2e-4),
+    shared_lr=1e-4,
+    lags=(2, 4, 8),
+    etas=(4, 8),
+    seeds=(0, 1, 2, 3, 4),
+    tune_seeds=(0, 1, 2, 3, 4),
+    tune_lag=0,
     steps=150,
-)  # fmt: skip
+)
 """The full comparison (the issue's: >= 4 step sizes from 2.5e-5 to 2e-4, lags 2/4/8, η 4/8, 5 seeds, 150 steps)."""
 
 SHORT = Plan(
-    objectives=DEFAULTS.objectives, lrs=(5e-5, 2e-4), shared_lr=2e-4, lags=(2,), etas=(4,), seeds=(0, 1),
-    tune_seeds=(0, 1), tune_lag=0, steps=4, cost=(4.6, 1.5), loaded_cost=None,
-)  # fmt: skip
+    objectives=DEFAULTS.objectives,
+    lrs=(5e-5, 2e-4),
+    shared_lr=2e-4,
+    lags=(2,),
+    etas=(4,),
+    seeds=(0, 1),
+    tune_seeds=(0, 1),
+    tune_lag=0,
+    steps=4,
+    cost=(4.6, 1.5),
+    loaded_cost=None,
+)
 """``--short``: the whole pipeline in a few minutes (its numbers say nothing about the objectives); its cost model
 measured on one such run (10.6 s for 4 steps, the trainer in process)."""
 
-SHORT_OVERRIDES = ["task.eval_size=32", "eval.samples_per_prompt=1", "eval.report_greedy=false",
-                   "controller.batch_size=8", "controller.trainer_process=false"]  # fmt: skip
+SHORT_OVERRIDES = [
+    "task.eval_size=32",
+    "eval.samples_per_prompt=1",
+    "eval.report_greedy=false",
+    "controller.batch_size=8",
+    "controller.trainer_process=false",
+]
 """``--short``'s smaller runs (before the user's ``--set``)."""
 
 
@@ -197,11 +235,22 @@ def tuning_table(rows: list[dict[str, Any]], plan: Plan) -> list[dict[str, Any]]
     out = []
     for objective in _tuned(plan):
         for lr in plan.lrs:
-            acc = [r["accuracy_after"] for r in rows if (r["objective"], r["staleness"], r["lag"], r["lr"]) ==
-                   (objective, "fixed", plan.tune_lag, lr) and r["seed"] in plan.tune_seeds]  # fmt: skip
+            acc = [
+                r["accuracy_after"]
+                for r in rows
+                if (r["objective"], r["staleness"], r["lag"], r["lr"]) == (objective, "fixed", plan.tune_lag, lr)
+                and r["seed"] in plan.tune_seeds
+            ]
             ci = mean_ci95([a for a in acc if a is not None])
-            out.append({"objective": objective, "lr": lr, "n": ci["n"], "accuracy_after_mean": ci["mean"],
-                        "accuracy_after_ci95": [ci["low"], ci["high"]] if ci["low"] is not None else None})  # fmt: skip
+            out.append(
+                {
+                    "objective": objective,
+                    "lr": lr,
+                    "n": ci["n"],
+                    "accuracy_after_mean": ci["mean"],
+                    "accuracy_after_ci95": [ci["low"], ci["high"]] if ci["low"] is not None else None,
+                }
+            )
     return out
 
 
@@ -232,11 +281,17 @@ def comparison(rows: list[dict[str, Any]], plan: Plan, best: dict[str, float]) -
                 cell = [index[k] for s in plan.seeds if (k := (objective, staleness, lag, lr, s)) in index]
                 ci = mean_ci95([r["accuracy_after"] for r in cell if r["accuracy_after"] is not None])
                 item: dict[str, Any] = {
-                    "lr_rule": rule, "staleness": staleness, "lag": lag, "objective": objective, "lr": lr,
-                    "n": ci["n"], "accuracy_after_mean": ci["mean"], "accuracy_after_ci95": [ci["low"], ci["high"]],
+                    "lr_rule": rule,
+                    "staleness": staleness,
+                    "lag": lag,
+                    "objective": objective,
+                    "lr": lr,
+                    "n": ci["n"],
+                    "accuracy_after_mean": ci["mean"],
+                    "accuracy_after_ci95": [ci["low"], ci["high"]],
                     "accuracy_before_mean": statistics.fmean([r["accuracy_before"] for r in cell]) if cell else None,
                     "collapse_rate": sum(r["collapsed"] for r in cell) / len(cell) if cell else None,
-                }  # fmt: skip
+                }
                 for stat in STATS:
                     values = [r[stat] for r in cell if isinstance(r.get(stat), int | float)]
                     item[stat] = statistics.fmean(values) if values else None
@@ -257,19 +312,30 @@ def paired(rows: list[dict[str, Any]], plan: Plan, best: dict[str, float]) -> li
                     continue
                 lr = _lr_of(rule, objective, best, plan)
                 diffs = [
-                    a - b for s in plan.seeds
+                    a - b
+                    for s in plan.seeds
                     if (a := index.get((objective, staleness, lag, lr, s))) is not None
                     and (b := index.get((REFERENCE, staleness, lag, ref_lr, s))) is not None
-                ]  # fmt: skip
+                ]
                 if not diffs:
                     continue
                 ci = mean_ci95(diffs)
-                out.append({
-                    "lr_rule": rule, "staleness": staleness, "lag": lag, "objective": objective, "reference": REFERENCE,
-                    "lr": lr, "reference_lr": ref_lr, "n": ci["n"], "minus_reference_mean": ci["mean"],
-                    "minus_reference_ci95": [ci["low"], ci["high"]], "minus_reference_per_seed": diffs,
-                    "excludes_zero": ci["low"] is not None and (ci["low"] > 0 or ci["high"] < 0),
-                })  # fmt: skip
+                out.append(
+                    {
+                        "lr_rule": rule,
+                        "staleness": staleness,
+                        "lag": lag,
+                        "objective": objective,
+                        "reference": REFERENCE,
+                        "lr": lr,
+                        "reference_lr": ref_lr,
+                        "n": ci["n"],
+                        "minus_reference_mean": ci["mean"],
+                        "minus_reference_ci95": [ci["low"], ci["high"]],
+                        "minus_reference_per_seed": diffs,
+                        "excludes_zero": ci["low"] is not None and (ci["low"] > 0 or ci["high"] < 0),
+                    }
+                )
     return out
 
 
@@ -292,9 +358,14 @@ def _run_cells(cells: list[Cell], phase: str, user: list[str], plan: Plan, out: 
 
 
 def run_objectives(
-    json_path: str | None, plan: Plan, *, overrides: list[str] | None = None, out_dir: str = "runs/bench-objectives",
-    reuse: str | None = None, plan_only: bool = False,
-) -> dict[str, Any]:  # fmt: skip
+    json_path: str | None,
+    plan: Plan,
+    *,
+    overrides: list[str] | None = None,
+    out_dir: str = "runs/bench-objectives",
+    reuse: str | None = None,
+    plan_only: bool = False,
+) -> dict[str, Any]:
     """The two phases (module docstring): prints the budget first, then runs the tuning grid, picks each
     objective's best step size, runs the comparison, prints the tables and, with ``json_path``, writes
     ``{"bench": "objectives", "plan", "rows", "tuning", "best_lrs", "comparison", "paired", ...}``."""
@@ -303,8 +374,9 @@ def run_objectives(
     user = list(overrides or [])
     for objective in plan.objectives:  # every objective's keys checked at both staleness settings, before any run
         for staleness, lag in (("fixed", max(plan.lags, default=0)), ("bounded", max(plan.etas, default=0))):
-            arm = arm_overrides(objective, lag, plan.lrs[0], plan.seeds[0], plan.steps, [*BASE_OVERRIDES, *user],
-                                staleness)  # fmt: skip
+            arm = arm_overrides(
+                objective, lag, plan.lrs[0], plan.seeds[0], plan.steps, [*BASE_OVERRIDES, *user], staleness
+            )
             load_config(None, arm)
     print(budget_line(plan), flush=True)
     if plan_only:
@@ -318,24 +390,58 @@ def run_objectives(
     best = best_lrs(table)
     if plan.tune_once:
         best = dict.fromkeys(plan.objectives, best[REFERENCE])
-    print_table("bench objectives: tuning (final accuracy over the tuning seeds)", _shown(table),
-                ["objective", "lr", "n", "accuracy_after_mean", "accuracy_after_ci95"], width=18, digits=4)  # fmt: skip
+    print_table(
+        "bench objectives: tuning (final accuracy over the tuning seeds)",
+        _shown(table),
+        ["objective", "lr", "n", "accuracy_after_mean", "accuracy_after_ci95"],
+        width=18,
+        digits=4,
+    )
     print(f"bench objectives: best step sizes {best}; shared {plan.shared_lr:g}", flush=True)
     rows += _run_cells(compare_cells(plan, best, set(tuned)), "compare", user, plan, out, prior)
     payload = {
-        "bench": "objectives", "plan": asdict(plan), "overrides": [*BASE_OVERRIDES, *user],
-        "bounded_overrides": BOUNDED_OVERRIDES, "objectives": {o: OBJECTIVES[o] for o in plan.objectives},
-        "reference": REFERENCE, "rows": rows, "tuning": table, "best_lrs": best,
-        "out_dir": str(out), "reused_from": reuse, "estimate": budget_line(plan),
+        "bench": "objectives",
+        "plan": asdict(plan),
+        "overrides": [*BASE_OVERRIDES, *user],
+        "bounded_overrides": BOUNDED_OVERRIDES,
+        "objectives": {o: OBJECTIVES[o] for o in plan.objectives},
+        "reference": REFERENCE,
+        "rows": rows,
+        "tuning": table,
+        "best_lrs": best,
+        "out_dir": str(out),
+        "reused_from": reuse,
+        "estimate": budget_line(plan),
         "wall_s_total": sum(r["wall_s"] for r in rows),
-    }  # fmt: skip
+    }
     return _finish(payload, plan, best, json_path)
 
 
-RUN_KEYS = ["objective", "staleness", "lag", "lr", "seed", "accuracy_before", "accuracy_after",
-            "applied_weight_sq_mean", "behav_weight_sq_mean", "approx_kl_behav"]  # fmt: skip
-SUMMARY_KEYS = ["lr_rule", "staleness", "lag", "objective", "lr", "n", "accuracy_after_mean", "applied_weight_sq_mean",
-                "applied_clip_frac", "behav_capped_frac", "approx_kl_behav"]  # fmt: skip
+RUN_KEYS = [
+    "objective",
+    "staleness",
+    "lag",
+    "lr",
+    "seed",
+    "accuracy_before",
+    "accuracy_after",
+    "applied_weight_sq_mean",
+    "behav_weight_sq_mean",
+    "approx_kl_behav",
+]
+SUMMARY_KEYS = [
+    "lr_rule",
+    "staleness",
+    "lag",
+    "objective",
+    "lr",
+    "n",
+    "accuracy_after_mean",
+    "applied_weight_sq_mean",
+    "applied_clip_frac",
+    "behav_capped_frac",
+    "approx_kl_behav",
+]
 PAIRED_KEYS = ["lr_rule", "staleness", "lag", "objective", "lr", "n", "minus_reference_mean", "minus_reference_ci95"]
 """The columns of the printed tables (the JSON holds every key)."""
 
@@ -378,26 +484,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_json(parser)
     add_overrides(parser)
     add_steps(parser, f"training steps per run (default {d.steps})")
-    parser.add_argument("--objectives", help=f"comma-separated (default {','.join(d.objectives)}; available: "
-                        f"{', '.join(OBJECTIVES)})")  # fmt: skip
+    parser.add_argument(
+        "--objectives", help=f"comma-separated (default {','.join(d.objectives)}; available: {', '.join(OBJECTIVES)})"
+    )
     parser.add_argument("--lrs", help=f"comma-separated step sizes to tune over (default {','.join(map(str, d.lrs))})")
-    parser.add_argument("--shared-lr", type=float, help="the step size every objective also runs at (default: the "
-                        "config's trainer.lr)")  # fmt: skip
+    parser.add_argument(
+        "--shared-lr", type=float, help="the step size every objective also runs at (default: the config's trainer.lr)"
+    )
     parser.add_argument("--lags", help=f"comma-separated controlled lags (default {','.join(map(str, d.lags))})")
-    parser.add_argument("--etas", help=f"comma-separated bounds η of bounded asynchrony (default "
-                        f"{','.join(map(str, d.etas))}; empty: none)")  # fmt: skip
+    parser.add_argument(
+        "--etas",
+        help=f"comma-separated bounds η of bounded asynchrony (default {','.join(map(str, d.etas))}; empty: none)",
+    )
     add_seeds(parser, ",".join(map(str, d.seeds)))
     parser.add_argument("--tune-seeds", help="comma-separated seeds of the tuning phase (default: --seeds)")
     parser.add_argument("--tune-lag", type=int, help=f"controlled lag of the tuning phase (default {d.tune_lag})")
-    parser.add_argument("--short", action="store_true", help="a few-minute smoke setting of the whole pipeline "
-                        "(2 step sizes, lag 2, eta 4, 4 steps, 2 seeds, a small eval); other options still "
-                        "apply")  # fmt: skip
-    parser.add_argument("--tune-once", action="store_true", help="tune decoupled only and give its best step size "
-                        "to every objective (with --tune-lag 0, where the objectives are one algorithm)")  # fmt: skip
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help="a few-minute smoke setting of the whole pipeline "
+        "(2 step sizes, lag 2, eta 4, 4 steps, 2 seeds, a small eval); other options still "
+        "apply",
+    )
+    parser.add_argument(
+        "--tune-once",
+        action="store_true",
+        help="tune decoupled only and give its best step size "
+        "to every objective (with --tune-lag 0, where the objectives are one algorithm)",
+    )
     parser.add_argument("--plan-only", action="store_true", help="print the plan and its cost, run nothing")
     add_out(parser, "runs/bench-objectives")
-    parser.add_argument("--reuse", metavar="DIR", help="read the finished runs of an interrupted invocation's "
-                        "run directory (<out>/<timestamp>)")  # fmt: skip
+    parser.add_argument(
+        "--reuse",
+        metavar="DIR",
+        help="read the finished runs of an interrupted invocation's run directory (<out>/<timestamp>)",
+    )
 
 
 def plan_from_args(args: argparse.Namespace, config_lr: float) -> Plan:
@@ -413,16 +534,23 @@ def plan_from_args(args: argparse.Namespace, config_lr: float) -> Plan:
     etas = () if args.etas == "" else parse_list(args.etas, int, base.etas, "--etas")
     shared = args.shared_lr if args.shared_lr is not None else (base.shared_lr if args.short else config_lr)
     plan = Plan(
-        objectives=objectives, lrs=parse_list(args.lrs, float, base.lrs, "--lrs"), shared_lr=shared,
-        lags=parse_list(args.lags, int, base.lags, "--lags"), etas=etas, seeds=seeds,
+        objectives=objectives,
+        lrs=parse_list(args.lrs, float, base.lrs, "--lrs"),
+        shared_lr=shared,
+        lags=parse_list(args.lags, int, base.lags, "--lags"),
+        etas=etas,
+        seeds=seeds,
         tune_seeds=parse_list(args.tune_seeds, int, seeds, "--tune-seeds"),
         tune_lag=base.tune_lag if args.tune_lag is None else args.tune_lag,
-        steps=args.steps if args.steps is not None else base.steps, tune_once=args.tune_once, cost=base.cost,
+        steps=args.steps if args.steps is not None else base.steps,
+        tune_once=args.tune_once,
+        cost=base.cost,
         loaded_cost=base.loaded_cost,
-    )  # fmt: skip
+    )
     if plan.tune_once and plan.tune_lag != 0:
-        raise ConfigError(f"--tune-once needs --tune-lag 0 (only there are the objectives one algorithm), got "
-                          f"{plan.tune_lag}")  # fmt: skip
+        raise ConfigError(
+            f"--tune-once needs --tune-lag 0 (only there are the objectives one algorithm), got {plan.tune_lag}"
+        )
     if not plan.lrs or min(plan.lrs) <= 0 or plan.shared_lr <= 0:
         raise ConfigError("--lrs and --shared-lr must be > 0")
     if min((*plan.lags, *plan.etas, plan.tune_lag)) < 0 or plan.steps < 1:

@@ -43,9 +43,13 @@ def add_json(parser: argparse.ArgumentParser, help: str = "write the result rows
 def add_overrides(parser: argparse.ArgumentParser, model_help: str = "model directory of every run") -> None:
     """``--set KEY=VALUE`` (repeatable) and ``--model DIR``: config overrides of every run of the benchmark."""
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="config override applied to every run (repeatable)",
-    )  # fmt: skip
+    )
     parser.add_argument("--model", help=model_help)
 
 
@@ -57,9 +61,11 @@ def add_seeds(parser: argparse.ArgumentParser, default: str, what: str = "run.se
 def add_warmup(parser: argparse.ArgumentParser, default: float = 60.0) -> None:
     """``--warmup-s S``: seconds of RL time before the steady-state window opens."""
     parser.add_argument(
-        "--warmup-s", type=float, default=default,
+        "--warmup-s",
+        type=float,
+        default=default,
         help=f"seconds of RL time before the steady-state window opens (default {default:g})",
-    )  # fmt: skip
+    )
 
 
 def add_out(parser: argparse.ArgumentParser, default: str) -> None:

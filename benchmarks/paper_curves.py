@@ -175,24 +175,47 @@ def arm_keys(arm: Arm, gpus: int, eta: int, inference_fraction: float) -> dict[s
 
 
 def simulate_point(
-    run: Runner, spec: CurvesSpec, curve: str, profile: str, gpus: int, max_new_tokens: int, arm: Arm, eta: int,
+    run: Runner,
+    spec: CurvesSpec,
+    curve: str,
+    profile: str,
+    gpus: int,
+    max_new_tokens: int,
+    arm: Arm,
+    eta: int,
     steps: int | None = None,
-) -> CurvePoint:  # fmt: skip
+) -> CurvePoint:
     """One point: the workload on ``gpus`` devices of ``profile`` under ``arm``."""
-    keys = {**spec.workload, "profile": profile, "max_new_tokens": max_new_tokens, "seed": spec.seed,
-            "total_steps": steps or (spec.scaling_steps if curve == "scaling" else spec.eta_steps),
-            "high_water_batches": 0,
-            **arm_keys(arm, gpus, eta, spec.inference_fraction)}  # fmt: skip
+    keys = {
+        **spec.workload,
+        "profile": profile,
+        "max_new_tokens": max_new_tokens,
+        "seed": spec.seed,
+        "total_steps": steps or (spec.scaling_steps if curve == "scaling" else spec.eta_steps),
+        "high_water_batches": 0,
+        **arm_keys(arm, gpus, eta, spec.inference_fraction),
+    }
     sim = run(with_overrides(Scenario(), keys))
     r = sim.result
     return CurvePoint(
-        curve=curve, profile=profile, gpus=gpus, max_new_tokens=max_new_tokens, arm=arm,
-        max_staleness=int(keys["max_staleness"]), tokens_per_s=window_trained_tokens_per_s(sim),
-        steady_state_tokens_per_s=r.steady_state_tokens_per_s, step_s=steady_step_s(r),
-        staleness_mean=r.staleness_mean, engine_busy=r.engine_busy_frac, trainer_busy=r.trainer_busy_frac,
-        stale_groups=r.groups.get("stale", 0), engines=r.engines, trainer_ranks=r.trainer_ranks, steps=r.steps,
+        curve=curve,
+        profile=profile,
+        gpus=gpus,
+        max_new_tokens=max_new_tokens,
+        arm=arm,
+        max_staleness=int(keys["max_staleness"]),
+        tokens_per_s=window_trained_tokens_per_s(sim),
+        steady_state_tokens_per_s=r.steady_state_tokens_per_s,
+        step_s=steady_step_s(r),
+        staleness_mean=r.staleness_mean,
+        engine_busy=r.engine_busy_frac,
+        trainer_busy=r.trainer_busy_frac,
+        stale_groups=r.groups.get("stale", 0),
+        engines=r.engines,
+        trainer_ranks=r.trainer_ranks,
+        steps=r.steps,
         cpu_s=r.cpu_s,
-    )  # fmt: skip
+    )
 
 
 def eta_points(run: Runner, spec: CurvesSpec) -> list[CurvePoint]:
@@ -218,18 +241,30 @@ def step_time_points(run: Runner, spec: CurvesSpec, reuse: Sequence[CurvePoint] 
     out: list[CurvePoint] = []
     for profile, gpus in spec.step_time_rows:
         for arm, eta in (("sync", 0), ("async", spec.step_time_eta)):
-            same = [p for p in reuse if (p.profile, p.gpus, p.arm, p.max_staleness, p.max_new_tokens)
-                    == (profile, gpus, arm, eta, spec.eta_max_new_tokens)]  # fmt: skip
-            point = same[0] if same else simulate_point(run, spec, "step_time", profile, gpus,
-                                                        spec.eta_max_new_tokens, arm, eta)  # fmt: skip
+            same = [
+                p
+                for p in reuse
+                if (p.profile, p.gpus, p.arm, p.max_staleness, p.max_new_tokens)
+                == (profile, gpus, arm, eta, spec.eta_max_new_tokens)
+            ]
+            point = (
+                same[0]
+                if same
+                else simulate_point(run, spec, "step_time", profile, gpus, spec.eta_max_new_tokens, arm, eta)
+            )
             out.append(CurvePoint(**{**asdict(point), "curve": "step_time"}))
     return out
 
 
 def fit_length_median(
-    run: Runner, spec: CurvesSpec, target_step_s: float, lo: float = 300.0, hi: float = 12000.0, iters: int = 9,
+    run: Runner,
+    spec: CurvesSpec,
+    target_step_s: float,
+    lo: float = 300.0,
+    hi: float = 12000.0,
+    iters: int = 9,
     steps: int = 20,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The workload's ``length_median`` (log-normal shape kept) at which the η sweep's synchronous point
     (``eta_profile`` on ``eta_gpus``) takes ``target_step_s`` per step: bisection on a log scale over
     ``[lo, hi]`` (a synchronous step grows with the lengths). Returns the median and the trace."""
@@ -242,8 +277,12 @@ def fit_length_median(
         trace.append({"length_median": mid, "step_s": step_s})
         lo, hi = (mid, hi) if step_s < target_step_s else (lo, mid)
     best = min(trace, key=lambda t: abs(t["step_s"] - target_step_s))
-    return {"length_median": round(best["length_median"]), "target_step_s": target_step_s, "steps": steps,
-            "trace": trace}  # fmt: skip
+    return {
+        "length_median": round(best["length_median"]),
+        "target_step_s": target_step_s,
+        "steps": steps,
+        "trace": trace,
+    }
 
 
 def plateau_eta(by_eta: dict[str, float], fraction: float = 0.95) -> str | None:
@@ -269,11 +308,17 @@ def analyse_eta(points: Sequence[CurvePoint]) -> dict[str, Any]:
         rel = value / base_sim if base_sim else None
         paper_value = paper.get(label)
         paper_rel = paper_value / base_paper if paper_value is not None else None
-        rows.append({
-            "eta": label, "sim_tokens_per_s": value, "paper_tokens_per_s": paper_value,
-            "ratio_sim_paper": value / paper_value if paper_value else None, "sim_relative": rel,
-            "paper_relative": paper_rel, "relative_ratio_sim_paper": rel / paper_rel if rel and paper_rel else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "eta": label,
+                "sim_tokens_per_s": value,
+                "paper_tokens_per_s": paper_value,
+                "ratio_sim_paper": value / paper_value if paper_value else None,
+                "sim_relative": rel,
+                "paper_relative": paper_rel,
+                "relative_ratio_sim_paper": rel / paper_rel if rel and paper_rel else None,
+            }
+        )
     bounded = {k: v for k, v in sim.items() if k != "unbounded"}
     return {
         "rows": rows,
@@ -299,10 +344,16 @@ def analyse_scaling(points: Sequence[CurvePoint]) -> list[dict[str, Any]]:
         gpus = sorted(by_gpus)
         g0, g1 = gpus[0], gpus[-1]
         eff = {g: (by_gpus[g] / by_gpus[g0]) / (g / g0) if by_gpus[g0] else None for g in gpus}
-        row: dict[str, Any] = {"profile": profile, "max_new_tokens": new_tokens, "arm": arm,
-                               "tokens_per_s": {str(g): by_gpus[g] for g in gpus},
-                               "efficiency": {str(g): eff[g] for g in gpus},
-                               "efficiency_smallest_to_largest": eff[g1], "from_gpus": g0, "to_gpus": g1}  # fmt: skip
+        row: dict[str, Any] = {
+            "profile": profile,
+            "max_new_tokens": new_tokens,
+            "arm": arm,
+            "tokens_per_s": {str(g): by_gpus[g] for g in gpus},
+            "efficiency": {str(g): eff[g] for g in gpus},
+            "efficiency_smallest_to_largest": eff[g1],
+            "from_gpus": g0,
+            "to_gpus": g1,
+        }
         if arm == "async":
             for base in ("sync", "sync-colocated"):
                 ref = groups.get((profile, new_tokens, base), {})
@@ -320,13 +371,22 @@ def analyse_step_time(points: Sequence[CurvePoint]) -> list[dict[str, Any]]:
             continue
         paper_sync, paper_async = paper_row["sync_hours"] * 3.6, paper_row["async_hours"] * 3.6  # s per step
         sim_sync, sim_async = mine["sync"].step_s, mine["async"].step_s
-        rows.append({
-            "model": paper_row["model"], "profile": paper_row["profile"], "gpus": paper_row["gpus"],
-            "eta": mine["async"].max_staleness, "paper_sync_step_s": paper_sync, "paper_async_step_s": paper_async,
-            "sim_sync_step_s": sim_sync, "sim_async_step_s": sim_async, "ratio_sim_paper_sync": sim_sync / paper_sync,
-            "ratio_sim_paper_async": sim_async / paper_async, "paper_speedup": paper_sync / paper_async,
-            "sim_speedup": sim_sync / sim_async if sim_async else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "model": paper_row["model"],
+                "profile": paper_row["profile"],
+                "gpus": paper_row["gpus"],
+                "eta": mine["async"].max_staleness,
+                "paper_sync_step_s": paper_sync,
+                "paper_async_step_s": paper_async,
+                "sim_sync_step_s": sim_sync,
+                "sim_async_step_s": sim_async,
+                "ratio_sim_paper_sync": sim_sync / paper_sync,
+                "ratio_sim_paper_async": sim_async / paper_async,
+                "paper_speedup": paper_sync / paper_async,
+                "sim_speedup": sim_sync / sim_async if sim_async else None,
+            }
+        )
     return rows
 
 

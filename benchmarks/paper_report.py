@@ -55,13 +55,29 @@ def horizon_check(run: Runner, spec: CurvesSpec, eta: list[CurvePoint], scaling:
     chosen += [p for p in scaling if p.arm == "async"][-1:]
     out = []
     for p in chosen:
-        half = simulate_point(run, spec, "horizon", p.profile, p.gpus, p.max_new_tokens, p.arm, p.max_staleness,
-                              steps=max(2, p.steps // 2))  # fmt: skip
-        out.append({
-            "curve": p.curve, "profile": p.profile, "gpus": p.gpus, "max_new_tokens": p.max_new_tokens,
-            "eta": p.eta_label, "steps": [half.steps, p.steps], "tokens_per_s": [half.tokens_per_s, p.tokens_per_s],
-            "relative_change": p.tokens_per_s / half.tokens_per_s - 1 if half.tokens_per_s else None,
-        })  # fmt: skip
+        half = simulate_point(
+            run,
+            spec,
+            "horizon",
+            p.profile,
+            p.gpus,
+            p.max_new_tokens,
+            p.arm,
+            p.max_staleness,
+            steps=max(2, p.steps // 2),
+        )
+        out.append(
+            {
+                "curve": p.curve,
+                "profile": p.profile,
+                "gpus": p.gpus,
+                "max_new_tokens": p.max_new_tokens,
+                "eta": p.eta_label,
+                "steps": [half.steps, p.steps],
+                "tokens_per_s": [half.tokens_per_s, p.tokens_per_s],
+                "relative_change": p.tokens_per_s / half.tokens_per_s - 1 if half.tokens_per_s else None,
+            }
+        )
     return out
 
 
@@ -95,30 +111,42 @@ def _fmt(x: float | None, spec: str = ",.0f") -> str:
 
 def print_curves(d: dict[str, Any]) -> None:
     a = d["analysis"]
-    print(f"eta sweep ({d['spec']['eta_profile']}, {d['spec']['eta_gpus']} GPUs): sim / paper tokens/s, relative to "
-          "eta = 0")  # fmt: skip
+    print(
+        f"eta sweep ({d['spec']['eta_profile']}, {d['spec']['eta_gpus']} GPUs): sim / paper tokens/s, relative to "
+        "eta = 0"
+    )
     for r in a["eta"]["rows"]:
-        print(f"  eta {r['eta']:>9}: {_fmt(r['sim_tokens_per_s']):>10} / {_fmt(r['paper_tokens_per_s']):>10} "
-              f"(x{_fmt(r['ratio_sim_paper'], '.2f')}); relative {_fmt(r['sim_relative'], '.2f')} / "
-              f"{_fmt(r['paper_relative'], '.2f')}")  # fmt: skip
+        print(
+            f"  eta {r['eta']:>9}: {_fmt(r['sim_tokens_per_s']):>10} / {_fmt(r['paper_tokens_per_s']):>10} "
+            f"(x{_fmt(r['ratio_sim_paper'], '.2f')}); relative {_fmt(r['sim_relative'], '.2f')} / "
+            f"{_fmt(r['paper_relative'], '.2f')}"
+        )
     e = a["eta"]
-    print(f"  monotone: sim {e['sim_monotone']}, paper {e['paper_monotone']}; 95% plateau at eta "
-          f"{e['sim_plateau_eta_95']} (sim) / {e['paper_plateau_eta_95']} (paper)")  # fmt: skip
+    print(
+        f"  monotone: sim {e['sim_monotone']}, paper {e['paper_monotone']}; 95% plateau at eta "
+        f"{e['sim_plateau_eta_95']} (sim) / {e['paper_plateau_eta_95']} (paper)"
+    )
     print("step time (Table 1): s per step, sim / paper")
     for r in a["step_time"]:
-        print(f"  {r['model']:>4} {r['gpus']} GPUs: sync {r['sim_sync_step_s']:.1f} / {r['paper_sync_step_s']:.1f}, "
-              f"async (eta {r['eta']}) {r['sim_async_step_s']:.1f} / {r['paper_async_step_s']:.1f}; speed-up "
-              f"{r['sim_speedup']:.2f} / {r['paper_speedup']:.2f}")  # fmt: skip
+        print(
+            f"  {r['model']:>4} {r['gpus']} GPUs: sync {r['sim_sync_step_s']:.1f} / {r['paper_sync_step_s']:.1f}, "
+            f"async (eta {r['eta']}) {r['sim_async_step_s']:.1f} / {r['paper_async_step_s']:.1f}; speed-up "
+            f"{r['sim_speedup']:.2f} / {r['paper_speedup']:.2f}"
+        )
     print("scaling: efficiency against linear, smallest -> largest GPU count")
     for r in a["scaling"]:
         speed = r.get("speedup_vs_sync-colocated", {})
         tail = f"; x{speed[str(r['to_gpus'])]:.2f} vs sync-colocated" if str(r["to_gpus"]) in speed else ""
-        print(f"  {r['profile']:<10} {r['max_new_tokens']:>6} new  {r['arm']:<15} {r['from_gpus']}->{r['to_gpus']}: "
-              f"{r['efficiency_smallest_to_largest']:.2f}{tail}")  # fmt: skip
+        print(
+            f"  {r['profile']:<10} {r['max_new_tokens']:>6} new  {r['arm']:<15} {r['from_gpus']}->{r['to_gpus']}: "
+            f"{r['efficiency_smallest_to_largest']:.2f}{tail}"
+        )
     for h in d["horizon_check"]:
-        print(f"horizon: {h['curve']} {h['profile']} {h['gpus']} GPUs eta {h['eta']} at {h['steps'][0]} and "
-              f"{h['steps'][1]} steps: {_fmt(h['tokens_per_s'][0])} and {_fmt(h['tokens_per_s'][1])} tokens/s "
-              f"({h['relative_change']:+.1%})")  # fmt: skip
+        print(
+            f"horizon: {h['curve']} {h['profile']} {h['gpus']} GPUs eta {h['eta']} at {h['steps'][0]} and "
+            f"{h['steps'][1]} steps: {_fmt(h['tokens_per_s'][0])} and {_fmt(h['tokens_per_s'][1])} tokens/s "
+            f"({h['relative_change']:+.1%})"
+        )
     print(f"simulated in {d['cpu_s']:.0f} s of CPU")
 
 
@@ -132,8 +160,13 @@ def plot_curves(d: dict[str, Any], path: str | Path) -> Path:
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
     rows = d["analysis"]["eta"]["rows"]
     xs = list(range(len(rows)))
-    left.plot(xs, [r["sim_relative"] for r in rows], "o-", color="tab:blue",
-              label=f"simulated ({d['spec']['eta_profile']}, {d['spec']['eta_gpus']} GPUs)")  # fmt: skip
+    left.plot(
+        xs,
+        [r["sim_relative"] for r in rows],
+        "o-",
+        color="tab:blue",
+        label=f"simulated ({d['spec']['eta_profile']}, {d['spec']['eta_gpus']} GPUs)",
+    )
     paper = [(i, r["paper_relative"]) for i, r in enumerate(rows) if r["paper_relative"] is not None]
     left.plot([i for i, _ in paper], [v for _, v in paper], "s--", color="black", label="AReaL paper (1.5B)")
     left.set_xticks(xs, [r["eta"].replace("unbounded", "inf") for r in rows])
@@ -149,8 +182,9 @@ def plot_curves(d: dict[str, Any], path: str | Path) -> Path:
         for r in (x for x in d["analysis"]["scaling"] if (x["profile"], x["max_new_tokens"]) == key):
             g = [int(k) for k in r["tokens_per_s"]]
             v = list(r["tokens_per_s"].values())
-            right.plot(g, v, styles[r["arm"]], marker="o", ms=3, color=color,
-                       label=f"{key[0]}, {key[1]:,} new, {r['arm']}")  # fmt: skip
+            right.plot(
+                g, v, styles[r["arm"]], marker="o", ms=3, color=color, label=f"{key[0]}, {key[1]:,} new, {r['arm']}"
+            )
             if r["arm"] == "async":
                 right.plot(g, [v[0] * x / g[0] for x in g], color=color, lw=0.6, alpha=0.5)
     right.plot([], [], color="grey", lw=0.6, label="linear from the smallest count (paper: AReaL near-linear)")
@@ -201,8 +235,10 @@ def bench_paper_curves(json_path: str | None, steps: int | None, fit_lengths: bo
         row = PAPER["step_time"]["rows"][0]
         fit = fit_length_median(default_runner(), spec, row["sync_hours"] * 3.6)
         spec = CurvesSpec(**{**spec.to_dict(), "workload": {**spec.workload, "length_median": fit["length_median"]}})
-        print(f"length median fitted to {fit['length_median']:,} tokens ({row['model']} synchronous step "
-              f"{fit['target_step_s']:.1f} s on {row['gpus']} GPUs)")  # fmt: skip
+        print(
+            f"length median fitted to {fit['length_median']:,} tokens ({row['model']} synchronous step "
+            f"{fit['target_step_s']:.1f} s on {row['gpus']} GPUs)"
+        )
     payload = {**run_paper_curves(spec, command=command), "fit": fit}
     print_curves(payload)
     write_with_plot(target, json.dumps(payload, indent=2) + "\n", lambda png: plot_curves(payload, png))
@@ -210,6 +246,12 @@ def bench_paper_curves(json_path: str | None, steps: int | None, fit_lengths: bo
 
 
 __all__ = [
-    "CurvePoint", "add_arguments", "bench_paper_curves", "plot_curves", "print_curves", "result_file", "run",
+    "CurvePoint",
+    "add_arguments",
+    "bench_paper_curves",
+    "plot_curves",
+    "print_curves",
+    "result_file",
+    "run",
     "run_paper_curves",
-]  # fmt: skip
+]

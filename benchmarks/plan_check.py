@@ -78,24 +78,37 @@ def analyse(rows: list[dict[str, Any]], recommended: str, tolerance: float = 0.1
         measured = [float(r[measure]) for r in runs]
         predicted = runs[0]["predicted_tokens_per_s"]
         mean = statistics.fmean(measured)
-        per.append({
-            "label": label, "recommended": label == recommended, "seeds": [r["seed"] for r in runs],
-            "measured": mean_ci95(measured), "predicted_tokens_per_s": predicted,
-            "prediction_error": predicted / mean - 1.0 if mean > 0 else None,
-            "staleness_mean_measured": statistics.fmean(r["staleness_mean"] for r in runs),
-            "staleness_mean_predicted": runs[0]["predicted_staleness_mean"],
-        })  # fmt: skip
+        per.append(
+            {
+                "label": label,
+                "recommended": label == recommended,
+                "seeds": [r["seed"] for r in runs],
+                "measured": mean_ci95(measured),
+                "predicted_tokens_per_s": predicted,
+                "prediction_error": predicted / mean - 1.0 if mean > 0 else None,
+                "staleness_mean_measured": statistics.fmean(r["staleness_mean"] for r in runs),
+                "staleness_mean_predicted": runs[0]["predicted_staleness_mean"],
+            }
+        )
     best = max(per, key=lambda p: p["measured"]["mean"])
     rec = next(p for p in per if p["recommended"])
     ratio = rec["measured"]["mean"] / best["measured"]["mean"] if best["measured"]["mean"] > 0 else 0.0
     by_seed = {(r["label"], r["seed"]): float(r[measure]) for r in rows}
-    paired = [by_seed[(recommended, s)] / by_seed[(best["label"], s)] for s in rec["seeds"]
-              if (best["label"], s) in by_seed and by_seed[(best["label"], s)] > 0]  # fmt: skip
+    paired = [
+        by_seed[(recommended, s)] / by_seed[(best["label"], s)]
+        for s in rec["seeds"]
+        if (best["label"], s) in by_seed and by_seed[(best["label"], s)] > 0
+    ]
     return {
-        "measure": measure, "settings": per, "best_measured": best["label"], "recommended": recommended,
-        "recommended_over_best": ratio, "recommended_over_best_paired": mean_ci95(paired),
-        "tolerance": tolerance, "within_tolerance": ratio >= 1.0 - tolerance,
-    }  # fmt: skip
+        "measure": measure,
+        "settings": per,
+        "best_measured": best["label"],
+        "recommended": recommended,
+        "recommended_over_best": ratio,
+        "recommended_over_best_paired": mean_ci95(paired),
+        "tolerance": tolerance,
+        "within_tolerance": ratio >= 1.0 - tolerance,
+    }
 
 
 def run_plan_check(
@@ -125,24 +138,48 @@ def run_plan_check(
         for i, s in enumerate(settings):
             print(f"\n=== bench plan-check: {workload}, seed {seed}, {s['label']} ===", flush=True)
             run = run_and_measure([*wl, *s["overrides"], f"run.seed={seed}"], out / f"s{seed}-{i}", warmup_s)
-            rows.append({
-                "label": s["label"], "seed": seed, "overrides": s["overrides"], "max_staleness": s["max_staleness"],
-                "high_water_batches": s["high_water_batches"], "interrupt_mode": s["interrupt_mode"],
-                "predicted_tokens_per_s": s["steady_state_tokens_per_s"],
-                "predicted_staleness_mean": s["staleness_mean"], **run,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "label": s["label"],
+                    "seed": seed,
+                    "overrides": s["overrides"],
+                    "max_staleness": s["max_staleness"],
+                    "high_water_batches": s["high_water_batches"],
+                    "interrupt_mode": s["interrupt_mode"],
+                    "predicted_tokens_per_s": s["steady_state_tokens_per_s"],
+                    "predicted_staleness_mean": s["staleness_mean"],
+                    **run,
+                }
+            )
     analysis = analyse(rows, plan["recommended"]["label"], tolerance)
-    keys = ["label", "seed", "steady_state_tokens_per_s", "trained_tokens_per_s", "predicted_tokens_per_s",
-            "staleness_mean", "rl_wall_s"]  # fmt: skip
+    keys = [
+        "label",
+        "seed",
+        "steady_state_tokens_per_s",
+        "trained_tokens_per_s",
+        "predicted_tokens_per_s",
+        "staleness_mean",
+        "rl_wall_s",
+    ]
     print_table("bench plan-check: runs", rows, keys)
     verdict = "within" if analysis["within_tolerance"] else "NOT within"
-    print(f"\nrecommended {analysis['recommended']}: {analysis['recommended_over_best']:.3f} of the best measured "
-          f"({analysis['best_measured']}, by {analysis['measure']}): {verdict} {tolerance:.0%}")  # fmt: skip
+    print(
+        f"\nrecommended {analysis['recommended']}: {analysis['recommended_over_best']:.3f} of the best measured "
+        f"({analysis['best_measured']}, by {analysis['measure']}): {verdict} {tolerance:.0%}"
+    )
     payload = {
-        "bench": "plan-check", "plan": plan_path, "plan_rule": plan["rule"], "profile": plan["profile"],
-        "workload": workload, "overrides": base, "seeds": list(seeds), "warmup_s": warmup_s,
-        "rows": rows, "analysis": analysis, "out_dir": str(out),
-    }  # fmt: skip
+        "bench": "plan-check",
+        "plan": plan_path,
+        "plan_rule": plan["rule"],
+        "profile": plan["profile"],
+        "workload": workload,
+        "overrides": base,
+        "seeds": list(seeds),
+        "warmup_s": warmup_s,
+        "rows": rows,
+        "analysis": analysis,
+        "out_dir": str(out),
+    }
     write_json(json_path, payload)
     return payload
 
@@ -167,8 +204,14 @@ def run(args: argparse.Namespace) -> None:
     seeds = parse_list(args.seeds, int, (0, 1), "--seeds")
     try:
         run_plan_check(
-            args.json, args.plan, overrides=options.overrides(args), seeds=seeds, steps=args.steps,
-            warmup_s=args.warmup_s, max_settings=args.max_settings, out_dir=args.out,
-        )  # fmt: skip
+            args.json,
+            args.plan,
+            overrides=options.overrides(args),
+            seeds=seeds,
+            steps=args.steps,
+            warmup_s=args.warmup_s,
+            max_settings=args.max_settings,
+            out_dir=args.out,
+        )
     except PlanCheckError as exc:
         raise ConfigError(str(exc)) from exc

@@ -46,10 +46,20 @@ from benchmarks.options import add_json, add_overrides, add_seeds, parse_list
 __all__ = ["add_arguments", "BASE_OVERRIDES", "run", "run_prefix_reuse_bench"]
 
 BASE_OVERRIDES = (
-    "rollout.workflow=agent", "task.name=calculator", "agent.tool_format=tag", "agent.max_turns=4",
-    "agent.max_turn_tokens=48", "rollout.max_new_tokens=48", "rollout.group_size=4", "rollout.max_slots=32",
-    "run.progress=false", "task.train_size=2048", "sft.steps=100", "sft.batch_size=16", "sft.warmup_steps=10",
-)  # fmt: skip
+    "rollout.workflow=agent",
+    "task.name=calculator",
+    "agent.tool_format=tag",
+    "agent.max_turns=4",
+    "agent.max_turn_tokens=48",
+    "rollout.max_new_tokens=48",
+    "rollout.group_size=4",
+    "rollout.max_slots=32",
+    "run.progress=false",
+    "task.train_size=2048",
+    "sft.steps=100",
+    "sft.batch_size=16",
+    "sft.warmup_steps=10",
+)
 """The workload: calculator episodes (at most 4 turns) of the tiny policy after a short warm start on
 worked conversations (enough to call the tool and answer: two turns, as in tests/integration/test_agent_run.py),
 G=4, every episode in a slot of its own."""
@@ -83,8 +93,12 @@ async def _play_scripted(cfg: Any, engine: Any, tokenizer: Any, model: Any, num_
         history = list(opening.messages)
         ids = list(renderer.opening_ids(history, opening.tools))
         reply = [Message("tool", evaluate_expression(str(prompt.meta["question"])))]
-        sampling = SamplingParams(max_new_tokens=cfg.agent.max_turn_tokens or r.max_new_tokens,
-                                  temperature=r.temperature, stop_token_ids=stops, seed=seed)  # fmt: skip
+        sampling = SamplingParams(
+            max_new_tokens=cfg.agent.max_turn_tokens or r.max_new_tokens,
+            temperature=r.temperature,
+            stop_token_ids=stops,
+            seed=seed,
+        )
         for turn in range(turns):
             (c,) = await engine.generate(ids, sampling)
             ids += c.output_ids
@@ -96,9 +110,11 @@ async def _play_scripted(cfg: Any, engine: Any, tokenizer: Any, model: Any, num_
 
     prompts = train[:num_prompts]
     seeds = [cfg.run.seed * 100_003 + i * r.group_size + j for i in range(len(prompts)) for j in range(r.group_size)]
-    return list(await asyncio.gather(*(
-        episode(p, seeds[i * r.group_size + j]) for i, p in enumerate(prompts) for j in range(r.group_size)
-    )))  # fmt: skip
+    return list(
+        await asyncio.gather(
+            *(episode(p, seeds[i * r.group_size + j]) for i, p in enumerate(prompts) for j in range(r.group_size))
+        )
+    )
 
 
 async def _play(cfg: Any, engine: Any, tokenizer: Any, model: Any, num_prompts: int) -> list[dict[str, Any]]:
@@ -118,13 +134,19 @@ async def _play(cfg: Any, engine: Any, tokenizer: Any, model: Any, num_prompts: 
 
     def sampling(i: int) -> SamplingParams:
         seed = cfg.run.seed * 100_003 + i * r.group_size  # episode j of group i: seed + j
-        return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                              top_k=r.top_k, stop_token_ids=stops, seed=seed)  # fmt: skip
+        return SamplingParams(
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            stop_token_ids=stops,
+            seed=seed,
+        )
 
     prompts = train[:num_prompts]
-    groups = await asyncio.gather(*(
-        workflow(engine, p, sampling(i), r.group_size, unscored, start_version=0) for i, p in enumerate(prompts)
-    ))  # fmt: skip
+    groups = await asyncio.gather(
+        *(workflow(engine, p, sampling(i), r.group_size, unscored, start_version=0) for i, p in enumerate(prompts))
+    )
     return [
         {"token_ids": t.token_ids, "turns": len(t.turns), "reward": reward}
         for g in groups
@@ -216,8 +238,9 @@ def run_prefix_reuse_bench(
         for seed in seeds:
             arms = {}
             for reuse in (False, True):
-                cfg = load_config(None, [*BASE_OVERRIDES, *overrides, f"run.seed={seed}",
-                                         f"rollout.prefix_reuse={reuse}"])  # fmt: skip
+                cfg = load_config(
+                    None, [*BASE_OVERRIDES, *overrides, f"run.seed={seed}", f"rollout.prefix_reuse={reuse}"]
+                )
                 arms[reuse] = _arm(cfg, policy(cfg), num_prompts, workload)
                 rows.append(arms[reuse][0])
             same = sum(a == b for a, b in zip(arms[False][1], arms[True][1], strict=True))
@@ -245,16 +268,22 @@ def run_prefix_reuse_bench(
 def _print(result: dict[str, Any]) -> None:
     print(f"{'seed':>4} {'reuse':>5} {'turns/ep':>8} {'prefill/ep':>10} {'reused/ep':>9} {'decode/ep':>9} {'wall':>4}")
     for r in result["rows"]:
-        print(f"{r['seed']:>4} {r['prefix_reuse']!s:>5} {r['turns_per_episode']:>8.2f} "
-              f"{r['prefill_tokens_per_episode']:>10.1f} {r['reused_tokens_per_episode']:>9.1f} "
-              f"{r['decode_tokens_per_episode']:>9.1f} {r['wall_s']:>6.1f}")  # fmt: skip
+        print(
+            f"{r['seed']:>4} {r['prefix_reuse']!s:>5} {r['turns_per_episode']:>8.2f} "
+            f"{r['prefill_tokens_per_episode']:>10.1f} {r['reused_tokens_per_episode']:>9.1f} "
+            f"{r['decode_tokens_per_episode']:>9.1f} {r['wall_s']:>6.1f}"
+        )
     for s in result["per_seed"]:
-        print(f"seed {s['seed']}: prefill -{100 * s['prefill_reduction']:.1f}%, "
-              f"wall x{s['wall_ratio_on_over_off']:.2f}, "
-              f"{s['episodes_identical']}/{s['episodes']} episodes identical")  # fmt: skip
+        print(
+            f"seed {s['seed']}: prefill -{100 * s['prefill_reduction']:.1f}%, "
+            f"wall x{s['wall_ratio_on_over_off']:.2f}, "
+            f"{s['episodes_identical']}/{s['episodes']} episodes identical"
+        )
     red, wall = result["prefill_reduction"], result["wall_ratio_on_over_off"]
-    print(f"prefill reduction {red['mean']:.3f} (95% CI {_fmt(red['low'])}..{_fmt(red['high'])}); "
-          f"wall on/off {wall['mean']:.3f} (95% CI {_fmt(wall['low'])}..{_fmt(wall['high'])})")  # fmt: skip
+    print(
+        f"prefill reduction {red['mean']:.3f} (95% CI {_fmt(red['low'])}..{_fmt(red['high'])}); "
+        f"wall on/off {wall['mean']:.3f} (95% CI {_fmt(wall['low'])}..{_fmt(wall['high'])})"
+    )
 
 
 def _fmt(value: float | None) -> str:
@@ -266,8 +295,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_json(parser)
     add_overrides(parser, "model directory (default: the calculator's warm-started policy)")
     add_seeds(parser, "0,1,2")
-    parser.add_argument("--workload", default="calculator", choices=("calculator", "scripted"),
-                        help="calculator (the default: the policy's own episodes) or scripted")  # fmt: skip
+    parser.add_argument(
+        "--workload",
+        default="calculator",
+        choices=("calculator", "scripted"),
+        help="calculator (the default: the policy's own episodes) or scripted",
+    )
 
 
 def run(args: argparse.Namespace) -> None:

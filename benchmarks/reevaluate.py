@@ -65,8 +65,10 @@ def _load_sources(sources: Sequence[str]) -> list[dict[str, Any]]:
             raise ValueError(f"{source}: not a bench headline result (bench={payload.get('bench')!r})")
         for key in SAME_ACROSS_SOURCES:
             if _setting(payload, key) != _setting(payloads[0], key):
-                raise ValueError(f"{source}: {key}={_setting(payload, key)!r} differs from {sources[0]}'s "
-                                 f"{_setting(payloads[0], key)!r}; these runs cannot be analysed together")  # fmt: skip
+                raise ValueError(
+                    f"{source}: {key}={_setting(payload, key)!r} differs from {sources[0]}'s "
+                    f"{_setting(payloads[0], key)!r}; these runs cannot be analysed together"
+                )
     seeds = [seed for p in payloads for seed in p["seeds"]]
     if len(seeds) != len(set(seeds)):
         raise ValueError(f"seeds repeat across the source files ({sorted(seeds)}): each seed must come from one file")
@@ -74,8 +76,10 @@ def _load_sources(sources: Sequence[str]) -> list[dict[str, Any]]:
     for source, setting in zip(sources, settings, strict=True):
         for key, value in setting.items():
             if value != settings[0][key]:
-                raise ValueError(f"{source}: its {key} settings differ from {sources[0]}'s ({value!r} against "
-                                 f"{settings[0][key]!r}); these runs cannot be analysed together")  # fmt: skip
+                raise ValueError(
+                    f"{source}: its {key} settings differ from {sources[0]}'s ({value!r} against "
+                    f"{settings[0][key]!r}); these runs cannot be analysed together"
+                )
     return payloads
 
 
@@ -107,8 +111,11 @@ def _evaluate_row(
         if key not in memo:
             started = time.perf_counter()
             memo[key] = evaluate_snapshots(overrides, [{**snap, "path": str(path)}])[0]
-            print(f"  v{snap['version']:>4} at {snap['t']:7.1f} s: accuracy {memo[key]:.4f} "
-                  f"({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
+            print(
+                f"  v{snap['version']:>4} at {snap['t']:7.1f} s: accuracy {memo[key]:.4f} "
+                f"({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
         accuracies.append(memo[key])
     return accuracies
 
@@ -145,7 +152,7 @@ def reevaluate(
                 "start_weights_sha256": _weights_digest(resolve_run_dir(p["rows"][0]["snapshots"][0]["path"], s)),
             }
             for s, p in zip(sources, payloads, strict=True)
-        ],  # fmt: skip
+        ],
         "samples_per_prompt": samples_per_prompt,
         "rows": rows,
     }
@@ -163,12 +170,16 @@ def reevaluate(
             if row["run_dir"] in done:
                 kept = done[row["run_dir"]]
                 if kept.get("eval_overrides") != overrides:
-                    raise ValueError(f"{partial_path} holds {row['run_dir']} evaluated with other settings "
-                                     f"({kept.get('eval_overrides')}); remove the file or rerun as before")  # fmt: skip
+                    raise ValueError(
+                        f"{partial_path} holds {row['run_dir']} evaluated with other settings "
+                        f"({kept.get('eval_overrides')}); remove the file or rerun as before"
+                    )
                 rows.append(kept)
                 continue
-            print(f"\n=== re-evaluating {source}: seed {row['seed']}, max_staleness={row['max_staleness']} ===",
-                  flush=True)  # fmt: skip
+            print(
+                f"\n=== re-evaluating {source}: seed {row['seed']}, max_staleness={row['max_staleness']} ===",
+                flush=True,
+            )
             accuracies = _evaluate_row(row, overrides, memo, str(source))
             new_row = {**row, "curve_first_evaluation": row["curve"], "eval_overrides": overrides}
             new_row["curve"] = [(s["t"], a) for s, a in zip(row["snapshots"], accuracies, strict=True)]

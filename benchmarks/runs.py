@@ -18,8 +18,17 @@ from asyncrl.controller.throughput import FINISHED, generated_tokens, measure_th
 from asyncrl.controller.time_budget import time_budget
 from asyncrl.results import write_text_result
 
-__all__ = ["fresh_out", "mean_or_zero", "measure_finished_run", "measure_run", "print_table", "resolve_run_dir",
-           "reusable_run", "run_and_measure", "write_json"]  # fmt: skip
+__all__ = [
+    "fresh_out",
+    "mean_or_zero",
+    "measure_finished_run",
+    "measure_run",
+    "print_table",
+    "resolve_run_dir",
+    "reusable_run",
+    "run_and_measure",
+    "write_json",
+]
 
 
 def fresh_out(out_dir: str) -> Path:
@@ -92,8 +101,9 @@ def measure_finished_run(run_dir: Path, warmup_s: float = 0.0) -> dict[str, Any]
     return measure_run(run_dir, cfg, summary, warmup_s, wall_s=summary.get("wall_s"), load=None)
 
 
-def measure_run(run_dir: Path, cfg: Any, summary: dict[str, Any], warmup_s: float, *, wall_s: float | None,
-                load: list[float] | None) -> dict[str, Any]:  # fmt: skip
+def measure_run(
+    run_dir: Path, cfg: Any, summary: dict[str, Any], warmup_s: float, *, wall_s: float | None, load: list[float] | None
+) -> dict[str, Any]:
     """The row of the finished run in ``run_dir`` (config ``cfg``, its ``summary``): ``run_and_measure``'s."""
     from asyncrl.controller.rundir import check_one_run, read_jsonl
 

@@ -67,8 +67,11 @@ def _occupancy(timeline: Sequence[dict[str, Any]], end_s: float, slots: int) -> 
     count held until the next."""
     if slots <= 0 or end_s <= 0:
         return 0.0
-    counted = sorted((float(s["t"]), float(s["engine_running_sample_s"])) for s in timeline
-                     if s.get("engine_running_sample_s") is not None and float(s["t"]) <= end_s)  # fmt: skip
+    counted = sorted(
+        (float(s["t"]), float(s["engine_running_sample_s"]))
+        for s in timeline
+        if s.get("engine_running_sample_s") is not None and float(s["t"]) <= end_s
+    )
     if timeline and len(counted) == sum(1 for s in timeline if float(s["t"]) <= end_s) and len(counted) >= 2:
         (t0, c0), (t1, c1) = counted[0], counted[-1]
         if t1 > t0:
@@ -114,10 +117,15 @@ def _setting(run_dir: Path) -> dict[str, Any]:
     cfg = load_config(run_dir / "config.yaml")
     c, r = cfg.controller, cfg.rollout
     return {
-        "task": cfg.task.name, "max_staleness": c.max_staleness, "interrupt_mode": r.interrupt_mode,
-        "high_water_batches": c.high_water_batches, "batch_size": c.batch_size, "group_size": r.group_size,
-        "max_new_tokens": r.max_new_tokens, "steps": c.total_steps,
-    }  # fmt: skip
+        "task": cfg.task.name,
+        "max_staleness": c.max_staleness,
+        "interrupt_mode": r.interrupt_mode,
+        "high_water_batches": c.high_water_batches,
+        "batch_size": c.batch_size,
+        "group_size": r.group_size,
+        "max_new_tokens": r.max_new_tokens,
+        "steps": c.total_steps,
+    }
 
 
 def _error(predicted: float, measured: float) -> float | None:
@@ -148,11 +156,16 @@ def validate_runs(
         measured = measured_figures(run_dir, scenario)
         predicted = predicted_figures(scenario, profile, seeds)
         errors = {f: _error(getattr(predicted, f), getattr(measured, f)) for f in FIGURES}
-        rows.append({
-            "run_dir": str(run_dir), **_setting(run_dir),
-            "measured": vars(measured), "predicted": vars(predicted), "error": errors,
-            "within": all(e is not None and abs(e) <= tolerance for e in errors.values()),
-        })  # fmt: skip
+        rows.append(
+            {
+                "run_dir": str(run_dir),
+                **_setting(run_dir),
+                "measured": vars(measured),
+                "predicted": vars(predicted),
+                "error": errors,
+                "within": all(e is not None and abs(e) <= tolerance for e in errors.values()),
+            }
+        )
     worst = {}
     for figure in FIGURES:
         candidates = [(abs(r["error"][figure]), r) for r in rows if r["error"][figure] is not None]
@@ -160,10 +173,16 @@ def validate_runs(
             size, row = max(candidates, key=lambda c: c[0])
             worst[figure] = {"abs_error": size, "run_dir": row["run_dir"]}
     return {
-        "bench": "sim-validate", "profile": profile.name, "seeds": list(seeds), "tolerance": tolerance,
-        "calibration_runs": [str(r) for r in calibration_runs], "rows": rows, "worst": worst,
-        "runs_within": sum(r["within"] for r in rows), "runs": len(rows),
-    }  # fmt: skip
+        "bench": "sim-validate",
+        "profile": profile.name,
+        "seeds": list(seeds),
+        "tolerance": tolerance,
+        "calibration_runs": [str(r) for r in calibration_runs],
+        "rows": rows,
+        "worst": worst,
+        "runs_within": sum(r["within"] for r in rows),
+        "runs": len(rows),
+    }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

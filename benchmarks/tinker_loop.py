@@ -50,12 +50,17 @@ API_KEY = "tml-benchmark"
 def _budget(args: argparse.Namespace) -> list[str]:
     """The overrides that fix the budget of both arms."""
     return [
-        f"controller.total_steps={args.steps}", f"controller.batch_size={args.batch_size}",
-        f"rollout.group_size={args.group_size}", f"rollout.max_new_tokens={args.max_new_tokens}",
-        f"eval.max_new_tokens={args.max_new_tokens}", f"task.eval_size={args.eval_size}",
-        f"trainer.lora_rank={args.lora_rank}", f"trainer.lr={args.lr}", "trainer.warmup_steps=0",
+        f"controller.total_steps={args.steps}",
+        f"controller.batch_size={args.batch_size}",
+        f"rollout.group_size={args.group_size}",
+        f"rollout.max_new_tokens={args.max_new_tokens}",
+        f"eval.max_new_tokens={args.max_new_tokens}",
+        f"task.eval_size={args.eval_size}",
+        f"trainer.lora_rank={args.lora_rank}",
+        f"trainer.lr={args.lr}",
+        "trainer.warmup_steps=0",
         "controller.checkpoint_every=0",
-    ]  # fmt: skip
+    ]
 
 
 def _train_arm(cfg: Any, out: Path) -> dict[str, Any]:
@@ -64,8 +69,12 @@ def _train_arm(cfg: Any, out: Path) -> dict[str, Any]:
 
     _, summary = train(with_values(cfg, {"run.run_dir": str(out / "train")}))
     before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
-    return {"accuracy_before": before.get("accuracy"), "accuracy_after": after.get("accuracy"),
-            "steps": summary.get("steps"), "wall_s": summary.get("rl_wall_s")}  # fmt: skip
+    return {
+        "accuracy_before": before.get("accuracy"),
+        "accuracy_after": after.get("accuracy"),
+        "steps": summary.get("steps"),
+        "wall_s": summary.get("rl_wall_s"),
+    }
 
 
 def _advantages(rewards: list[float]) -> list[float] | None:
@@ -83,8 +92,9 @@ def _tinker_step(tc: Any, sampler: Any, prompts: list[Any], cfg: Any, tokenizer:
     from asyncrl.reward.arithmetic import arithmetic_reward
 
     params = types.SamplingParams(max_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature)
-    futures = [sampler.sample(types.ModelInput.from_ints(list(p.token_ids)), cfg.rollout.group_size, params)
-               for p in prompts]  # fmt: skip
+    futures = [
+        sampler.sample(types.ModelInput.from_ints(list(p.token_ids)), cfg.rollout.group_size, params) for p in prompts
+    ]
     groups, rewards_all = [], []
     for prompt, future in zip(prompts, futures, strict=True):
         seqs = future.result().sequences
@@ -98,18 +108,26 @@ def _tinker_step(tc: Any, sampler: Any, prompts: list[Any], cfg: Any, tokenizer:
     for prompt, seqs, adv in groups:
         for seq, a in zip(seqs, adv, strict=True):
             tokens, n = prompt + list(seq.tokens), len(prompt) - 1
-            data.append(types.Datum(
-                model_input=types.ModelInput.from_ints(tokens[:-1]),
-                loss_fn_inputs={"target_tokens": tokens[1:], "logprobs": [0.0] * n + list(seq.logprobs),
-                                "advantages": [0.0] * n + [a / n_tokens] * len(seq.tokens)},
-            ))  # fmt: skip
+            data.append(
+                types.Datum(
+                    model_input=types.ModelInput.from_ints(tokens[:-1]),
+                    loss_fn_inputs={
+                        "target_tokens": tokens[1:],
+                        "logprobs": [0.0] * n + list(seq.logprobs),
+                        "advantages": [0.0] * n + [a / n_tokens] * len(seq.tokens),
+                    },
+                )
+            )
     if data:
         clip = cfg.algo.eps_clip
         config = {"clip_low_threshold": 1 - clip, "clip_high_threshold": 1 + (cfg.algo.eps_clip_high or clip)}
         tc.forward_backward(data, "ppo", config).result()
     b1, b2 = cfg.trainer.betas
-    tc.optim_step(types.AdamParams(learning_rate=cfg.trainer.lr, beta1=b1, beta2=b2, eps=1e-8,
-                                   grad_clip_norm=cfg.trainer.grad_clip)).result()  # fmt: skip
+    tc.optim_step(
+        types.AdamParams(
+            learning_rate=cfg.trainer.lr, beta1=b1, beta2=b2, eps=1e-8, grad_clip_norm=cfg.trainer.grad_clip
+        )
+    ).result()
     return {"reward": statistics.fmean(rewards_all), "trained_groups": len(groups)}
 
 
@@ -129,8 +147,9 @@ def _tinker_arm(cfg: Any, warm: Path, out: Path) -> dict[str, Any]:
     with ServiceThread({"policy": warm}, out / "tinker", api_key=API_KEY, engine=spec) as srv:
         t0 = time.perf_counter()
         client = tinker.ServiceClient(base_url=srv.url, api_key=API_KEY)
-        tc = client.create_lora_training_client(base_model="policy", rank=cfg.trainer.lora_rank,
-                                                seed=cfg.run.seed).result()  # fmt: skip
+        tc = client.create_lora_training_client(
+            base_model="policy", rank=cfg.trainer.lora_rank, seed=cfg.run.seed
+        ).result()
         curve = []
         for _ in range(cfg.controller.total_steps):
             sampler = tc.save_weights_and_get_sampling_client().result()
@@ -203,8 +222,11 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for arm in ("train", "tinker"):
         after = [r[arm]["accuracy_after"] for r in rows]
         gains = [100 * (a - r["accuracy_before"]) for a, r in zip(after, rows, strict=True)]
-        out[arm] = {"accuracy_after": mean_ci95(after), "wall_s": mean_ci95([r[arm]["wall_s"] for r in rows]),
-                    "gain_points": mean_ci95(gains)}  # fmt: skip
+        out[arm] = {
+            "accuracy_after": mean_ci95(after),
+            "wall_s": mean_ci95([r[arm]["wall_s"] for r in rows]),
+            "gain_points": mean_ci95(gains),
+        }
     return out
 
 
@@ -221,14 +243,25 @@ def run_tinker_loop_bench(args: argparse.Namespace, seeds: list[int]) -> dict[st
         cfg = with_values(load_config(args.config, [*base, f"run.seed={seed}"]), {"model.path": str(warm)})
         train_row = _train_arm(cfg, out / f"seed{seed}")
         tinker_row = _tinker_arm(cfg, warm, out / f"seed{seed}")
-        rows.append({"seed": seed, "accuracy_before": train_row["accuracy_before"], "train": train_row,
-                     "tinker": tinker_row})  # fmt: skip
-        print(f"seed {seed}: before {train_row['accuracy_before']:.3f}; asyncrl train -> "
-              f"{train_row['accuracy_after']:.3f} in {train_row['wall_s']:.0f} s; tinker loop -> "
-              f"{tinker_row['accuracy_after']:.3f} in {tinker_row['wall_s']:.0f} s", flush=True)  # fmt: skip
+        rows.append(
+            {"seed": seed, "accuracy_before": train_row["accuracy_before"], "train": train_row, "tinker": tinker_row}
+        )
+        print(
+            f"seed {seed}: before {train_row['accuracy_before']:.3f}; asyncrl train -> "
+            f"{train_row['accuracy_after']:.3f} in {train_row['wall_s']:.0f} s; tinker loop -> "
+            f"{tinker_row['accuracy_after']:.3f} in {tinker_row['wall_s']:.0f} s",
+            flush=True,
+        )
     updates = measure_updates(warm, args.lora_rank, args.update_repeats)
-    payload = {"bench": "tinker-loop", "config": args.config, "overrides": base, "model": str(warm),
-               "rows": rows, "summary": _summary(rows), "weight_updates": updates}  # fmt: skip
+    payload = {
+        "bench": "tinker-loop",
+        "config": args.config,
+        "overrides": base,
+        "model": str(warm),
+        "rows": rows,
+        "summary": _summary(rows),
+        "weight_updates": updates,
+    }
     print(json.dumps({"summary": payload["summary"], "weight_updates": updates}, indent=2))
     if args.json:
         write_text_result(args.json, json.dumps(payload, indent=2) + "\n")

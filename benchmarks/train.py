@@ -66,12 +66,17 @@ def bench_samples(n: int, seed: int = 0, vocab: tuple[int, int] = (4, 90)) -> li
         adv = rng.choice((-1.0, 1.0)) * rng.uniform(0.2, 1.5)
         out.append(
             TrainSample(
-                prompt_id=f"b{i}", sample_idx=0, token_ids=ids, loss_mask=mask,
+                prompt_id=f"b{i}",
+                sample_idx=0,
+                token_ids=ids,
+                loss_mask=mask,
                 behav_logprobs=tuple(-rng.uniform(0.5, 5.0) if m else 0.0 for m in mask),
                 advantages=tuple(adv if m else 0.0 for m in mask),
-                versions=tuple(0 if m else -1 for m in mask), min_version=0, max_version=0,
+                versions=tuple(0 if m else -1 for m in mask),
+                min_version=0,
+                max_version=0,
             )
-        )  # fmt: skip
+        )
     return out
 
 
@@ -190,11 +195,18 @@ def run_train_bench(
             ratios[f"{name}_best_padded_grouped_size"] = best_grouped["padded_micro_batch_size"]
     result = {
         "benchmark": "train",
-        "config": {"samples": samples, "samples_20m": samples_20m, "budget": budget, "steps": steps,
-                   "steps_20m": steps_20m, "threads": threads, "seed": seed},
+        "config": {
+            "samples": samples,
+            "samples_20m": samples_20m,
+            "budget": budget,
+            "steps": steps,
+            "steps_20m": steps_20m,
+            "threads": threads,
+            "seed": seed,
+        },
         "rows": rows,
         "ratios": ratios,
-    }  # fmt: skip
+    }
     _print_table(rows, ratios)
     if json_path is not None:
         write_text_result(json_path, json.dumps(result, indent=2))  # never over a file (asyncrl.results)
@@ -233,5 +245,6 @@ def run(args: argparse.Namespace) -> None:
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         raise ConfigError(f"--models: unknown {unknown} (available: {', '.join(MODELS)})")
-    run_train_bench(args.json, models=models, samples=args.samples, budget=args.budget, steps=args.steps,
-                    steps_20m=args.steps_20m)  # fmt: skip
+    run_train_bench(
+        args.json, models=models, samples=args.samples, budget=args.budget, steps=args.steps, steps_20m=args.steps_20m
+    )

@@ -154,8 +154,9 @@ def run_one(smoke: Smoke, base: Path, values: dict[str, str], timeout_s: float) 
     print(f"== {smoke.label}: {command}", flush=True)
     t0 = time.perf_counter()
     try:
-        done = subprocess.run([sys.executable, "-m", "benchmarks", *argv], cwd=ROOT, capture_output=True, text=True,
-                              timeout=timeout_s)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks", *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout_s
+        )
         rc, stdout, stderr = done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired as exc:
         rc = 124
@@ -163,9 +164,15 @@ def run_one(smoke: Smoke, base: Path, values: dict[str, str], timeout_s: float) 
         stderr = (exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or "") + "\n(timed out)"
     wall = time.perf_counter() - t0
     (base / f"{stem}.log").write_text(f"$ {command}\n--- stdout\n{stdout}\n--- stderr\n{stderr}")
-    entry: dict[str, Any] = {"benchmark": smoke.label, "command": command, "rc": rc, "wall_s": round(wall, 1),
-                             "result_file": _rel(json_path), "log": _rel(base / f"{stem}.log"),
-                             "also_started_by_test": STARTED_BY_TESTS.get(smoke.label)}  # fmt: skip
+    entry: dict[str, Any] = {
+        "benchmark": smoke.label,
+        "command": command,
+        "rc": rc,
+        "wall_s": round(wall, 1),
+        "result_file": _rel(json_path),
+        "log": _rel(base / f"{stem}.log"),
+        "also_started_by_test": STARTED_BY_TESTS.get(smoke.label),
+    }
     if json_path.exists():
         entry["result_bytes"] = json_path.stat().st_size
         try:
@@ -248,8 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         "benchmarks": ordered,
     }
     args.json.write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"{summary['ok']}/{len(ordered)} ran and wrote their result; failed: {summary['failed']}; "
-          f"summary {_rel(args.json)}")  # fmt: skip
+    print(
+        f"{summary['ok']}/{len(ordered)} ran and wrote their result; failed: {summary['failed']}; "
+        f"summary {_rel(args.json)}"
+    )
     return 0 if not summary["failed"] else 1
 
 

@@ -216,14 +216,24 @@ def build_index(src: Path, package: str) -> Index:
     return index
 
 
-def _index_node(index: Index, module: Module, node: ast.stmt, prefix: str, cls: str | None,
-                enclosing: Function | None) -> None:  # fmt: skip
+def _index_node(
+    index: Index, module: Module, node: ast.stmt, prefix: str, cls: str | None, enclosing: Function | None
+) -> None:
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         qual = f"{prefix}.{node.name}"
         positional, kwonly, annotated = _params(node)
-        fn = Function(qual, module.name, cls, node, positional, kwonly, annotated,
-                      _annotation_is(node.returns, CONFIG_TYPE), _decorated(node, "staticmethod"),
-                      _decorated(node, "classmethod"))  # fmt: skip
+        fn = Function(
+            qual,
+            module.name,
+            cls,
+            node,
+            positional,
+            kwonly,
+            annotated,
+            _annotation_is(node.returns, CONFIG_TYPE),
+            _decorated(node, "staticmethod"),
+            _decorated(node, "classmethod"),
+        )
         fn.imports = _imports_of(node.body, module, skip_functions=False)
         if enclosing is not None:
             fn.imports = {**enclosing.imports, **fn.imports}
@@ -252,8 +262,11 @@ def _index_node(index: Index, module: Module, node: ast.stmt, prefix: str, cls: 
 
 
 def _nested_defs(node: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
-    return [c for c in ast.walk(node) if c is not node and isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and _direct_parent_function(node, c)]  # fmt: skip
+    return [
+        c
+        for c in ast.walk(node)
+        if c is not node and isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef)) and _direct_parent_function(node, c)
+    ]
 
 
 def _direct_parent_function(outer: ast.AST, inner: ast.AST) -> bool:
@@ -367,9 +380,14 @@ class Reach:
 
     def counts(self) -> dict[str, int]:
         kinds = [m.kind for m in self.moves]
-        return {"rooms": len(self.rooms), "moves": len(self.moves), "within": kinds.count("within"),
-                "new_room": kinds.count("new"), "back": kinds.count("back"),
-                "unresolved": len(self.unresolved)}  # fmt: skip
+        return {
+            "rooms": len(self.rooms),
+            "moves": len(self.moves),
+            "within": kinds.count("within"),
+            "new_room": kinds.count("new"),
+            "back": kinds.count("back"),
+            "unresolved": len(self.unresolved),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         pairs: dict[str, int] = {}
@@ -377,11 +395,16 @@ class Reach:
             if m.from_room != m.to_room:
                 key = f"{m.from_room} -> {m.to_room}"
                 pairs[key] = pairs.get(key, 0) + 1
-        return {"start": self.start, "counts": self.counts(), "rooms": self.rooms,
-                "room_moves": dict(sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))),
-                "takes_config_outside_launch": self.takes_config,
-                "holding_classes": self.holding_classes,
-                "unresolved": self.unresolved, "moves": [m.__dict__ for m in self.moves]}  # fmt: skip
+        return {
+            "start": self.start,
+            "counts": self.counts(),
+            "rooms": self.rooms,
+            "room_moves": dict(sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "takes_config_outside_launch": self.takes_config,
+            "holding_classes": self.holding_classes,
+            "unresolved": self.unresolved,
+            "moves": [m.__dict__ for m in self.moves],
+        }
 
 
 class Walker:
@@ -480,8 +503,12 @@ class Walker:
                     if isinstance(target, ast.Name) and target.id not in names:
                         names.add(target.id)
                         changed = True
-                    elif (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
-                          and target.value.id == "self" and fn.cls is not None):  # fmt: skip
+                    elif (
+                        isinstance(target, ast.Attribute)
+                        and isinstance(target.value, ast.Name)
+                        and target.value.id == "self"
+                        and fn.cls is not None
+                    ):
                         self.hold_in_class(fn.cls, target.attr)
         calls = sorted(
             (n for n in ast.walk(fn.node) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset)
@@ -494,9 +521,12 @@ class Walker:
         positional = [i for i, a in enumerate(call.args) if holds(a)]
         keywords = [k.arg for k in call.keywords if k.arg and holds(k.value)]
         in_args_tuple = [
-            i for k in call.keywords if k.arg == "args" and isinstance(k.value, (ast.Tuple, ast.List))
-            for i, e in enumerate(k.value.elts) if holds(e)
-        ]  # fmt: skip
+            i
+            for k in call.keywords
+            if k.arg == "args" and isinstance(k.value, (ast.Tuple, ast.List))
+            for i, e in enumerate(k.value.elts)
+            if holds(e)
+        ]
         if not (positional or keywords or in_args_tuple):
             return
         site = (str(module.path), call.lineno, call.col_offset)
@@ -516,16 +546,35 @@ class Walker:
         if refs:
             at, ref = refs[0]
             shifted = [i - at - 1 for i in positional if i > at] if at >= 0 else []
-            self.move(fn, module, call, ref, shifted or in_args_tuple, [k for k in keywords if k != "args"],
-                      via=ast.unparse(call.func))  # fmt: skip
+            self.move(
+                fn,
+                module,
+                call,
+                ref,
+                shifted or in_args_tuple,
+                [k for k in keywords if k != "args"],
+                via=ast.unparse(call.func),
+            )
             return
         if site in self.unresolved:
             return
-        self.unresolved[site] = {"caller": fn.qualname, "call": ast.unparse(call.func), "file": self._file(module),
-                                 "line": call.lineno}  # fmt: skip
+        self.unresolved[site] = {
+            "caller": fn.qualname,
+            "call": ast.unparse(call.func),
+            "file": self._file(module),
+            "line": call.lineno,
+        }
 
-    def move(self, fn: Function, module: Module, call: ast.Call, target: tuple[str, str], positional: list[int],
-             keywords: list[str], via: str) -> None:  # fmt: skip
+    def move(
+        self,
+        fn: Function,
+        module: Module,
+        call: ast.Call,
+        target: tuple[str, str],
+        positional: list[int],
+        keywords: list[str],
+        via: str,
+    ) -> None:
         kind, qual = target
         slots: set[str] = set()
         callee = qual
@@ -546,16 +595,22 @@ class Walker:
             slots = self._bind(target_fn, positional, keywords, bound=bound)
         site = (str(module.path), call.lineno, call.col_offset)
         if site not in self.moves:
-            self.moves[site] = Move(fn.qualname, callee, self._file(module), call.lineno, module.room, self.room(qual),
-                                    via=via)  # fmt: skip
+            self.moves[site] = Move(
+                fn.qualname, callee, self._file(module), call.lineno, module.room, self.room(qual), via=via
+            )
         if callee in self.ix.functions:
             self.enqueue(callee, slots)
 
     def _super(self, call: ast.Call, fn: Function) -> tuple[str, str] | None:
         """``super().method(...)``: the method of the first base of the caller's class that has it."""
         func = call.func
-        if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call)
-                and isinstance(func.value.func, ast.Name) and func.value.func.id == "super" and fn.cls):  # fmt: skip
+        if not (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Call)
+            and isinstance(func.value.func, ast.Name)
+            and func.value.func.id == "super"
+            and fn.cls
+        ):
             return None
         for base in self.res.bases(fn.cls):
             method = self.res.method(base, func.attr)
@@ -593,8 +648,12 @@ class Walker:
         for qual in sorted(reached):
             if self.room(qual) != "launch":
                 target = self.ix.functions.get(qual) or self.ix.classes[qual]
-                takes[qual] = {"function": qual, "room": self.room(qual), "reached": True,
-                               "annotated": bool(getattr(target, "annotated", []))}  # fmt: skip
+                takes[qual] = {
+                    "function": qual,
+                    "room": self.room(qual),
+                    "reached": True,
+                    "annotated": bool(getattr(target, "annotated", [])),
+                }
         for qual, f in self.ix.functions.items():
             if f.annotated and self.room(qual) != "launch" and qual not in takes:
                 takes[qual] = {"function": qual, "room": self.room(qual), "reached": False, "annotated": True}
@@ -625,7 +684,7 @@ def render(result: Reach, moves: bool = False) -> str:
         *(
             f"  {t['function']:<64} {t['room']:<12} {'reached' if t['reached'] else 'annotated, not reached'}"
             for t in result.takes_config
-        ),  # fmt: skip
+        ),
         "",
         "classes whose object holds it: "
         + (", ".join(f"{k} ({', '.join(v)})" for k, v in d["holding_classes"].items()) or "none seen"),
@@ -635,8 +694,11 @@ def render(result: Reach, moves: bool = False) -> str:
     ]
     if moves:
         lines += ["", "moves:"]
-        lines += [f"  {m.kind:<6} {m.from_room:>10} -> {m.to_room:<10} {m.file}:{m.line}  {m.caller} -> {m.callee}"
-                  + (f"  (via {m.via})" if m.via else "") for m in result.moves]  # fmt: skip
+        lines += [
+            f"  {m.kind:<6} {m.from_room:>10} -> {m.to_room:<10} {m.file}:{m.line}  {m.caller} -> {m.callee}"
+            + (f"  (via {m.via})" if m.via else "")
+            for m in result.moves
+        ]
     return "\n".join(lines)
 
 

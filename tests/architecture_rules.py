@@ -56,7 +56,25 @@ product may import, at any level (a function-level import counts; ``TYPE_CHECKIN
 experiment drivers (``benchmarks/``), the tests and the scripts. The installed package must run without
 them."""
 
+BENCHMARK_MODULE_SIZE_EXCEPTIONS: dict[str, str] = {
+    # Past 500 only by ruff's wrapping of statements that were hand-packed under ``# fmt: skip``.
+    "benchmarks/ablation.py": "one bench: the controlled-lag ablation's arms, cells and their statistics",
+    "benchmarks/headline.py": "one bench: the headline's arms, time-to-target analysis and re-evaluation",
+    "benchmarks/objectives.py": "one bench: the objectives comparison's plan, step-size tuning and cells",
+}
+"""``benchmarks/module.py`` -> why it may pass ``MODULE_LINES``."""
+
 BENCHMARK_FUNCTION_SIZE_EXCEPTIONS: dict[str, str] = {
+    # Past 80 only by ruff's wrapping (each was under 80 hand-packed); drivers read top to bottom.
+    "benchmarks/async_bench.py::run_async_bench": (
+        "the bench's driver: both arms per seed in one invocation, then their summary, in run order"
+    ),
+    "benchmarks/headline.py::analyse": (
+        "the headline's analysis: time to target per arm and seed, the ratio and its interval, in one pass"
+    ),
+    "benchmarks/headline.py::run_headline_bench": (
+        "the bench's driver: arms interleaved per seed in one invocation, then the analysis, in run order"
+    ),
     "benchmarks/engine.py::run_interrupt_cost": (
         "one benchmark: three modes (none, abort, keep) over shared prompts, weight versions and a reference "
         "model, held by two closures; measurement code whose numbers are committed under docs/results/"
@@ -92,6 +110,8 @@ MODULE_SIZE_EXCEPTIONS: dict[str, str] = {
     "asyncrl/controller/rundir.py": "the run directory's files and their resume rules, one writer",
     "asyncrl/rollout/openai_door.py": "the door's routes and what each does (shapes and sessions live apart)",
     "asyncrl/sim/engine.py": "the simulated engine, its counters and its router, costed by one profile",
+    "asyncrl/rollout/engine.py": "the engine's thread and step (schedule, execute, update, deliver); "
+    "scheduler, forward, sampling and versions already live in their own modules",
 }
 """``asyncrl/path.py`` -> why it may pass ``MODULE_LINES``."""
 

@@ -186,8 +186,9 @@ def test_the_repository_tree(config_reach, capsys: pytest.CaptureFixture[str]) -
     assert {"asyncrl.launch.stages.build_engine", "asyncrl.controller.rundir.RunDir.__init__"} <= callees
     assert result.rooms[0] == "launch" and {"config", "controller"} <= set(result.rooms)
     holders = tuple(f"{cls}." for cls in result.holding_classes)
-    assert all(m.caller == config_reach.START or m.caller in callees or m.caller.startswith(holders)
-               for m in result.moves)  # fmt: skip
+    assert all(
+        m.caller == config_reach.START or m.caller in callees or m.caller.startswith(holders) for m in result.moves
+    )
     counts = result.counts()
     assert counts["moves"] == counts["within"] + counts["new_room"] + counts["back"]
     assert counts["new_room"] == counts["rooms"] - 1

@@ -15,8 +15,9 @@ async def _serve(answers: dict[bytes, bytes]) -> tuple[asyncio.base_events.Serve
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
-        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(
-            b"content-length:")), 0)  # fmt: skip
+        length = next(
+            (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0
+        )
         seen.append(head.split(b"\r\n")[0] + b" " + await reader.readexactly(length))
         writer.write(next(resp for key, resp in answers.items() if head.startswith(key)))
         await writer.drain()

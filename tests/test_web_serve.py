@@ -24,9 +24,14 @@ class _Interrupted:
             return {"hello": "world"}
 
         self.http = JsonServer(
-            "test server", [Route("GET", "/hello", hello)], lambda status, message, *_: {"error": message},
-            ApiKeyAuth(None, "test server"), max_body_bytes=1024, request_timeout_s=10.0, idle_timeout_s=10.0,
-        )  # fmt: skip
+            "test server",
+            [Route("GET", "/hello", hello)],
+            lambda status, message, *_: {"error": message},
+            ApiKeyAuth(None, "test server"),
+            max_body_bytes=1024,
+            request_timeout_s=10.0,
+            idle_timeout_s=10.0,
+        )
         self.answer: object = None
         self.stopped = False
         self._probe: asyncio.Task | None = None

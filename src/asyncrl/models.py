@@ -39,8 +39,13 @@ TINY_CHAT_TEMPLATE = (
 
 TINY_SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>")
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model"
-)  # fmt: skip
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
 """Files of which a model directory with a tokenizer holds at least one."""
 
 

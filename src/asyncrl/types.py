@@ -197,17 +197,19 @@ class Trajectory:
     def behav_logprobs(self) -> tuple[float, ...]:
         """Per response token (0.0 on environment tokens)."""
         return tuple(
-            lp for seg in self.segments
+            lp
+            for seg in self.segments
             for lp in (seg.behav_logprobs if isinstance(seg, ModelSegment) else (0.0,) * len(seg.token_ids))
-        )  # fmt: skip
+        )
 
     @property
     def versions(self) -> tuple[int, ...]:
         """Per response token (-1 on environment tokens)."""
         return tuple(
-            v for seg in self.segments
+            v
+            for seg in self.segments
             for v in (seg.versions if isinstance(seg, ModelSegment) else (-1,) * len(seg.token_ids))
-        )  # fmt: skip
+        )
 
     @property
     def model_segments(self) -> tuple[ModelSegment, ...]:

@@ -15,8 +15,14 @@ from benchmarks.adaptive_sim import simulated_runner
 
 
 def _row(workload: str, arm: str, seed: int, tok_s: float, acc: float | None) -> dict[str, Any]:
-    return {"workload": workload, "arm": arm, "seed": seed, "steady_state_tokens_per_s": tok_s,
-            "accuracy_after": acc, "staleness_mean": 1.0}  # fmt: skip
+    return {
+        "workload": workload,
+        "arm": arm,
+        "seed": seed,
+        "steady_state_tokens_per_s": tok_s,
+        "accuracy_after": acc,
+        "staleness_mean": 1.0,
+    }
 
 
 def test_analysis_pairs_adaptive_with_the_best_fixed_arm_by_seed() -> None:
@@ -48,10 +54,11 @@ def test_without_accuracies_the_target_is_throughput_alone() -> None:
 
 def test_arms_are_the_fixed_etas_then_adaptive_bounded_by_the_largest() -> None:
     assert arms((0, 2, 8)) == [
-        ("eta=0", ["controller.max_staleness=0"]), ("eta=2", ["controller.max_staleness=2"]),
+        ("eta=0", ["controller.max_staleness=0"]),
+        ("eta=2", ["controller.max_staleness=2"]),
         ("eta=8", ["controller.max_staleness=8"]),
         ("adaptive", ["controller.max_staleness=8", "controller.adaptive=true"]),
-    ]  # fmt: skip
+    ]
     with pytest.raises(ValueError):
         arms(())
 
@@ -93,12 +100,28 @@ def test_a_simulated_invocation_end_to_end(tmp_path: Path) -> None:
 
 def test_the_cli_runs_the_simulated_mode_under_each_profile(tmp_path: Path) -> None:
     out = tmp_path / "cli.json"
-    argv = ["adaptive", "--profile", "cpu-2core-tiny,h800-7b", "--workload", "task", "--etas", "0,2", "--seeds", "0",
-            "--steps", "10", "--warmup-s", "1", "--json", str(out)]  # fmt: skip
+    argv = [
+        "adaptive",
+        "--profile",
+        "cpu-2core-tiny,h800-7b",
+        "--workload",
+        "task",
+        "--etas",
+        "0,2",
+        "--seeds",
+        "0",
+        "--steps",
+        "10",
+        "--warmup-s",
+        "1",
+        "--json",
+        str(out),
+    ]
     assert bench_main(argv) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [(r["workload"], r["arm"]) for r in rows] == [
-        (f"{p}/task", a) for p in ("cpu-2core-tiny", "h800-7b") for a in ("eta=0", "eta=2", "adaptive")]  # fmt: skip
+        (f"{p}/task", a) for p in ("cpu-2core-tiny", "h800-7b") for a in ("eta=0", "eta=2", "adaptive")
+    ]
 
 
 @pytest.mark.parametrize(
@@ -126,10 +149,20 @@ def test_an_interrupted_invocations_finished_runs_are_measured_again_not_trained
     monkeypatch.setattr(async_bench, "_policy_dir", lambda overrides, workload: str(tmp_path / "policy"))
     finished = {"task-s0-eta0", "task-s0-adaptive"}
     trained: list[str] = []
-    monkeypatch.setattr(runs, "reusable_run", lambda overrides, run_dir: run_dir.parent == earlier
-                        and run_dir.name in finished and "run.seed=0" in overrides)  # fmt: skip
-    monkeypatch.setattr(runs, "measure_finished_run", lambda run_dir, warmup_s: {
-        "steady_state_tokens_per_s": 100.0, "accuracy_after": 0.5, "measured_from": str(run_dir)})  # fmt: skip
+    monkeypatch.setattr(
+        runs,
+        "reusable_run",
+        lambda overrides, run_dir: run_dir.parent == earlier and run_dir.name in finished and "run.seed=0" in overrides,
+    )
+    monkeypatch.setattr(
+        runs,
+        "measure_finished_run",
+        lambda run_dir, warmup_s: {
+            "steady_state_tokens_per_s": 100.0,
+            "accuracy_after": 0.5,
+            "measured_from": str(run_dir),
+        },
+    )
 
     def fake_train(overrides, run_dir, warmup_s):
         trained.append(run_dir.name)
@@ -137,8 +170,9 @@ def test_an_interrupted_invocations_finished_runs_are_measured_again_not_trained
 
     monkeypatch.setattr(runs, "run_and_measure", fake_train)
     monkeypatch.setattr(adaptive, "admission_means", lambda run_dir, overrides: {"eta_mean": 1.0})
-    payload = run_adaptive_bench(None, workloads=("task",), etas=(0, 4), seeds=(0, 1), steps=2,
-                                 out_dir=str(tmp_path / "new"), reuse=str(earlier))  # fmt: skip
+    payload = run_adaptive_bench(
+        None, workloads=("task",), etas=(0, 4), seeds=(0, 1), steps=2, out_dir=str(tmp_path / "new"), reuse=str(earlier)
+    )
     by_name = {f"s{r['seed']}-{r['arm']}": r for r in payload["rows"]}
     assert trained == ["task-s0-eta4", "task-s1-eta0", "task-s1-eta4", "task-s1-adaptive"]
     assert by_name["s0-eta=0"]["reused"] and by_name["s0-eta=0"]["measured_from"] == str(earlier / "task-s0-eta0")

@@ -26,20 +26,48 @@ from benchmarks.stats import t95
 from tests.repo_paths import CONFIGS
 
 
-def _summary(before: float, after: float, hit_before: float, hit_after: float, rl_s: float,
-             calling: tuple[float, float] = (0.3, 0.8)) -> dict:  # fmt: skip
+def _summary(
+    before: float,
+    after: float,
+    hit_before: float,
+    hit_after: float,
+    rl_s: float,
+    calling: tuple[float, float] = (0.3, 0.8),
+) -> dict:
     return {
-        "accuracy_before": before, "accuracy_after": after, "accuracy_mode": "greedy",
-        "eval_before": {"accuracy": before, "tool_call_hit_rate": hit_before, "tool_call_correct_rate": 0.9,
-                        "episode_turns_mean": 2.0, "episode_tool_call_frac": calling[0]},
-        "eval_after": {"accuracy": after, "tool_call_hit_rate": hit_after, "tool_call_correct_rate": 1.0,
-                       "episode_turns_mean": 2.0, "episode_tool_call_frac": calling[1]},
-        "steps": 30, "rl_wall_s": rl_s, "wall_s": rl_s + 20.0,
-    }  # fmt: skip
+        "accuracy_before": before,
+        "accuracy_after": after,
+        "accuracy_mode": "greedy",
+        "eval_before": {
+            "accuracy": before,
+            "tool_call_hit_rate": hit_before,
+            "tool_call_correct_rate": 0.9,
+            "episode_turns_mean": 2.0,
+            "episode_tool_call_frac": calling[0],
+        },
+        "eval_after": {
+            "accuracy": after,
+            "tool_call_hit_rate": hit_after,
+            "tool_call_correct_rate": 1.0,
+            "episode_turns_mean": 2.0,
+            "episode_tool_call_frac": calling[1],
+        },
+        "steps": 30,
+        "rl_wall_s": rl_s,
+        "wall_s": rl_s + 20.0,
+    }
 
 
-METRICS = [{"step": 10, "time_s": 100.0, "eval_accuracy": 0.3, "eval_tool_call_hit_rate": 0.35,
-            "eval_episode_tool_call_frac": 0.5}, {"step": 11}]  # fmt: skip
+METRICS = [
+    {
+        "step": 10,
+        "time_s": 100.0,
+        "eval_accuracy": 0.3,
+        "eval_tool_call_hit_rate": 0.35,
+        "eval_episode_tool_call_frac": 0.5,
+    },
+    {"step": 11},
+]
 
 
 def test_a_seed_row() -> None:
@@ -91,8 +119,10 @@ def test_each_invocation_writes_under_a_fresh_directory(tmp_path, monkeypatch) -
 
 
 def _kinds(mul: float, sub: float) -> dict:
-    return {"mul 3x2": {"prompts": 58.0, "accuracy": mul, "tool_call_hit_rate": mul},
-            "sub 3-3": {"prompts": 66.0, "accuracy": sub, "tool_call_hit_rate": 0.9}}  # fmt: skip
+    return {
+        "mul 3x2": {"prompts": 58.0, "accuracy": mul, "tool_call_hit_rate": mul},
+        "sub 3-3": {"prompts": 66.0, "accuracy": sub, "tool_call_hit_rate": 0.9},
+    }
 
 
 def test_each_kind_is_carried_before_during_and_after() -> None:
@@ -104,9 +134,11 @@ def test_each_kind_is_carried_before_during_and_after() -> None:
     assert row["by_kind_before"]["sub 3-3"]["accuracy"] == 0.4 and row["by_kind_after"]["sub 3-3"]["accuracy"] == 0.0
     assert row["kind_gain_points"] == pytest.approx({"mul 3x2": 45.0, "sub 3-3": -40.0})
     assert row["kinds_fell"] == ["sub 3-3"]
-    assert row["curve_by_kind"] == [(200.0, {"mul 3x2": 0.5, "sub 3-3": 0.4}),
-                                    (300.0, {"mul 3x2": 0.8, "sub 3-3": 0.2}),
-                                    (500.0, {"mul 3x2": 0.95, "sub 3-3": 0.0})]  # fmt: skip
+    assert row["curve_by_kind"] == [
+        (200.0, {"mul 3x2": 0.5, "sub 3-3": 0.4}),
+        (300.0, {"mul 3x2": 0.8, "sub 3-3": 0.2}),
+        (500.0, {"mul 3x2": 0.95, "sub 3-3": 0.0}),
+    ]
     other = seed_row(1, summary, METRICS, warm_start_s=200.0, budget_s=600.0)  # kinds before and after only
     assert [t for t, _ in other["curve_by_kind"]] == [200.0, 500.0]
     kinds = analyse([row, other], 600.0)["summary"]["by_kind"]
@@ -230,8 +262,16 @@ def test_a_reasoning_gym_config_reaches_the_warm_start_and_train(tmp_path, monke
 def test_a_single_turn_run_has_no_tool_figures_and_says_so(tmp_path, monkeypatch, capsys) -> None:
     """A single-turn reasoning-gym run evaluates no tool use: its rows carry None (never 0), the split of the gain
     is absent, and the table prints "-"."""
-    single = {"accuracy_before": 0.1, "accuracy_after": 0.3, "accuracy_mode": "greedy", "steps": 10, "rl_wall_s": 50.0,
-              "wall_s": 60.0, "eval_before": {"accuracy": 0.1}, "eval_after": {"accuracy": 0.3}}  # fmt: skip
+    single = {
+        "accuracy_before": 0.1,
+        "accuracy_after": 0.3,
+        "accuracy_mode": "greedy",
+        "steps": 10,
+        "rl_wall_s": 50.0,
+        "wall_s": 60.0,
+        "eval_before": {"accuracy": 0.1},
+        "eval_after": {"accuracy": 0.3},
+    }
 
     def fake_seed(config, overrides, seed: int, out: Path, budget_s: float) -> dict:
         return seed_row(seed, single, [], 20.0, budget_s)
@@ -251,10 +291,17 @@ def test_results_run_apart_merge_into_one_analysis(tmp_path) -> None:
     """Seeds run in separate processes (a result file each) give the analysis one invocation of all of them
     would; files of another configuration, or a seed twice, are refused in one line."""
 
-    rows = [seed_row(s, _summary(0.1, 0.1 + g, 0.2, 0.4, 100.0), METRICS, 50.0, 600.0)
-            for s, g in ((0, 0.30), (1, 0.15), (2, 0.30))]  # fmt: skip
-    head = {"bench": "agent-learning", "task": "reasoning_gym chain_sum", "config": "c.yaml", "overrides": [],
-            "budget_s": 600.0}  # fmt: skip
+    rows = [
+        seed_row(s, _summary(0.1, 0.1 + g, 0.2, 0.4, 100.0), METRICS, 50.0, 600.0)
+        for s, g in ((0, 0.30), (1, 0.15), (2, 0.30))
+    ]
+    head = {
+        "bench": "agent-learning",
+        "task": "reasoning_gym chain_sum",
+        "config": "c.yaml",
+        "overrides": [],
+        "budget_s": 600.0,
+    }
     paths = []
     for row in rows:
         paths.append(str(tmp_path / f"seed{row['seed']}.json"))

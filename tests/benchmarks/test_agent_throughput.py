@@ -15,16 +15,25 @@ from benchmarks.agent_throughput import analyse, plot, reanalyse, run_agent_thro
 
 
 def _row(seed: int, eta: int, steady: float | None, whole: float, share: float) -> dict:
-    return {"seed": seed, "max_staleness": eta, "steady_state_tokens_per_s": steady, "trained_tokens_per_s": whole,
-            "tool_wait_share": share, "staleness_mean": 0.0 if eta == 0 else 1.5}  # fmt: skip
+    return {
+        "seed": seed,
+        "max_staleness": eta,
+        "steady_state_tokens_per_s": steady,
+        "trained_tokens_per_s": whole,
+        "tool_wait_share": share,
+        "staleness_mean": 0.0 if eta == 0 else 1.5,
+    }
 
 
 ROWS = [
-    _row(0, 0, 100.0, 90.0, 0.5), _row(0, 4, 250.0, 200.0, 0.3),  # 2.5x
-    _row(1, 0, 100.0, 100.0, 0.5), _row(1, 4, 180.0, 150.0, 0.3),  # 1.8x
-    _row(2, 0, 50.0, 40.0, 0.6), _row(2, 4, 110.0, 100.0, 0.2),  # 2.2x
+    _row(0, 0, 100.0, 90.0, 0.5),
+    _row(0, 4, 250.0, 200.0, 0.3),  # 2.5x
+    _row(1, 0, 100.0, 100.0, 0.5),
+    _row(1, 4, 180.0, 150.0, 0.3),  # 1.8x
+    _row(2, 0, 50.0, 40.0, 0.6),
+    _row(2, 4, 110.0, 100.0, 0.2),  # 2.2x
     _row(3, 4, 500.0, 400.0, 0.1),  # no synchronous run of seed 3: not paired
-]  # fmt: skip
+]
 
 
 def test_ratios_are_paired_by_seed() -> None:
@@ -77,8 +86,15 @@ def test_plot(tmp_path) -> None:
 def test_command_line(monkeypatch, tmp_path) -> None:
     seen: dict = {}
     monkeypatch.setattr(agent_throughput, "run_agent_throughput_bench", lambda json_path, **kw: seen.update(kw))
-    argv = ["agent-throughput", "--seeds", "3,4", "--model", str(tmp_path), "--sync-setting",
-            "threads1-trainer-process"]  # fmt: skip
+    argv = [
+        "agent-throughput",
+        "--seeds",
+        "3,4",
+        "--model",
+        str(tmp_path),
+        "--sync-setting",
+        "threads1-trainer-process",
+    ]
     assert bench_main(argv) == 0
     assert seen["seeds"] == (3, 4) and seen["steps"] == 40 and seen["warmup_s"] == 20.0
     assert seen["overrides"] == [f"model.path={tmp_path}"] and seen["sync_setting"] == "threads1-trainer-process"
@@ -92,13 +108,24 @@ def test_a_tiny_run(tiny_policy_dir, tmp_path, monkeypatch) -> None:
     runs last a second, so the figures say nothing; the fields and the files are what is checked)."""
     out = tmp_path / "agent_throughput.json"
     small = [
-        f"model.path={tiny_policy_dir}", "rollout.group_size=2", "controller.batch_size=2", "task.eval_size=2",
-        "rollout.max_new_tokens=8", "agent.max_turn_tokens=8", "agent.max_tokens=24", "eval.max_new_tokens=8",
-    ]  # fmt: skip
+        f"model.path={tiny_policy_dir}",
+        "rollout.group_size=2",
+        "controller.batch_size=2",
+        "task.eval_size=2",
+        "rollout.max_new_tokens=8",
+        "agent.max_turn_tokens=8",
+        "agent.max_tokens=24",
+        "eval.max_new_tokens=8",
+    ]
     result = run_agent_throughput_bench(
-        str(out), overrides=small, seeds=(0,), steps=2, warmup_s=0.0, sync_setting="threads1-trainer-process",
+        str(out),
+        overrides=small,
+        seeds=(0,),
+        steps=2,
+        warmup_s=0.0,
+        sync_setting="threads1-trainer-process",
         out_dir=str(tmp_path / "runs"),
-    )  # fmt: skip
+    )
     sync, fast = result["rows"]
     assert (sync["max_staleness"], fast["max_staleness"]) == (0, 4) and sync["setting"] == "threads1-trainer-process"
     for row in (sync, fast):

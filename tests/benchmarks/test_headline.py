@@ -13,8 +13,14 @@ from benchmarks.headline import SYNC_CANDIDATES, analyse, reanalyse
 
 
 def _row(seed: int, eta: int, curve: list[tuple[float, float]], steady: float, whole: float) -> dict:
-    return {"seed": seed, "max_staleness": eta, "curve": curve, "steady_state_tokens_per_s": steady,
-            "trained_tokens_per_s": whole, "staleness_mean": eta / 2}  # fmt: skip
+    return {
+        "seed": seed,
+        "max_staleness": eta,
+        "curve": curve,
+        "steady_state_tokens_per_s": steady,
+        "trained_tokens_per_s": whole,
+        "staleness_mean": eta / 2,
+    }
 
 
 def test_speedup_is_paired_by_seed_against_the_synchronous_target() -> None:
@@ -128,8 +134,12 @@ def test_a_time_budget_reaches_every_arm_and_snapshots_are_scored_apart(tmp_path
 
     def fake_run(overrides: list[str], run_dir, warmup_s: float) -> dict:
         runs.append(overrides)
-        return {"snapshots": [{"t": 0.0, "version": 0, "path": "v0"}, {"t": 90.0, "version": 5, "path": "v5"}],
-                "steady_state_tokens_per_s": 1.0, "trained_tokens_per_s": 1.0, "staleness_mean": 0.0}  # fmt: skip
+        return {
+            "snapshots": [{"t": 0.0, "version": 0, "path": "v0"}, {"t": 90.0, "version": 5, "path": "v5"}],
+            "steady_state_tokens_per_s": 1.0,
+            "trained_tokens_per_s": 1.0,
+            "staleness_mean": 0.0,
+        }
 
     def fake_evaluate(overrides: list[str], snapshots: list[dict]) -> list[float]:
         scored.append(overrides)
@@ -138,9 +148,16 @@ def test_a_time_budget_reaches_every_arm_and_snapshots_are_scored_apart(tmp_path
     monkeypatch.setattr(headline, "run_and_measure", fake_run)
     monkeypatch.setattr(headline, "evaluate_snapshots", fake_evaluate)
     out = headline.run_headline_bench(
-        str(tmp_path / "h.json"), workload="task", etas=(0, 4), seeds=(0,), steps=500, time_budget_s=90.0,
-        snapshot_samples_per_prompt=8, sync_setting="threads1-trainer-process", out_dir=str(tmp_path / "runs"),
-    )  # fmt: skip
+        str(tmp_path / "h.json"),
+        workload="task",
+        etas=(0, 4),
+        seeds=(0,),
+        steps=500,
+        time_budget_s=90.0,
+        snapshot_samples_per_prompt=8,
+        sync_setting="threads1-trainer-process",
+        out_dir=str(tmp_path / "runs"),
+    )
     assert len(runs) == 2
     assert all("controller.max_rl_time_s=90.0" in o and "controller.total_steps=500" in o for o in runs)
     assert not any("eval.samples_per_prompt=8" in o for o in runs)

@@ -24,8 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("name", sorted(BENCHMARKS))
 def test_each_benchmark_has_its_own_help(name: str) -> None:
-    out = subprocess.run([sys.executable, "-m", "benchmarks", name, "--help"], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks", name, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"usage: python -m benchmarks {name}")
 

@@ -15,8 +15,17 @@ from benchmarks import objectives as bench
 from benchmarks.__main__ import build_parser, main
 from benchmarks.objectives import Cell, Plan
 
-PLAN = Plan(objectives=("decoupled", "naive", "prox_clip"), lrs=(5e-5, 1e-4, 2e-4), shared_lr=1e-4, lags=(2, 8),
-            etas=(4,), seeds=(0, 1, 2), tune_seeds=(0, 1), tune_lag=0, steps=3)  # fmt: skip
+PLAN = Plan(
+    objectives=("decoupled", "naive", "prox_clip"),
+    lrs=(5e-5, 1e-4, 2e-4),
+    shared_lr=1e-4,
+    lags=(2, 8),
+    etas=(4,),
+    seeds=(0, 1, 2),
+    tune_seeds=(0, 1),
+    tune_lag=0,
+    steps=3,
+)
 
 BEST = {"decoupled": 1e-4, "naive": 2e-4, "prox_clip": 5e-5}
 
@@ -84,9 +93,15 @@ def test_whole_bench_on_fake_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         cell = next(c for c in [*bench.tune_cells(PLAN), *bench.compare_cells(PLAN, BEST)] if c.name == run_dir.name)
         assert run_dir.name not in {Path(d).name for d in seen}
         seen.append(str(run_dir))
-        return {"accuracy_before": 0.3, "accuracy_after": _accuracy(cell.objective, cell.lr, cell.lag, cell.seed),
-                "collapsed": False, "applied_weight_sq_mean": 1.5, "behav_weight_sq_mean": 9.0, "wall_s": 1.0,
-                "curves": {"reward": [0.1], "clip_frac": [0.2]}}  # fmt: skip
+        return {
+            "accuracy_before": 0.3,
+            "accuracy_after": _accuracy(cell.objective, cell.lr, cell.lag, cell.seed),
+            "collapsed": False,
+            "applied_weight_sq_mean": 1.5,
+            "behav_weight_sq_mean": 9.0,
+            "wall_s": 1.0,
+            "curves": {"reward": [0.1], "clip_frac": [0.2]},
+        }
 
     monkeypatch.setattr(bench, "run_arm", fake_run_arm)
     out = tmp_path / "objectives.json"

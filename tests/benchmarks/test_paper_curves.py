@@ -30,17 +30,39 @@ from benchmarks.paper_curves import (
     step_time_points,
 )
 
-TINY = {"batch_size": 4, "group_size": 2, "max_concurrent": 64, "high_water_unit": "groups", "weight_sync": "inflight",
-        "interrupt_mode": "abort", "lengths": "lognormal", "length_median": 30, "length_sigma": 0.6,
-        "length_within_sigma": 0.3, "prompt_len": 10, "filter_prob": 0.0}  # fmt: skip
+TINY = {
+    "batch_size": 4,
+    "group_size": 2,
+    "max_concurrent": 64,
+    "high_water_unit": "groups",
+    "weight_sync": "inflight",
+    "interrupt_mode": "abort",
+    "lengths": "lognormal",
+    "length_median": 30,
+    "length_sigma": 0.6,
+    "length_within_sigma": 0.3,
+    "prompt_len": 10,
+    "filter_prob": 0.0,
+}
 
 
 def tiny_spec(**extra: object) -> CurvesSpec:
-    keys = dict(workload=TINY, eta_profile="cpu-2core-tiny", eta_gpus=4, eta_max_new_tokens=96,
-                etas=(0, 1, 4, UNBOUNDED), scaling_profiles=("cpu-2core-tiny",), contexts=(64,), prompt_reserve=16,
-                gpu_counts=(4, 8),
-                scaling_eta=2, step_time_eta=4, step_time_rows=(("cpu-2core-tiny", 4),), eta_steps=12,
-                scaling_steps=8)  # fmt: skip
+    keys = dict(
+        workload=TINY,
+        eta_profile="cpu-2core-tiny",
+        eta_gpus=4,
+        eta_max_new_tokens=96,
+        etas=(0, 1, 4, UNBOUNDED),
+        scaling_profiles=("cpu-2core-tiny",),
+        contexts=(64,),
+        prompt_reserve=16,
+        gpu_counts=(4, 8),
+        scaling_eta=2,
+        step_time_eta=4,
+        step_time_rows=(("cpu-2core-tiny", 4),),
+        eta_steps=12,
+        scaling_steps=8,
+    )
     keys.update(extra)
     return CurvesSpec(**keys)  # type: ignore[arg-type]
 
@@ -57,10 +79,25 @@ class Recorder:
 
 
 def point(curve: str, arm: str, gpus: int, eta: int, tokens: float, step_s: float = 1.0, **extra: object) -> CurvePoint:
-    values = dict(curve=curve, profile="p", gpus=gpus, max_new_tokens=100, arm=arm, max_staleness=eta,
-                  tokens_per_s=tokens, steady_state_tokens_per_s=tokens, step_s=step_s, staleness_mean=0.0,
-                  engine_busy=0.0, trainer_busy=0.0,
-                  stale_groups=0, engines=1, trainer_ranks=1, steps=10, cpu_s=0.0)  # fmt: skip
+    values = dict(
+        curve=curve,
+        profile="p",
+        gpus=gpus,
+        max_new_tokens=100,
+        arm=arm,
+        max_staleness=eta,
+        tokens_per_s=tokens,
+        steady_state_tokens_per_s=tokens,
+        step_s=step_s,
+        staleness_mean=0.0,
+        engine_busy=0.0,
+        trainer_busy=0.0,
+        stale_groups=0,
+        engines=1,
+        trainer_ranks=1,
+        steps=10,
+        cpu_s=0.0,
+    )
     values.update(extra)
     return CurvePoint(**values)  # type: ignore[arg-type]
 
@@ -161,8 +198,10 @@ def test_scaling_analysis_efficiency_and_speedups() -> None:
 
 
 def test_step_time_analysis_converts_the_paper_hours_to_seconds_per_step() -> None:
-    pts = [point("step_time", "sync", 128, 0, 1.0, step_s=295.2, profile="h800-1.5b"),
-           point("step_time", "async", 128, 8, 1.0, step_s=53.28, profile="h800-1.5b")]  # fmt: skip
+    pts = [
+        point("step_time", "sync", 128, 0, 1.0, step_s=295.2, profile="h800-1.5b"),
+        point("step_time", "async", 128, 8, 1.0, step_s=53.28, profile="h800-1.5b"),
+    ]
     (row,) = analyse_step_time(pts)  # the 7B row has no points: left out
     assert row["paper_sync_step_s"] == pytest.approx(147.6) and row["paper_async_step_s"] == pytest.approx(53.28)
     assert row["ratio_sim_paper_sync"] == pytest.approx(2.0) and row["ratio_sim_paper_async"] == pytest.approx(1.0)
@@ -185,12 +224,14 @@ def test_the_payload_holds_every_point_the_paper_and_the_profiles(tmp_path: Path
     paper_report.print_curves(d)
 
 
-def test_the_command_writes_the_json_and_the_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_the_command_writes_the_json_and_the_plot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     tiny = tiny_spec()
     monkeypatch.setattr(paper_report, "areal_workload", lambda: TINY)
-    monkeypatch.setattr(paper_report, "CurvesSpec",
-                        lambda workload, **kw: dataclasses.replace(tiny, workload=workload, **kw))  # fmt: skip
+    monkeypatch.setattr(
+        paper_report, "CurvesSpec", lambda workload, **kw: dataclasses.replace(tiny, workload=workload, **kw)
+    )
     out = tmp_path / "r" / "curves.json"
     assert main(["paper-curves", "--json", str(out), "--steps", "10"]) == 0
     d = json.loads(out.read_text())

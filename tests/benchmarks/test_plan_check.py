@@ -10,14 +10,27 @@ from benchmarks.plan_check import PlanCheckError, analyse, check_plan, settings_
 
 def candidate(label: str, eta: int, throughput: float, recommended: bool = False, ray: bool = False) -> dict:
     overrides = ["launch.kind=ray"] if ray else []
-    return {"label": label, "max_staleness": eta, "high_water_batches": 1, "interrupt_mode": "keep",
-            "steady_state_tokens_per_s": throughput, "staleness_mean": eta / 2, "recommended": recommended,
-            "overrides": [*overrides, f"controller.max_staleness={eta}"]}  # fmt: skip
+    return {
+        "label": label,
+        "max_staleness": eta,
+        "high_water_batches": 1,
+        "interrupt_mode": "keep",
+        "steady_state_tokens_per_s": throughput,
+        "staleness_mean": eta / 2,
+        "recommended": recommended,
+        "overrides": [*overrides, f"controller.max_staleness={eta}"],
+    }
 
 
 def fake_plan(ray: bool = False, bench_workload: str = "long") -> dict:
-    rows = [candidate("a8", 8, 1000), candidate("b4", 4, 990, recommended=True, ray=ray), candidate("c4", 4, 900),
-            candidate("d2", 2, 800), candidate("e0", 0, 500), candidate("f8", 8, 950)]  # fmt: skip
+    rows = [
+        candidate("a8", 8, 1000),
+        candidate("b4", 4, 990, recommended=True, ray=ray),
+        candidate("c4", 4, 900),
+        candidate("d2", 2, 800),
+        candidate("e0", 0, 500),
+        candidate("f8", 8, 950),
+    ]
     return {"candidates": rows, "recommended": rows[1], "workload": {"name": "x", "bench_workload": bench_workload}}
 
 
@@ -37,13 +50,26 @@ def test_plans_this_machine_cannot_run_are_refused() -> None:
 
 
 def run(label: str, seed: int, steady: float | None, whole: float = 1.0, predicted: float = 100.0) -> dict:
-    return {"label": label, "seed": seed, "steady_state_tokens_per_s": steady, "trained_tokens_per_s": whole,
-            "staleness_mean": 1.0, "predicted_tokens_per_s": predicted, "predicted_staleness_mean": 1.5}  # fmt: skip
+    return {
+        "label": label,
+        "seed": seed,
+        "steady_state_tokens_per_s": steady,
+        "trained_tokens_per_s": whole,
+        "staleness_mean": 1.0,
+        "predicted_tokens_per_s": predicted,
+        "predicted_staleness_mean": 1.5,
+    }
 
 
 def test_analysis_ratio_to_the_best_measured_and_the_verdict() -> None:
-    rows = [run("rec", 0, 95), run("rec", 1, 85), run("alt", 0, 100), run("alt", 1, 100), run("sync", 0, 50),
-            run("sync", 1, 50)]  # fmt: skip
+    rows = [
+        run("rec", 0, 95),
+        run("rec", 1, 85),
+        run("alt", 0, 100),
+        run("alt", 1, 100),
+        run("sync", 0, 50),
+        run("sync", 1, 50),
+    ]
     a = analyse(rows, "rec")
     assert a["measure"] == "steady_state_tokens_per_s" and a["best_measured"] == "alt"
     assert a["recommended_over_best"] == pytest.approx(0.9) and a["within_tolerance"]

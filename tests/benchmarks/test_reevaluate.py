@@ -29,12 +29,30 @@ def _source(root: Path, file: str, seeds: list[int], etas: list[int]) -> str:
             run = root / f"s{seed}-eta{eta}"
             snaps = [_snapshot(run, "v0", b"warm start", 0, 0.0)]  # every run starts from the same weights
             snaps += [_snapshot(run, f"v{v}", f"{seed}-{eta}-{v}".encode(), v, 10.0 * v / (1 + eta)) for v in (1, 2)]
-            rows.append({"seed": seed, "max_staleness": eta, "run_dir": str(run), "snapshots": snaps,
-                         "curve": [(s["t"], 0.1) for s in snaps], "staleness_mean": eta / 2.0,
-                         "steady_state_tokens_per_s": 100.0 * (1 + eta), "trained_tokens_per_s": 90.0})  # fmt: skip
-    payload = {"bench": "headline", "workload": "task", "target_fraction": 0.9, "warmup_s": 10.0,
-               "sync_setting": "threads1-trainer-process", "overrides": BASE, "seeds": seeds, "etas": etas,
-               "eval_samples": 16, "rows": rows}  # fmt: skip
+            rows.append(
+                {
+                    "seed": seed,
+                    "max_staleness": eta,
+                    "run_dir": str(run),
+                    "snapshots": snaps,
+                    "curve": [(s["t"], 0.1) for s in snaps],
+                    "staleness_mean": eta / 2.0,
+                    "steady_state_tokens_per_s": 100.0 * (1 + eta),
+                    "trained_tokens_per_s": 90.0,
+                }
+            )
+    payload = {
+        "bench": "headline",
+        "workload": "task",
+        "target_fraction": 0.9,
+        "warmup_s": 10.0,
+        "sync_setting": "threads1-trainer-process",
+        "overrides": BASE,
+        "seeds": seeds,
+        "etas": etas,
+        "eval_samples": 16,
+        "rows": rows,
+    }
     path = root / file
     path.write_text(json.dumps(payload))
     return str(path)
@@ -55,8 +73,11 @@ class FakeEvaluation:
 
 
 def test_samples_per_prompt_is_replaced_not_added() -> None:
-    assert with_samples_per_prompt(BASE, 8) == ["task.eval_size=8", "eval.report_greedy=false",
-                                                "eval.samples_per_prompt=8"]  # fmt: skip
+    assert with_samples_per_prompt(BASE, 8) == [
+        "task.eval_size=8",
+        "eval.report_greedy=false",
+        "eval.samples_per_prompt=8",
+    ]
 
 
 def test_every_snapshot_is_scored_again_and_sources_are_analysed_together(tmp_path, monkeypatch) -> None:
@@ -66,8 +87,14 @@ def test_every_snapshot_is_scored_again_and_sources_are_analysed_together(tmp_pa
     second = _source(tmp_path / "b", "b.json", [2], [0, 4])
     out = tmp_path / "out.json"
     result = reevaluate([first, second], str(out), samples_per_prompt=8, etas=(0, 4))
-    assert sorted((r["seed"], r["max_staleness"]) for r in result["rows"]) == [(0, 0), (0, 4), (1, 0), (1, 4), (2, 0),
-                                                                               (2, 4)]  # fmt: skip
+    assert sorted((r["seed"], r["max_staleness"]) for r in result["rows"]) == [
+        (0, 0),
+        (0, 4),
+        (1, 0),
+        (1, 4),
+        (2, 0),
+        (2, 4),
+    ]
     # the shared warm start once, then two snapshots per run; always with 8 samples per prompt
     assert len(fake.calls) == 1 + 6 * 2
     assert all(o[-1] == "eval.samples_per_prompt=8" and "eval.samples_per_prompt=2" not in o for o, _ in fake.calls)

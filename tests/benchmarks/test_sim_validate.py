@@ -34,14 +34,32 @@ def test_occupancy_is_exact_from_the_engines_integral_where_every_line_has_it() 
 
 def _simulated_run(path: Path, eta: int, mode: str) -> None:
     """A simulated run directory (constant lengths) given the real config of the same settings."""
-    keys = dict(max_staleness=eta, interrupt_mode=mode, batch_size=4, group_size=4, total_steps=30,
-                max_concurrent=16, lengths="constant", length_median=60, max_new_tokens=60, slots=16)  # fmt: skip
+    keys = dict(
+        max_staleness=eta,
+        interrupt_mode=mode,
+        batch_size=4,
+        group_size=4,
+        total_steps=30,
+        max_concurrent=16,
+        lengths="constant",
+        length_median=60,
+        max_new_tokens=60,
+        slots=16,
+    )
     simulate(Scenario(**keys), run_dir=path)
-    cfg = load_config(None, [
-        f"controller.max_staleness={eta}", f"rollout.interrupt_mode={mode}", "controller.batch_size=4",
-        "rollout.group_size=4", "controller.total_steps=30", "controller.max_concurrent=16",
-        "rollout.max_new_tokens=60", "rollout.max_slots=16",
-    ])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"controller.max_staleness={eta}",
+            f"rollout.interrupt_mode={mode}",
+            "controller.batch_size=4",
+            "rollout.group_size=4",
+            "controller.total_steps=30",
+            "controller.max_concurrent=16",
+            "rollout.max_new_tokens=60",
+            "rollout.max_slots=16",
+        ],
+    )
     dump_yaml(cfg, path / "config.yaml")
 
 

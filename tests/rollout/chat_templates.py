@@ -162,38 +162,92 @@ def llama_tokenizer() -> Any:
     """Llama-3.1-style: BOS ``<|begin_of_text|>``, EOS ``<|eot_id|>`` (``<|eom_id|>`` also ends a turn)."""
     return _bpe(
         LLAMA_PATTERN,
-        ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-         "<|eom_id|>", "<|python_tag|>"],
+        [
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+            "<|eom_id|>",
+            "<|python_tag|>",
+        ],
         [],
         LLAMA_TEMPLATE,
         {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "pad_token": "<|end_of_text|>"},
-    )  # fmt: skip
+    )
 
 
 TEMPLATES = Path(__file__).parent / "templates"
 _IM = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _DEEPSEEK = [
-    "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
-    "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>",
-    "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>", "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>",
-]  # fmt: skip
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁outputs▁begin｜>",
+    "<｜tool▁outputs▁end｜>",
+    "<｜tool▁output▁begin｜>",
+    "<｜tool▁output▁end｜>",
+]
 _DEEPSEEK_ROLES = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>"}
 FAMILY_TOKENS: dict[str, tuple[str, list[str], list[str], dict[str, str]]] = {
-    "qwen3": (QWEN_PATTERN, _IM, ["<tool_call>", "</tool_call>", "<think>", "</think>"],
-              {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
-    "qwen3_coder": (QWEN_PATTERN, _IM, ["<tool_call>", "</tool_call>"],
-                    {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
-    "hermes": (LLAMA_PATTERN, ["<|begin_of_text|>", *_IM], ["<tool_call>", "</tool_call>"],
-               {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}),
-    "llama3": (LLAMA_PATTERN, ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
-                               "<|eot_id|>", "<|eom_id|>", "<|python_tag|>"], [],
-               {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "pad_token": "<|end_of_text|>"}),
-    "mistral": (LLAMA_PATTERN, ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
-                                "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"], [],
-                {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}),
+    "qwen3": (
+        QWEN_PATTERN,
+        _IM,
+        ["<tool_call>", "</tool_call>", "<think>", "</think>"],
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+    ),
+    "qwen3_coder": (
+        QWEN_PATTERN,
+        _IM,
+        ["<tool_call>", "</tool_call>"],
+        {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+    ),
+    "hermes": (
+        LLAMA_PATTERN,
+        ["<|begin_of_text|>", *_IM],
+        ["<tool_call>", "</tool_call>"],
+        {"bos_token": "<|begin_of_text|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+    ),
+    "llama3": (
+        LLAMA_PATTERN,
+        [
+            "<|begin_of_text|>",
+            "<|end_of_text|>",
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+            "<|eom_id|>",
+            "<|python_tag|>",
+        ],
+        [],
+        {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "pad_token": "<|end_of_text|>"},
+    ),
+    "mistral": (
+        LLAMA_PATTERN,
+        [
+            "<unk>",
+            "<s>",
+            "</s>",
+            "[INST]",
+            "[/INST]",
+            "[TOOL_CALLS]",
+            "[AVAILABLE_TOOLS]",
+            "[/AVAILABLE_TOOLS]",
+            "[TOOL_RESULTS]",
+            "[/TOOL_RESULTS]",
+        ],
+        [],
+        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"},
+    ),
     "deepseek_v3": (LLAMA_PATTERN, _DEEPSEEK, [], _DEEPSEEK_ROLES),
     "deepseek_r1": (LLAMA_PATTERN, _DEEPSEEK, ["<think>", "</think>"], _DEEPSEEK_ROLES),
-}  # fmt: skip
+}
 """Per family: the pre-tokenizer pattern, the control (special) tokens, the added plain tokens, the roles."""
 
 

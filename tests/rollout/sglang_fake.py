@@ -42,9 +42,18 @@ SAMPLING_FIELDS = frozenset(
 BASE_REQ = frozenset({"rid", "http_worker_ipc"})
 # managers/io_struct.py, class UpdateWeightFromDiskReqInput
 UPDATE_FROM_DISK_FIELDS = BASE_REQ | {
-    "model_path", "load_format", "abort_all_requests", "weight_version", "is_async", "torch_empty_cache",
-    "keep_pause", "recapture_cuda_graph", "token_step", "flush_cache", "manifest",
-}  # fmt: skip
+    "model_path",
+    "load_format",
+    "abort_all_requests",
+    "weight_version",
+    "is_async",
+    "torch_empty_cache",
+    "keep_pause",
+    "recapture_cuda_graph",
+    "token_step",
+    "flush_cache",
+    "manifest",
+}
 PAUSE_FIELDS = BASE_REQ | {"mode"}  # managers/io_struct.py, class PauseGenerationReqInput
 PAUSE_MODES = ("abort", "retract", "in_place")  # PauseGenerationReqInput.mode: Literal[...]
 CONTINUE_FIELDS = BASE_REQ | {"torch_empty_cache"}  # managers/io_struct.py, class ContinueGenerationReqInput
@@ -56,11 +65,25 @@ WEIGHT_VERSION_FIELDS = BASE_REQ | {"new_version", "abort_all_requests"}
 # The types the fake checks, for the fields a client of this project sends.
 _INT, _NUM, _BOOL, _STR = (int,), (int, float), (bool,), (str,)
 _TYPES: dict[str, tuple[type, ...]] = {
-    "rid": _STR, "return_logprob": _BOOL, "logprob_start_len": _INT, "extra_key": _STR, "max_new_tokens": _INT,
-    "temperature": _NUM, "top_p": _NUM, "top_k": _INT, "ignore_eos": _BOOL, "sampling_seed": _INT,
-    "model_path": _STR, "weight_version": _STR, "flush_cache": _BOOL, "abort_all_requests": _BOOL,
-    "mode": _STR, "abort_all": _BOOL, "new_version": _STR, "torch_empty_cache": _BOOL,
-}  # fmt: skip
+    "rid": _STR,
+    "return_logprob": _BOOL,
+    "logprob_start_len": _INT,
+    "extra_key": _STR,
+    "max_new_tokens": _INT,
+    "temperature": _NUM,
+    "top_p": _NUM,
+    "top_k": _INT,
+    "ignore_eos": _BOOL,
+    "sampling_seed": _INT,
+    "model_path": _STR,
+    "weight_version": _STR,
+    "flush_cache": _BOOL,
+    "abort_all_requests": _BOOL,
+    "mode": _STR,
+    "abort_all": _BOOL,
+    "new_version": _STR,
+    "torch_empty_cache": _BOOL,
+}
 
 
 class ShapeError(ValueError):
@@ -79,8 +102,11 @@ def check_fields(body: Any, allowed: frozenset[str], where: str, required: tuple
         raise ShapeError(f"{where}: missing field(s) {missing}")
     for key, value in body.items():
         want = _TYPES.get(key)
-        if want is not None and value is not None and (not isinstance(value, want) or isinstance(value, bool) != (
-                want == _BOOL)):  # fmt: skip
+        if (
+            want is not None
+            and value is not None
+            and (not isinstance(value, want) or isinstance(value, bool) != (want == _BOOL))
+        ):
             raise ShapeError(f"{where}: {key}={value!r} is not {want}")
     return body
 
@@ -162,10 +188,18 @@ class FakeSGLang:
         """entrypoints/http_server.py, ``model_info`` (``/get_model_info`` answers the same)."""
         self.calls.append((request.path, None))
         return web.json_response(
-            {"model_path": "/fake", "served_model_name": "/fake", "tokenizer_path": "/fake", "is_generation": True,
-             "preferred_sampling_params": None, "weight_version": self.version, "load_format": "auto",
-             "reasoning_parser": None, "tool_call_parser": None}
-        )  # fmt: skip
+            {
+                "model_path": "/fake",
+                "served_model_name": "/fake",
+                "tokenizer_path": "/fake",
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": self.version,
+                "load_format": "auto",
+                "reasoning_parser": None,
+                "tool_call_parser": None,
+            }
+        )
 
     async def generate(self, request: web.Request) -> web.Response:
         """entrypoints/http_server.py ``generate_request`` with ``GenerateReqInput`` (managers/io_struct.py) checked
@@ -189,9 +223,14 @@ class FakeSGLang:
             self.running.pop(req.rid, None)
             await self._notify()
         meta: dict[str, Any] = {
-            "id": req.rid, "finish_reason": finish, "prompt_tokens": len(ids), "weight_version": self.version,
-            "completion_tokens": len(req.output), "cached_tokens": 0, "reasoning_tokens": 0,
-        }  # fmt: skip
+            "id": req.rid,
+            "finish_reason": finish,
+            "prompt_tokens": len(ids),
+            "weight_version": self.version,
+            "completion_tokens": len(req.output),
+            "cached_tokens": 0,
+            "reasoning_tokens": 0,
+        }
         if body.get("return_logprob"):
             meta["input_token_logprobs"] = []
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(req.logprobs, req.output, strict=True)]

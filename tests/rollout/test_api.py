@@ -16,9 +16,17 @@ from tests.protocol_check import protocol_members, protocol_problems
 from tests.rollout.test_pool import FakeEngine
 
 ENGINE_MEMBERS = {
-    "version", "reports_each_sample", "start", "generate", "update_weights", "pause", "resume", "abort_all",
-    "stats", "close",
-}  # fmt: skip
+    "version",
+    "reports_each_sample",
+    "start",
+    "generate",
+    "update_weights",
+    "pause",
+    "resume",
+    "abort_all",
+    "stats",
+    "close",
+}
 
 
 def _ray_clients() -> list[type]:
@@ -46,8 +54,7 @@ def test_instances_pass_a_runtime_check() -> None:
     ray_client, served_client = _ray_clients()
     remote = RemoteEngine("http://127.0.0.1:9")  # no connection is made until a request
     pool = EnginePool([remote])
-    for engine in (remote, pool, ray_client(actor=None, index=0),
-                   served_client("http://127.0.0.1:9", None, 0, "key")):  # fmt: skip
+    for engine in (remote, pool, ray_client(actor=None, index=0), served_client("http://127.0.0.1:9", None, 0, "key")):
         assert isinstance(engine, RolloutEngine)
         assert engine.reports_each_sample is False
     assert LocalEngine.reports_each_sample is True
@@ -65,5 +72,11 @@ def test_a_group_at_once_engine_refuses_on_sample_done() -> None:
 def test_the_check_names_what_a_partial_engine_lacks() -> None:
     problems = protocol_problems(FakeEngine, RolloutEngine)  # the pool test's fake: generate, update, stats, close
     assert "generate: parameter 4 must be 'on_sample_done'" in problems
-    assert {p.split(":")[0] for p in problems} == {"generate", "reports_each_sample", "start", "pause", "resume",
-                                                   "abort_all"}  # fmt: skip
+    assert {p.split(":")[0] for p in problems} == {
+        "generate",
+        "reports_each_sample",
+        "start",
+        "pause",
+        "resume",
+        "abort_all",
+    }

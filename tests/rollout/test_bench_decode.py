@@ -11,8 +11,9 @@ from benchmarks.decode import run_decode_sweep
 
 def test_decode_sweep_measures_each_pair(tiny_dir, tmp_path):
     out = tmp_path / "decode.json"
-    res = run_decode_sweep(str(out), model_dir=str(tiny_dir), contexts=(8, 40), running=(1, 3), new_tokens=6,
-                           print_table=False)  # fmt: skip
+    res = run_decode_sweep(
+        str(out), model_dir=str(tiny_dir), contexts=(8, 40), running=(1, 3), new_tokens=6, print_table=False
+    )
     assert json.loads(out.read_text()) == res
     assert [(r["context"], r["running"]) for r in res["rows"]] == [(8, 1), (8, 3), (40, 1), (40, 3)]
     for r in res["rows"]:

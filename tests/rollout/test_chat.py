@@ -71,8 +71,10 @@ def test_canonical_turns_give_the_templates_own_ids(toks: dict, name: str) -> No
     ids += r.env_ids(HISTORY, [Message("tool", result)], TOOLS, closed_by=tok.eos_token_id)
     full = tok.apply_chat_template(
         [m.as_dict() for m in [*HISTORY, Message("assistant", answer), Message("tool", result)]],
-        tools=TOOLS, add_generation_prompt=True, tokenize=False,
-    )  # fmt: skip
+        tools=TOOLS,
+        add_generation_prompt=True,
+        tokenize=False,
+    )
     assert ids == tok.encode(full, add_special_tokens=False)
 
 

@@ -127,7 +127,7 @@ def test_bad_targets_are_refused_in_one_line(server: str) -> None:
         "openenv:localhost:8000": "needs the server's http://host:port",
         f"openenv:{down}": "no OpenEnv schema at",
         f"openenv:{server}#nope": "the action has no field 'nope'",
-    }.items():  # fmt: skip
+    }.items():
         with pytest.raises(ValueError, match="^agent.env=openenv:") as e:
             env_maker(spec, EnvOptions())
         assert fragment in str(e.value) and "\n" not in str(e.value), str(e.value)

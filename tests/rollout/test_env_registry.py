@@ -138,7 +138,7 @@ def test_unknown_names_are_refused_in_one_line() -> None:
         "gym:": "needs a Gymnasium id",
         "gym:NoSuchEnv-v0": "agent.env=gym:NoSuchEnv-v0: NameNotFound",
         "gym:asyncrl.rollout.envs.calculator:calculator_tool": "made a Tool, not a gymnasium.Env",
-    }.items():  # fmt: skip
+    }.items():
         with pytest.raises(ValueError, match="^agent.env=") as e:
             env_maker(spec, EnvOptions())
         assert fragment in str(e.value) and "\n" not in str(e.value), str(e.value)
@@ -188,10 +188,12 @@ def test_a_group_of_gymnasium_episodes_through_the_workflow(tmp_path) -> None:
         return tuple(tok.encode(text, add_special_tokens=False)) + (tok.eos_token_id,)
 
     miss = str((secret + 1) % 10)
-    engine = ScriptedEngine({
-        10: [Turn(ids(miss)), Turn(ids(str(secret)))],
-        11: [Turn(ids(miss)), Turn(ids(miss)), Turn(ids(miss))],
-    })  # fmt: skip
+    engine = ScriptedEngine(
+        {
+            10: [Turn(ids(miss)), Turn(ids(str(secret)))],
+            11: [Turn(ids(miss)), Turn(ids(miss)), Turn(ids(miss))],
+        }
+    )
     make = env_maker("gym:tests.rollout.test_env_registry:GuessDigit", EnvOptions(seed=0))
     workflow = AgentWorkflow(tok, make, AgentSettings(max_turns=4, max_tokens=200))
 

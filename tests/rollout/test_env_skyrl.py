@@ -72,7 +72,7 @@ def test_unknown_ids_and_classes_are_refused_in_one_line() -> None:
         "skyrl:": "needs a skyrl-gym id",
         "skyrl:nosuch": "is not a skyrl-gym id (registered: aime,",
         "skyrl:nosuchpkg.mod:Env": "cannot load it (ModuleNotFoundError",
-    }.items():  # fmt: skip
+    }.items():
         with pytest.raises(ValueError, match="^agent.env=skyrl:") as e:
             env_maker(spec, EnvOptions())
         assert fragment in str(e.value) and "\n" not in str(e.value), str(e.value)

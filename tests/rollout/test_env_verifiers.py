@@ -106,9 +106,9 @@ def test_a_tool_task_runs_its_mcp_tool_and_scores_the_conversation() -> None:
         await env.close()
         return reset, steps
 
-    reset, (used, bad, unknown, answer) = run(play(
-        call("arith_mul", a=a, b=b), call("arith_mul", a="x", b=1), call("nope"), f"It is {a * b}."
-    ))  # fmt: skip
+    reset, (used, bad, unknown, answer) = run(
+        play(call("arith_mul", a=a, b=b), call("arith_mul", a="x", b=1), call("nope"), f"It is {a * b}.")
+    )
     assert [m.role for m in reset.messages] == ["system", "user"]
     (schema,) = reset.tools
     assert schema["function"]["name"] == "arith_mul" and schema["function"]["description"] == "Multiply two integers."
@@ -134,10 +134,12 @@ def test_a_group_of_verifiers_tool_episodes_through_the_workflow(tmp_path) -> No
     def ids(text: str) -> tuple[int, ...]:
         return tuple(tok.encode(text, add_special_tokens=False)) + (tok.eos_token_id,)
 
-    engine = ScriptedEngine({
-        10: [Turn(ids(call("arith_mul", a=a, b=b))), Turn(ids(f"#{a * b}"))],
-        11: [Turn(ids(f"#{a * b + 1}"))],
-    })  # fmt: skip
+    engine = ScriptedEngine(
+        {
+            10: [Turn(ids(call("arith_mul", a=a, b=b))), Turn(ids(f"#{a * b}"))],
+            11: [Turn(ids(f"#{a * b + 1}"))],
+        }
+    )
     workflow = AgentWorkflow(tok, env_maker("verifiers", EnvOptions()), AgentSettings(max_turns=3, max_tokens=600))
     group = run(workflow(engine, p, SamplingParams(max_new_tokens=200, seed=10), 2, never, start_version=0))
     assert group.rewards == (1.0, 0.0)
@@ -155,6 +157,7 @@ def test_config_refuses_a_verifiers_task_without_its_environment() -> None:
         load_config(None, ["task.name=verifiers", "rollout.workflow=agent", "agent.env=verifiers"])
     with pytest.raises(ConfigError, match=r"^agent.env=verifiers plays task.name=verifiers prompts"):
         load_config(None, ["rollout.workflow=agent", "agent.env=verifiers"])
-    cfg = load_config(None, ["task.name=verifiers", "task.datasets=vf_sums", "rollout.workflow=agent",
-                             "agent.env=verifiers"])  # fmt: skip
+    cfg = load_config(
+        None, ["task.name=verifiers", "task.datasets=vf_sums", "rollout.workflow=agent", "agent.env=verifiers"]
+    )
     assert cfg.task.datasets == "vf_sums"

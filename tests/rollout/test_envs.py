@@ -34,9 +34,15 @@ def test_evaluator_is_exact_and_refuses_everything_else() -> None:
     assert evaluate_expression("123456789123456789*987654321987654321") == str(123456789123456789 * 987654321987654321)
     assert evaluate_expression("1,000 * 3") == "3000" and evaluate_expression("2^10") == "1024"
     for bad, message in {
-        "__import__('os')": "unsupported", "x+1": "unsupported", "1/0": "division by zero", "2**1000": "exponents",
-        "9" * 61: "too large", "": "empty", "1+": "cannot parse", "True+1": "only numbers",
-    }.items():  # fmt: skip
+        "__import__('os')": "unsupported",
+        "x+1": "unsupported",
+        "1/0": "division by zero",
+        "2**1000": "exponents",
+        "9" * 61: "too large",
+        "": "empty",
+        "1+": "cannot parse",
+        "True+1": "only numbers",
+    }.items():
         with pytest.raises(ToolError, match=message):
             evaluate_expression(bad)
 
@@ -107,9 +113,10 @@ def test_tool_env_failures_and_timeouts_are_observations() -> None:
     result, answer = run(go())
     assert result.tool_errors == 3 and not result.done
     assert [m.content for m in result.messages] == [
-        "error: slow timed out after 0.05s", "error: boom failed: RuntimeError: bug",
+        "error: slow timed out after 0.05s",
+        "error: boom failed: RuntimeError: bug",
         "error: unknown tool 'nope' (tools: boom, slow)",
-    ]  # fmt: skip
+    ]
     assert answer.done and answer.reward is None  # no judge: the workflow's score callable decides
 
 

@@ -27,9 +27,14 @@ def test_an_absurd_cache_fails_at_start_with_what_it_needs_and_has(load_tiny) ->
         LocalEngine(model, tok, max_slots=1_000_000, max_seq_len=100_000)
     text = str(info.value)
     cfg = model.config
-    need = kv_cache_bytes(layers=cfg.num_hidden_layers, slots=1_000_001, kv_heads=cfg.num_key_value_heads,
-                          max_seq_len=100_000, head_dim=cfg.hidden_size // cfg.num_attention_heads,
-                          dtype=torch.float32)  # fmt: skip
+    need = kv_cache_bytes(
+        layers=cfg.num_hidden_layers,
+        slots=1_000_001,
+        kv_heads=cfg.num_key_value_heads,
+        max_seq_len=100_000,
+        head_dim=cfg.hidden_size // cfg.num_attention_heads,
+        dtype=torch.float32,
+    )
     assert text.startswith(f"the engine's KV cache does not fit on cpu: it needs {need / 2**30:.2f} GiB (")
     assert "1000001 slots (max_slots + 1 scratch)" in text and "max_seq_len 100000" in text
     assert "but only " in text and "GiB is available (" in text and "Lower rollout.max_slots" in text
@@ -51,11 +56,13 @@ def test_the_cgroup_limit_counts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 def test_cuda_uses_the_free_device_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 * 2**30, 80 * 2**30))
-    check_kv_fits(layers=1, slots=1, kv_heads=1, max_seq_len=2**20, head_dim=64, dtype=torch.bfloat16,
-                  device="cuda:0")  # 256 MiB: fits  # fmt: skip
+    check_kv_fits(
+        layers=1, slots=1, kv_heads=1, max_seq_len=2**20, head_dim=64, dtype=torch.bfloat16, device="cuda:0"
+    )  # 256 MiB: fits
     with pytest.raises(KVCacheTooLarge, match=r"on cuda:0: it needs 4.00 GiB .* only 2.00 GiB .*mem_get_info"):
-        check_kv_fits(layers=16, slots=1, kv_heads=1, max_seq_len=2**20, head_dim=64, dtype=torch.bfloat16,
-                      device="cuda:0")  # fmt: skip
+        check_kv_fits(
+            layers=16, slots=1, kv_heads=1, max_seq_len=2**20, head_dim=64, dtype=torch.bfloat16, device="cuda:0"
+        )
 
 
 def test_unknown_memory_is_not_checked(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -41,9 +41,20 @@ def _parse(tok, **body):
 
 def test_a_full_request_is_read(tok) -> None:
     req = _parse(
-        tok, model="m", tools=[TOOL], temperature=0.5, top_p=0.9, max_tokens=7, stop=["</tool_call>"], n=2,
-        seed=3, logprobs=True, tool_choice="auto", user="u", top_logprobs=0,
-    )  # fmt: skip
+        tok,
+        model="m",
+        tools=[TOOL],
+        temperature=0.5,
+        top_p=0.9,
+        max_tokens=7,
+        stop=["</tool_call>"],
+        n=2,
+        seed=3,
+        logprobs=True,
+        tool_choice="auto",
+        user="u",
+        top_logprobs=0,
+    )
     assert (req.model, req.max_tokens, req.temperature, req.top_p, req.n, req.seed) == ("m", 7, 0.5, 0.9, 2, 3)
     assert req.logprobs and req.tools == (TOOL,)
     assert req.stop_ids == tuple(tok.encode("</tool_call>", add_special_tokens=False))
@@ -126,8 +137,10 @@ def test_a_message_sent_back_is_recognised_whatever_the_client_adds() -> None:
         "tool_calls": [{"id": "x", "function": {"name": "calculator", "arguments": '{"expression": "1+3"}'}}],
     }
     assert not same_message(normalized(sent), normalized(other))
-    assert same_message(normalized({"role": "user", "content": [{"type": "text", "text": "hi"}]}),
-                        normalized({"role": "user", "content": "hi"}))  # fmt: skip
+    assert same_message(
+        normalized({"role": "user", "content": [{"type": "text", "text": "hi"}]}),
+        normalized({"role": "user", "content": "hi"}),
+    )
 
 
 def test_tool_calls_are_written_back_in_the_call_format() -> None:
@@ -147,8 +160,13 @@ def test_tool_calls_are_written_back_in_the_call_format() -> None:
         "tag": "<calculator>2*3</calculator>",
         "json": '{"name": "calculator", "parameters": {"expression": "2*3"}}',
     }
-    unknown = normalized({"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c", "type": "function", "function": {"name": "other", "arguments": '{"x": 1}'}}]})  # fmt: skip
+    unknown = normalized(
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "other", "arguments": '{"x": 1}'}}],
+        }
+    )
     assert template_messages((unknown,), "tag", tags)[0].content == "<other></other>"  # no parameter known: empty
     (dev,) = template_messages((normalized({"role": "developer", "content": "be brief"}),), "hermes", {})
     assert dev.role == "system"
@@ -171,6 +189,9 @@ def test_the_reply_has_openai_shapes() -> None:
     bad = assistant_reply(broken, parse_tool_calls("hermes", broken), False, "hermes", {})
     assert bad.message["content"] == broken and "tool_calls" not in bad.message  # malformed: the model's text
     env = completion_response("m", [{"index": 0, "message": plain.message, "finish_reason": "stop"}], 5, 2)
-    assert env["object"] == "chat.completion" and env["usage"] == {"prompt_tokens": 5, "completion_tokens": 2,
-                                                                   "total_tokens": 7}  # fmt: skip
+    assert env["object"] == "chat.completion" and env["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 2,
+        "total_tokens": 7,
+    }
     assert models_response("m")["data"][0]["id"] == "m"

@@ -251,8 +251,14 @@ def test_the_engine_servers_door_bounds(load_tiny, tiny_dir) -> None:
     model, tok = load_tiny()
     engine = LocalEngine(model, tok, max_slots=4, max_seq_len=256)
     try:
-        with ServerThread(engine, api_key="k", eos_ids=(tok.eos_token_id,), model_path=str(tiny_dir),
-                          max_request_chars=1000, max_open_sessions=1) as srv:  # fmt: skip
+        with ServerThread(
+            engine,
+            api_key="k",
+            eos_ids=(tok.eos_token_id,),
+            model_path=str(tiny_dir),
+            max_request_chars=1000,
+            max_open_sessions=1,
+        ) as srv:
             base = srv.url
             status, models = _http(f"{base}/v1/models")
             assert status == 200 and [m["id"] for m in models["data"]] == [tiny_dir.name]

@@ -26,8 +26,15 @@ TOOL = {
     },
 }
 CALL = ToolCall("calculator", {"expression": "2*3"})
-FAMILIES = {"hermes": "hermes", "qwen3": "qwen3", "qwen3_coder": "qwen3_coder", "json": "llama3",
-            "mistral": "mistral", "deepseek_v3": "deepseek_v3", "deepseek_r1": "deepseek_r1"}  # fmt: skip
+FAMILIES = {
+    "hermes": "hermes",
+    "qwen3": "qwen3",
+    "qwen3_coder": "qwen3_coder",
+    "json": "llama3",
+    "mistral": "mistral",
+    "deepseek_v3": "deepseek_v3",
+    "deepseek_r1": "deepseek_r1",
+}
 
 
 def _door(fmt: str, tok: Any, turns: list[Turn]) -> tuple[ChatDoor, ScriptedEngine]:
@@ -68,8 +75,9 @@ def test_a_named_tool_choice_writes_the_familys_opening(fmt: str) -> None:
 def test_reasoning_is_separated_and_streamed(fmt: str) -> None:
     tok = family_tokenizer(FAMILIES[fmt])
     think = "<think>\nsix, surely\n</think>\n\n" if fmt == "qwen3" else "six, surely\n</think>\n\n"
-    door, engine = _door(fmt, tok, [Turn(_ids(tok, think + format_tool_call(fmt, CALL))),
-                                    Turn(_ids(tok, think + "It is 6."))])  # fmt: skip
+    door, engine = _door(
+        fmt, tok, [Turn(_ids(tok, think + format_tool_call(fmt, CALL))), Turn(_ids(tok, think + "It is 6."))]
+    )
     messages: list = [{"role": "user", "content": "2*3?"}]
     r = asyncio.run(door.chat({"messages": messages, "tools": [TOOL]}, "s"))
     message = r["choices"][0]["message"]

@@ -100,8 +100,12 @@ def test_the_table_covers_every_field_of_the_openai_client() -> None:
     from openai.resources.chat.completions import Completions
 
     client = set(inspect.signature(Completions.create).parameters) - {
-        "self", "extra_headers", "extra_query", "extra_body", "timeout",
-    }  # fmt: skip
+        "self",
+        "extra_headers",
+        "extra_query",
+        "extra_body",
+        "timeout",
+    }
     assert set(FIELDS) == client
     assert set(SAMPLES) == set(FIELDS)
 

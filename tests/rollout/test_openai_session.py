@@ -101,8 +101,12 @@ def test_a_tool_session_is_exact_across_turns(tok, monkeypatch) -> None:
     # the second call's input: opening + first turn as sampled + the template's glue for the tool result
     renderer = ChatRenderer(tok, (tok.eos_token_id,))
     opening = renderer.opening_ids([Message(m["role"], m["content"]) for m in messages], (TOOL,))
-    glue = renderer.env_ids([Message(m["role"], m["content"]) for m in messages], [Message("tool", "18272727")],
-                            (TOOL,), closed_by=tok.eos_token_id)  # fmt: skip
+    glue = renderer.env_ids(
+        [Message(m["role"], m["content"]) for m in messages],
+        [Message("tool", "18272727")],
+        (TOOL,),
+        closed_by=tok.eos_token_id,
+    )
     assert engine.calls[1].input_ids == opening + first + glue
     assert traj.token_ids == opening + first + glue + answer
     assert traj.versions[-len(answer) :] == versions and traj.model_segments[1].num_interruptions == 1

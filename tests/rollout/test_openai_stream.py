@@ -68,8 +68,14 @@ def _streamed(client: Any, **kwargs: Any) -> dict[str, Any]:
             if choice.logprobs is not None:
                 entries += [e.model_dump() for e in choice.logprobs.content or ()]
             finish = choice.finish_reason or finish
-    return {"role": role, "content": content, "calls": [calls[k] for k in sorted(calls)], "entries": entries,
-            "finish": finish, "usage": usage}  # fmt: skip
+    return {
+        "role": role,
+        "content": content,
+        "calls": [calls[k] for k in sorted(calls)],
+        "entries": entries,
+        "finish": finish,
+        "usage": usage,
+    }
 
 
 def test_a_streamed_tool_session_equals_the_plain_one_and_stays_exact(tok) -> None:
@@ -91,10 +97,14 @@ def test_a_streamed_tool_session_equals_the_plain_one_and_stays_exact(tok) -> No
             else:
                 r = client.chat.completions.create(**ask)
                 msg = r.choices[0].message
-                got = {"role": msg.role, "content": msg.content or "", "calls": [
-                    {"index": k, **c.model_dump()} for k, c in enumerate(msg.tool_calls or ())],
+                got = {
+                    "role": msg.role,
+                    "content": msg.content or "",
+                    "calls": [{"index": k, **c.model_dump()} for k, c in enumerate(msg.tool_calls or ())],
                     "entries": [e.model_dump() for e in r.choices[0].logprobs.content],
-                    "finish": r.choices[0].finish_reason, "usage": r.usage.model_dump()}  # fmt: skip
+                    "finish": r.choices[0].finish_reason,
+                    "usage": r.usage.model_dump(),
+                }
             seen["streamed" if stream else "plain"].append(got)
             call = got["calls"][0] if got["calls"] else None
             back = {"role": "assistant", "content": got["content"] or None}
@@ -252,16 +262,29 @@ def test_the_engine_server_streams(load_tiny) -> None:
 
     model, t = load_tiny()
     engine = LocalEngine(model, t, max_slots=4, max_seq_len=256)
-    ask = {"messages": [{"role": "user", "content": "1+2"}], "max_tokens": 6, "seed": 2, "logprobs": True,
-           "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    ask = {
+        "messages": [{"role": "user", "content": "1+2"}],
+        "max_tokens": 6,
+        "seed": 2,
+        "logprobs": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     try:
         with ServerThread(engine, api_key="k", eos_ids=(t.eos_token_id,), model_path="tiny") as srv:
-            req = urllib.request.Request(f"{srv.url}/sessions/st-1/v1/chat/completions", json.dumps(ask).encode(),
-                                         {"Authorization": "Bearer k", "Content-Type": "application/json"})  # fmt: skip
+            req = urllib.request.Request(
+                f"{srv.url}/sessions/st-1/v1/chat/completions",
+                json.dumps(ask).encode(),
+                {"Authorization": "Bearer k", "Content-Type": "application/json"},
+            )
             with urllib.request.urlopen(req, timeout=60) as r:
                 kind, raw = r.headers["Content-Type"], r.read().decode()
-            record = json.loads(urllib.request.urlopen(urllib.request.Request(
-                f"{srv.url}/sessions/st-1", headers={"Authorization": "Bearer k"}), timeout=60).read())  # fmt: skip
+            record = json.loads(
+                urllib.request.urlopen(
+                    urllib.request.Request(f"{srv.url}/sessions/st-1", headers={"Authorization": "Bearer k"}),
+                    timeout=60,
+                ).read()
+            )
     finally:
         engine.close()
     assert kind.startswith("text/event-stream")

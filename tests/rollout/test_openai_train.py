@@ -55,8 +55,9 @@ def _streamed(client: Any, **kwargs: Any) -> Any:
     """A streamed completion as the client's own accumulator joins it (which raises on ``finish_reason``
     ``length``), and its usage chunk."""
     state, usage = ChatCompletionStreamState(), None
-    for chunk in client.chat.completions.create(model="gpt-4o", stream=True, logprobs=True,
-                                                stream_options={"include_usage": True}, **kwargs):  # fmt: skip
+    for chunk in client.chat.completions.create(
+        model="gpt-4o", stream=True, logprobs=True, stream_options={"include_usage": True}, **kwargs
+    ):
         state.handle_chunk(chunk)
         usage = chunk.usage or usage
     return state.get_final_completion(), usage
@@ -69,8 +70,14 @@ def streaming_tool_agent(base_url: str, api_key: str, task: dict[str, Any]) -> f
         named = {"type": "function", "function": {"name": "calculator"}}
         first, usage = _streamed(client, messages=messages, tools=[CALC], tool_choice=named)
         choice = first.choices[0]
-        SEEN.append({"finish": choice.finish_reason, "calls": choice.message.tool_calls, "usage": usage,
-                     "logprobs": len(choice.logprobs.content or ())})  # fmt: skip
+        SEEN.append(
+            {
+                "finish": choice.finish_reason,
+                "calls": choice.message.tool_calls,
+                "usage": usage,
+                "logprobs": len(choice.logprobs.content or ()),
+            }
+        )
         messages.append(choice.message.model_dump(exclude_none=True, exclude={"parsed"}))
         for call in choice.message.tool_calls or ():
             expression = json.loads(call.function.arguments)["expression"]
@@ -115,8 +122,9 @@ def test_a_streaming_tool_calling_agent_trains_through_the_door(tmp_path: Any, o
     ref.load_state_dict(state)
     engine = LocalEngine(model, tok, max_slots=8, max_seq_len=512)
     rec = _Recording(engine)
-    workflow = OpenAIAgentWorkflow(tok, streaming_tool_agent, DoorSettings(max_tokens=256, max_turn_tokens=48),
-                                   end_of_turn_ids=(tok.eos_token_id,))  # fmt: skip
+    workflow = OpenAIAgentWorkflow(
+        tok, streaming_tool_agent, DoorSettings(max_tokens=256, max_turn_tokens=48), end_of_turn_ids=(tok.eos_token_id,)
+    )
     prompt = Prompt("calc-0", (), answer="42", meta={"question": QUESTION})
     sampling = SamplingParams(max_new_tokens=48, temperature=TEMPERATURE, seed=11)
     SEEN.clear()
@@ -164,8 +172,17 @@ def test_a_streaming_tool_calling_agent_trains_through_the_door(tmp_path: Any, o
     before = {k: v.clone() for k, v in ref.state_dict().items()}
     result = trainer.train_step(TrainBatch(tuple(samples), version=0))
     model_tokens = sum(sum(t.loss_mask) for t in group.trajectories)
-    print(json.dumps({"sessions": len(samples), "model_tokens": model_tokens, "mismatches": mismatches,
-                      "trainer_vs_engine_max_abs": worst, "rewards": group.rewards,
-                      "loss": result.metrics.get("loss")}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "sessions": len(samples),
+                "model_tokens": model_tokens,
+                "mismatches": mismatches,
+                "trainer_vs_engine_max_abs": worst,
+                "rewards": group.rewards,
+                "loss": result.metrics.get("loss"),
+            }
+        )
+    )
     assert result.applied and result.version == 1
     assert any(not torch.equal(before[k], v) for k, v in ref.state_dict().items())

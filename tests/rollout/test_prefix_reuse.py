@@ -152,8 +152,10 @@ async def _episodes(engine: LocalEngine, prompts: list[list[int]], turns: int, s
     return await asyncio.gather(*(one(p) for p in prompts))
 
 
-@pytest.mark.parametrize("sampling", [SamplingParams(max_new_tokens=12, greedy=True),
-                                      SamplingParams(max_new_tokens=12, temperature=1.0, seed=5)])  # fmt: skip
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingParams(max_new_tokens=12, greedy=True), SamplingParams(max_new_tokens=12, temperature=1.0, seed=5)],
+)
 def test_multi_turn_episodes_are_the_same_with_and_without_reuse(load_tiny, arun, sampling):
     prompts = [[5 + i, 6, 7, 8, 9, 10 + i] for i in range(3)]
     results, stats = {}, {}

@@ -164,8 +164,10 @@ def test_a_chunked_body_is_read(served, arun):
     big = b"%x\r\n%s\r\n" % (5 << 20, b"1" * (5 << 20))  # two chunks of 5 MiB: over the 8 MiB limit
 
     async def go():
-        return (await raw_http(srv.server.port, head + chunks + b"0\r\n\r\n"),
-                await raw_http(srv.server.port, head + big + big + b"0\r\n\r\n"))  # fmt: skip
+        return (
+            await raw_http(srv.server.port, head + chunks + b"0\r\n\r\n"),
+            await raw_http(srv.server.port, head + big + big + b"0\r\n\r\n"),
+        )
 
     (status, answer), (too_big, refusal) = arun(go())
     assert status == 200 and len(answer["output_ids"]) == 2
@@ -213,8 +215,10 @@ def test_pause_abort_and_update_from_disk(served, arun, tmp_path):
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"input_ids": [[5]] * 10000, "sampling_params": {"n": 8}},
-         "asks for 80000 samples (10000 prompts x n=8); this server takes at most 1024 per request"),
+        (
+            {"input_ids": [[5]] * 10000, "sampling_params": {"n": 8}},
+            "asks for 80000 samples (10000 prompts x n=8); this server takes at most 1024 per request",
+        ),
         ({"text": ["1+2"] * 300, "sampling_params": {"n": 4}}, "asks for 1200 samples (300 prompts x n=4)"),
         ({"text": "1" * 1_000_001}, "'text' holds 1000001 characters; this server reads at most 1000000"),
         ({"input_ids": [1, 2], "sampling_params": {"temperature": float("nan")}}, "must be a finite number"),
@@ -222,7 +226,7 @@ def test_pause_abort_and_update_from_disk(served, arun, tmp_path):
         ({"text": ["1+2", ""]}, "a prompt encodes to no tokens"),
     ],
     ids=["80000-samples", "text-batch", "text-chars", "nan", "huge-int", "empty-text"],
-)  # fmt: skip
+)
 def test_generate_caps_and_checks_name_themselves(served, arun, body, message):
     """The caps on one ``/generate`` (samples, characters of text) answer 400 before anything is queued or
     tokenised, naming the cap; a non-finite number is refused (was: queued, tokenised, accepted)."""

@@ -186,8 +186,15 @@ def test_weight_updates_are_confined_to_the_root(secured: Any, tmp_path: Path) -
     shutil.copytree(root / "v00000001", outside)  # loadable weights, but not the run's
     (root / "escape").symlink_to(outside)
     (root / "v00000001" / "up").symlink_to("../..")
-    for path in (str(outside), str(root / ".." / "outside"), "../outside", str(root / "escape"), "escape",
-                 "v00000001/up/outside", "/etc"):  # fmt: skip
+    for path in (
+        str(outside),
+        str(root / ".." / "outside"),
+        "../outside",
+        str(root / "escape"),
+        "escape",
+        "v00000001/up/outside",
+        "/etc",
+    ):
         status, (_, body) = _update(srv.server.port, path)
         assert status == 403 and "outside this server's weights root" in body["message"], path
     assert eng.version == 0

@@ -111,8 +111,14 @@ def test_protocol_and_request_shapes(tmp_path: Path) -> None:
             assert body["extra_key"] == "asyncrl-weights-v0"
             params = dict(body["sampling_params"])
             params.pop("sampling_seed")
-            assert params == {"max_new_tokens": 6, "temperature": 0.7, "top_p": 0.9, "top_k": -1,
-                              "stop_token_ids": [STOP], "ignore_eos": True}  # fmt: skip
+            assert params == {
+                "max_new_tokens": 6,
+                "temperature": 0.7,
+                "top_p": 0.9,
+                "top_k": -1,
+                "stop_token_ids": [STOP],
+                "ignore_eos": True,
+            }
         for c in out:
             assert c.finish_reason in ("stop", "length") and c.versions == (0,) * len(c.output_ids)
             assert check_against_toy(c, 0.7) > 0
@@ -128,8 +134,11 @@ def test_the_fake_refuses_what_sglang_would_not_take() -> None:
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{url}/generate", json=good) as r:
                 assert r.status == 200
-            for bad in ({**good, "prompt_token_ids": PROMPT}, {**good, "sampling_params": {"max_tokens": 1}},
-                        {**good, "return_logprob": 1}):  # fmt: skip
+            for bad in (
+                {**good, "prompt_token_ids": PROMPT},
+                {**good, "sampling_params": {"max_tokens": 1}},
+                {**good, "return_logprob": 1},
+            ):
                 async with http.post(f"{url}/generate", json=bad) as r:
                     assert r.status == 400, bad
             async with http.post(f"{url}/pause_generation", json={"mode": "keep"}) as r:
@@ -248,17 +257,25 @@ def test_pause_resume_and_abort_all() -> None:
         out = await task
         assert [c.finish_reason for c in out] == ["abort", "abort"]
         control = [(p, b) for p, b in server.calls if p not in ("/generate", "/model_info", "/update_weight_version")]
-        assert control == [("/pause_generation", {"mode": "in_place"}), ("/continue_generation", {}),
-                           ("/abort_request", {"abort_all": True})]  # fmt: skip
+        assert control == [
+            ("/pause_generation", {"mode": "in_place"}),
+            ("/continue_generation", {}),
+            ("/abort_request", {"abort_all": True}),
+        ]
 
     with_fake(body)
 
 
 def sglang_config(url: str, tmp_path: Path, *more: str) -> Any:
     return load_config(
-        overrides=["rollout.backend=sglang", f"rollout.sglang_urls={url}", "trainer.weight_transport=safetensors",
-                   f"trainer.weight_export_dir={tmp_path / 'exports'}", *more]
-    )  # fmt: skip
+        overrides=[
+            "rollout.backend=sglang",
+            f"rollout.sglang_urls={url}",
+            "trainer.weight_transport=safetensors",
+            f"trainer.weight_export_dir={tmp_path / 'exports'}",
+            *more,
+        ]
+    )
 
 
 def test_build_engine_runs_across_an_update(tmp_path: Path, tiny_policy_dir: Path) -> None:
@@ -311,11 +328,21 @@ def test_a_short_train_run_against_the_fake_server(tmp_path: Path, tiny_policy_d
     thread.start()
     steps, run_dir = 2, tmp_path / "run"
     try:
-        cfg = sglang_config(url, tmp_path, f"model.path={tiny_policy_dir}", f"run.run_dir={run_dir}",
-                            "run.progress=false", "rollout.group_size=2", "rollout.max_new_tokens=12",
-                            "eval.max_new_tokens=4", "task.eval_size=2", "controller.batch_size=2",
-                            f"controller.total_steps={steps}", "controller.trainer_process=false",
-                            "algo.filter_equal_rewards=false")  # fmt: skip
+        cfg = sglang_config(
+            url,
+            tmp_path,
+            f"model.path={tiny_policy_dir}",
+            f"run.run_dir={run_dir}",
+            "run.progress=false",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=12",
+            "eval.max_new_tokens=4",
+            "task.eval_size=2",
+            "controller.batch_size=2",
+            f"controller.total_steps={steps}",
+            "controller.trainer_process=false",
+            "algo.filter_equal_rewards=false",
+        )
         _, summary = train(cfg)
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)

@@ -22,12 +22,31 @@ from asyncrl.rollout.tools import ParsedTurn, ToolCall, format_tool_call, parse_
 from tests.rollout.chat_templates import family_tokenizer
 
 TOOLS = [
-    {"type": "function", "function": {"name": "calculator", "description": "Evaluate an arithmetic expression.",
-     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}},
-    {"type": "function", "function": {"name": "weather", "description": "The forecast of a city.",
-     "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
-                                                     "options": {"type": "object"}}, "required": ["city"]}}},
-]  # fmt: skip
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "description": "The forecast of a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "options": {"type": "object"}},
+                "required": ["city"],
+            },
+        },
+    },
+]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 CALC = ToolCall("calculator", {"expression": "48213*379"}, id="a1B2c3D4e")
 WEATHER = ToolCall("weather", {"city": "Zürich", "days": 3, "options": {"unit": "C"}}, id="Zz9Yy8Xx7")
@@ -136,8 +155,12 @@ def test_qwen3_reasoning_is_separated_on_every_turn_after_the_query() -> None:
     first = round_trip(fam, HISTORY, assistant(fam, (CALC, WEATHER), "Two tools.", reasoning="I need both.\nFirst x."))
     assert first.reasoning_content == "I need both.\nFirst x." and first.content == "Two tools."
     assert first.calls == (CALC, WEATHER)
-    history = [*HISTORY, from_parsed(fam, first), {"role": "tool", "content": "18272727"},
-               {"role": "tool", "content": "sunny"}]  # fmt: skip
+    history = [
+        *HISTORY,
+        from_parsed(fam, first),
+        {"role": "tool", "content": "18272727"},
+        {"role": "tool", "content": "sunny"},
+    ]
     final = round_trip(fam, history, assistant(fam, (), "It is 18272727; sunny.", reasoning="Both came back."))
     assert (
         final.is_answer and final.reasoning_content == "Both came back." and final.content == "It is 18272727; sunny."

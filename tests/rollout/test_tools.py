@@ -134,14 +134,14 @@ def test_no_prefix_of_a_turn_makes_a_parser_raise() -> None:
     turns = {
         "qwen3": '<think>\nx\n</think>\n\nA\n<tool_call>\n{"name": "calculator", "arguments": {"e": [1]}}\n'
         "</tool_call>",
-        "qwen3_coder": "A\n\n<tool_call>\n<function=calculator>\n<parameter=e>\n{\"a\": 1}\n</parameter>\n"
+        "qwen3_coder": 'A\n\n<tool_call>\n<function=calculator>\n<parameter=e>\n{"a": 1}\n</parameter>\n'
         "</function>\n</tool_call>",
         "json": '<|python_tag|>{"name": "calculator", "parameters": {"e": "1"}}; {"name": "x", "parameters": {}}',
         "mistral": '[TOOL_CALLS] [{"name": "calculator", "arguments": {"e": "1"}, "id": "abcdefghi"}]',
         "deepseek_r1": "x</think>\n\n<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>calculator"
         '\n```json\n{"e": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
         "tag": "<calc>1+2</calc>",
-    }  # fmt: skip
+    }
     for fmt, turn in turns.items():
         for end in range(len(turn) + 1):
             parsed = parse_tool_calls(fmt, turn[:end], TAGS, tools=SCHEMAS | {"x": {}})

@@ -153,9 +153,12 @@ def test_greedy_equals_local_engine(engine: VLLMEngine, tiny_dir: Path, run: Run
         assert set(a.versions) == {0} and a.finish_reason == "length"
     diff = max(_max_diff(a.behav_logprobs, b.behav_logprobs) for a, b in zip(v, ref, strict=True))
     RESULTS["greedy_vs_local_engine"] = {
-        "prompts": len(PROMPTS), "tokens": sum(len(c.output_ids) for c in v), "ids_equal": True,
-        "max_abs_logprob_diff": diff, "wall_s_both_engines": round(elapsed, 1),
-    }  # fmt: skip
+        "prompts": len(PROMPTS),
+        "tokens": sum(len(c.output_ids) for c in v),
+        "ids_equal": True,
+        "max_abs_logprob_diff": diff,
+        "wall_s_both_engines": round(elapsed, 1),
+    }
     assert diff <= LOGPROB_TOL
 
 
@@ -179,9 +182,11 @@ def test_greedy_equals_transformers_generate(engine: VLLMEngine, tiny_dir: Path,
         lp = [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(out.logits, ids, strict=True)]
         worst = max(worst, _max_diff(c.behav_logprobs, lp))
     RESULTS["greedy_vs_transformers_generate"] = {
-        "prompts": len(PROMPTS), "tokens": sum(len(c.output_ids) for c in v), "ids_equal": True,
+        "prompts": len(PROMPTS),
+        "tokens": sum(len(c.output_ids) for c in v),
+        "ids_equal": True,
         "max_abs_logprob_diff": worst,
-    }  # fmt: skip
+    }
     assert worst <= LOGPROB_TOL
 
 
@@ -199,9 +204,11 @@ def test_sampled_logprobs_match_recomputation(engine: VLLMEngine, tiny_dir: Path
     diff = max(_max_diff(c.behav_logprobs, _recompute(tiny_dir, p, c, temperature)) for p, c in pairs)
     tokens = sum(len(c.output_ids) for _, c in pairs)
     RESULTS.setdefault("sampled_vs_recompute", {})[f"T={temperature}"] = {
-        "samples": len(pairs), "tokens": tokens, "max_abs_logprob_diff": diff,
+        "samples": len(pairs),
+        "tokens": tokens,
+        "max_abs_logprob_diff": diff,
         "tokens_per_s": round(tokens / elapsed, 1),
-    }  # fmt: skip
+    }
     assert len({c.output_ids for _, c in pairs}) > 1  # sampled, not argmax
     assert diff <= LOGPROB_TOL
 
@@ -243,11 +250,14 @@ def test_inflight_update_abort(engine: VLLMEngine, tiny_dir: Path, new_weights: 
         worst = max(worst, _max_diff(c.behav_logprobs[:cut], old), _max_diff(c.behav_logprobs[cut:], new))
         checked += len(c.output_ids)
     RESULTS["inflight_abort"] = {
-        "samples": len(done), "tokens": checked, "versions": sorted({v for c in done for v in c.versions}),
+        "samples": len(done),
+        "tokens": checked,
+        "versions": sorted({v for c in done for v in c.versions}),
         "tokens_per_version": {str(v): sum(c.versions.count(v) for c in done) for v in (0, 1)},
-        "interruptions": [c.num_interruptions for c in done], "max_abs_logprob_diff": worst,
+        "interruptions": [c.num_interruptions for c in done],
+        "max_abs_logprob_diff": worst,
         "wall_s": round(elapsed, 1),
-    }  # fmt: skip
+    }
     assert worst <= LOGPROB_TOL
 
 
@@ -288,11 +298,13 @@ def test_inflight_update_keep(tiny_dir: Path, new_weights: Path, run: Run) -> No
         assert set(fresh.versions) == {1}
         diff = _max_diff(fresh.behav_logprobs, _recompute(new_weights, PROMPTS[3], fresh, 1.0))
         RESULTS["inflight_keep"] = {
-            "samples": len(done), "tokens": sum(len(c.output_ids) for c in done),
+            "samples": len(done),
+            "tokens": sum(len(c.output_ids) for c in done),
             "tokens_per_version": {str(v): sum(c.versions.count(v) for c in done) for v in (0, 1)},
             "interruptions": [c.num_interruptions for c in done],
-            "fresh_request_after_update_max_abs_logprob_diff": diff, "wall_s": round(elapsed, 1),
-        }  # fmt: skip
+            "fresh_request_after_update_max_abs_logprob_diff": diff,
+            "wall_s": round(elapsed, 1),
+        }
         assert diff <= LOGPROB_TOL
     finally:
         engine.close()
@@ -308,10 +320,22 @@ def test_a_train_run_keeps_the_ledger(tiny_dir: Path, tmp_path: Path) -> None:
     from asyncrl.controller.ledger_checks import check_ledger
 
     run_dir = tmp_path / "run"
-    sets = ["rollout.backend=vllm", "controller.total_steps=2", "controller.batch_size=2", "rollout.group_size=2",
-            "rollout.max_new_tokens=16", "rollout.max_slots=8", "controller.max_staleness=1", "controller.eval_every=0",
-            "eval.max_new_tokens=16", "eval.report_greedy=false", "eval.samples_per_prompt=1", "task.eval_size=4",
-            "algo.filter_equal_rewards=false", "run.progress=false"]  # fmt: skip
+    sets = [
+        "rollout.backend=vllm",
+        "controller.total_steps=2",
+        "controller.batch_size=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=16",
+        "rollout.max_slots=8",
+        "controller.max_staleness=1",
+        "controller.eval_every=0",
+        "eval.max_new_tokens=16",
+        "eval.report_greedy=false",
+        "eval.samples_per_prompt=1",
+        "task.eval_size=4",
+        "algo.filter_equal_rewards=false",
+        "run.progress=false",
+    ]
     cmd = [str(Path(sys.executable).parent / "asyncrl"), "train", "--model", str(tiny_dir), "--run-dir", str(run_dir)]
     cmd += [arg for s in sets for arg in ("--set", s)]
     t0 = time.perf_counter()
@@ -319,9 +343,15 @@ def test_a_train_run_keeps_the_ledger(tiny_dir: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = check_ledger(run_dir, total_steps=2)
     RESULTS["train_run_tiny_random_policy"] = {
-        "overrides": sets, "wall_s": round(time.perf_counter() - t0, 1), "ledger_ok": report.ok,
-        "admitted": report.admitted, "trained_samples": report.trained, "steps": report.steps,
-        "lost": len(report.lost), "trained_twice": len(report.trained_twice), "over_bound": len(report.over_bound),
-    }  # fmt: skip
+        "overrides": sets,
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "ledger_ok": report.ok,
+        "admitted": report.admitted,
+        "trained_samples": report.trained,
+        "steps": report.steps,
+        "lost": len(report.lost),
+        "trained_twice": len(report.trained_twice),
+        "over_bound": len(report.over_bound),
+    }
     assert report.ok, report.problems
     assert report.steps == 2 and not report.lost and not report.trained_twice and not report.over_bound

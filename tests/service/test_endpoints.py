@@ -40,8 +40,9 @@ def test_sessions_heartbeats_sampling_sessions_and_the_clients_flags(service) ->
     assert _post(url, "telemetry", {"events": []}).json() == {"status": "accepted"}
     session = _post(url, "create_session", {"tags": ["t"], "sdk_version": "0.38.0"}).json()["session_id"]
     assert _post(url, "session_heartbeat", {"session_id": session}).json() == {"type": "session_heartbeat"}
-    sampler = _post(url, "create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0,
-                                                     "base_model": BASE}).json()["sampling_session_id"]  # fmt: skip
+    sampler = _post(
+        url, "create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0, "base_model": BASE}
+    ).json()["sampling_session_id"]
     assert _post(url, "join_sampling_session", {"sampling_session_id": sampler}).json()["client_counter"] == 1
     info = httpx.get(f"{url}/api/v1/samplers/{sampler}", headers={"X-API-Key": API_KEY}).json()
     assert info == {"sampler_id": sampler, "base_model": BASE, "model_path": None}

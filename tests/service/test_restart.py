@@ -82,8 +82,9 @@ def test_full_fine_tuning_where_the_request_has_no_lora_config(tiny_policy_dir: 
     """The client's LoRA helpers always send a rank; a bare ``create_model`` trains every weight."""
     with start_service(tiny_policy_dir, tmp_path / "root") as srv:
         session = _call(srv.url, "create_session", {"tags": [], "sdk_version": "raw"})["session_id"]
-        made = _result(srv.url, _call(srv.url, "create_model", {"session_id": session, "model_seq_id": 0,
-                                                                "base_model": BASE}))  # fmt: skip
+        made = _result(
+            srv.url, _call(srv.url, "create_model", {"session_id": session, "model_seq_id": 0, "base_model": BASE})
+        )
         saved = _result(srv.url, _call(srv.url, "save_weights", {"model_id": made["model_id"], "path": "init"}))
         sc = tinker.ServiceClient(base_url=srv.url, api_key=API_KEY)
         tc = sc.create_training_client_from_state_with_optimizer(saved["path"]).result()

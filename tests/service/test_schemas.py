@@ -17,21 +17,45 @@ LOAD = {"path": "tinker://run/weights/x", "optimizer": False}
 
 CASES: list[tuple[type, dict[str, Any], dict[str, Any], list[str]]] = [
     (schemas.CreateSessionBody, {"tags": [], "sdk_version": "0"}, {"project_id": "p"}, ["project_id"]),
-    (schemas.CreateModelBody, {"session_id": "s", "model_seq_id": 0, "base_model": "b"},
-     {"optimizer_config": {"type": "sgd"}}, ["optimizer_config.type='sgd' (only adamw)"]),
+    (
+        schemas.CreateModelBody,
+        {"session_id": "s", "model_seq_id": 0, "base_model": "b"},
+        {"optimizer_config": {"type": "sgd"}},
+        ["optimizer_config.type='sgd' (only adamw)"],
+    ),
     (schemas.OptimStepBody, {"model_id": "m"}, {"optimizer_params": {}}, ["optimizer_params (only adam_params)"]),
-    (schemas.SaveWeightsBody, {"model_id": "m"}, {"ttl_seconds": 60},
-     ["ttl_seconds (checkpoints here never expire)"]),
-    (schemas.SaveForSamplerBody, {"model_id": "m"}, {"kind": "inflight", "ttl_seconds": 60},
-     ["kind=inflight", "ttl_seconds (checkpoints here never expire)"]),
-    (schemas.LoadWeightsBody, LOAD, {"weights_access_token": "t", "optimizer_config": {}, "base_model": "b"},
-     ["weights_access_token", "optimizer_config", "base_model (the checkpoint's own is used)"]),
-    (schemas.SampleBody, SAMPLE,
-     {"topk_prompt_logprobs": 2, "topk_sample_logprobs": 3, "target_prompt_logprobs": [], "prompt_alt_tokens_k": 1,
-      "record_stability_info": True},
-     ["topk_prompt_logprobs", "topk_sample_logprobs", "target_prompt_logprobs", "prompt_alt_tokens_k",
-      "record_stability_info"]),
-]  # fmt: skip
+    (schemas.SaveWeightsBody, {"model_id": "m"}, {"ttl_seconds": 60}, ["ttl_seconds (checkpoints here never expire)"]),
+    (
+        schemas.SaveForSamplerBody,
+        {"model_id": "m"},
+        {"kind": "inflight", "ttl_seconds": 60},
+        ["kind=inflight", "ttl_seconds (checkpoints here never expire)"],
+    ),
+    (
+        schemas.LoadWeightsBody,
+        LOAD,
+        {"weights_access_token": "t", "optimizer_config": {}, "base_model": "b"},
+        ["weights_access_token", "optimizer_config", "base_model (the checkpoint's own is used)"],
+    ),
+    (
+        schemas.SampleBody,
+        SAMPLE,
+        {
+            "topk_prompt_logprobs": 2,
+            "topk_sample_logprobs": 3,
+            "target_prompt_logprobs": [],
+            "prompt_alt_tokens_k": 1,
+            "record_stability_info": True,
+        },
+        [
+            "topk_prompt_logprobs",
+            "topk_sample_logprobs",
+            "target_prompt_logprobs",
+            "prompt_alt_tokens_k",
+            "record_stability_info",
+        ],
+    ),
+]
 
 
 @pytest.mark.parametrize(("schema", "base", "refused", "labels"), CASES, ids=[c[0].__name__ for c in CASES])

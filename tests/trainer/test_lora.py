@@ -84,8 +84,11 @@ def test_the_adapters_alone_make_an_engine_serve_the_peft_models_weights(tiny_po
             if "lora_B" in name:  # B starts at zero: give the adapters an effect
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
     layers = adapter_layers(peft_model)
-    assert set(layers) == {f"model.layers.{i}.{m}" for i in range(len(peft_model.get_base_model().model.layers))
-                           for m in ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj")}  # fmt: skip
+    assert set(layers) == {
+        f"model.layers.{i}.{m}"
+        for i in range(len(peft_model.get_base_model().model.layers))
+        for m in ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj")
+    }
     a, b, scaling = layers["model.layers.0.self_attn.q_proj"]
     assert a.shape[0] == b.shape[1] == CFG.lora_rank and scaling == CFG.lora_alpha / CFG.lora_rank
     model, tokenizer = load_policy(tiny_policy_dir)

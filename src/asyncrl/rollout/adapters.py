@@ -24,9 +24,16 @@ from typing import Any
 import torch
 
 __all__ = [
-    "Adapter", "HeldWeights", "LayerAdapter", "LoraRows", "LowRank", "StackCache", "TermKey", "VersionNotHeld",
+    "Adapter",
+    "HeldWeights",
+    "LayerAdapter",
+    "LoraRows",
+    "LowRank",
+    "StackCache",
+    "TermKey",
+    "VersionNotHeld",
     "prepare_adapter",
-]  # fmt: skip
+]
 
 TermKey = tuple[int, str]
 """A low-rank term of an adapter: (layer index, ``qkv``/``o``/``gu``/``down``), or (-1, ``lm_head``)."""

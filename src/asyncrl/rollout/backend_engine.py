@@ -44,9 +44,14 @@ FINISH_REASONS: dict[str, FinishReason] = {"stop": "stop", "length": "length", "
 """An engine's finish reason (vLLM's, SGLang's ``finish_reason.type``) -> the project's."""
 
 COUNTERS = (
-    "generated_tokens", "requests", "finished_samples", "aborted_samples", "weight_updates", "update_s",
+    "generated_tokens",
+    "requests",
+    "finished_samples",
+    "aborted_samples",
+    "weight_updates",
+    "update_s",
     "keep_interrupted_samples",
-)  # fmt: skip
+)
 """The cumulative counters of ``BackendEngine.stats``."""
 
 

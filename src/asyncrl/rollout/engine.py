@@ -112,20 +112,38 @@ class LocalEngine:
         """Set when the engine thread died: every call fails with it from then on."""
         # engine-thread state
         self.scheduler = Scheduler(
-            max_slots=max_slots, max_seq_len=max_seq_len, prefill_token_budget=prefill_token_budget,
-            scratch_slot=self.forward.scratch, prefix_reuse=prefix_reuse,
-        )  # fmt: skip
+            max_slots=max_slots,
+            max_seq_len=max_seq_len,
+            prefill_token_budget=prefill_token_budget,
+            scratch_slot=self.forward.scratch,
+            prefix_reuse=prefix_reuse,
+        )
         self._versions = VersionTable(self._version, keep_versions, self.scheduler, self.device)
         self._decode_params: tuple[int, SlotParams] | None = None  # (scheduler revision, decode rows' parameters)
         self._stats: dict[str, float] = dict.fromkeys(
             (
-                "generated_tokens", "decode_tokens", "decode_steps", "busy_s", "decode_s", "prefill_s",
-                "prefill_tokens", "prefill_padded_tokens", "prefill_batches", "kv_copied_tokens",
-                "aborted_requests", "aborted_samples", "finished_samples", "requests", "weight_updates",
-                "update_s", "keep_interrupted_samples", "prefix_reused_tokens", "prefix_hits",
+                "generated_tokens",
+                "decode_tokens",
+                "decode_steps",
+                "busy_s",
+                "decode_s",
+                "prefill_s",
+                "prefill_tokens",
+                "prefill_padded_tokens",
+                "prefill_batches",
+                "kv_copied_tokens",
+                "aborted_requests",
+                "aborted_samples",
+                "finished_samples",
+                "requests",
+                "weight_updates",
+                "update_s",
+                "keep_interrupted_samples",
+                "prefix_reused_tokens",
+                "prefix_hits",
             ),
             0.0,
-        )  # fmt: skip
+        )
         self._occupancy = (0.0, time.perf_counter(), 0)
         """(running_sample_s settled up to ``when``, ``when``, samples running since then): one tuple,
         replaced whole, so that ``stats()`` on another thread reads a consistent triple."""

@@ -170,8 +170,15 @@ class SlotKVForward:
         # One extra slot (index max_slots) is a write sink for the idle rows of a step.
         self.scratch = max_slots
         shape = (self.num_layers, max_slots + 1, self.num_kv_heads, max_seq_len, self.head_dim)
-        check_kv_fits(layers=self.num_layers, slots=max_slots + 1, kv_heads=self.num_kv_heads, max_seq_len=max_seq_len,
-                      head_dim=self.head_dim, dtype=self.dtype, device=self.device)  # fmt: skip
+        check_kv_fits(
+            layers=self.num_layers,
+            slots=max_slots + 1,
+            kv_heads=self.num_kv_heads,
+            max_seq_len=max_seq_len,
+            head_dim=self.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
         self.k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         with torch.no_grad():

@@ -34,10 +34,23 @@ from asyncrl.types import Completion, WeightUpdate
 __all__ = ["EngineDied", "EnginePool"]
 
 _CUMULATIVE = frozenset(
-    ("generated_tokens", "decode_tokens", "decode_steps", "busy_s", "decode_s", "prefill_s", "prefill_tokens",
-     "requests", "finished_samples", "aborted_samples", "aborted_requests", "weight_updates", "update_s",
-     "running_sample_s")
-)  # fmt: skip
+    (
+        "generated_tokens",
+        "decode_tokens",
+        "decode_steps",
+        "busy_s",
+        "decode_s",
+        "prefill_s",
+        "prefill_tokens",
+        "requests",
+        "finished_samples",
+        "aborted_samples",
+        "aborted_requests",
+        "weight_updates",
+        "update_s",
+        "running_sample_s",
+    )
+)
 """Counters that only grow: a replaced engine's last values stay in the pool's sums."""
 
 RestartFn = Callable[[int], Awaitable[RolloutEngine]]

@@ -132,16 +132,27 @@ class EngineServer:
         self.auth = ApiKeyAuth(api_key, "engine server")
         self.weights_root = Path(weights_root) if weights_root is not None else None
         self.door = ChatDoor(
-            engine, engine.tokenizer, model_name=served_model_name or Path(model_path).name or "asyncrl",
-            tool_format=tool_format, end_of_turn_ids=eos_ids, max_slots=engine.max_slots,
-            max_seq_len=engine.max_seq_len, max_request_chars=max_request_chars,
-            max_open_sessions=max_open_sessions, session_ttl_s=session_ttl_s,
-        )  # fmt: skip
+            engine,
+            engine.tokenizer,
+            model_name=served_model_name or Path(model_path).name or "asyncrl",
+            tool_format=tool_format,
+            end_of_turn_ids=eos_ids,
+            max_slots=engine.max_slots,
+            max_seq_len=engine.max_seq_len,
+            max_request_chars=max_request_chars,
+            max_open_sessions=max_open_sessions,
+            session_ttl_s=session_ttl_s,
+        )
         routes = [Route(method, path, _with_body(getattr(self, name))) for (method, path), name in self.ROUTES.items()]
         self.http = JsonServer(
-            "engine server", routes + self.door.routes(), _error, self.auth, max_body_bytes=max_body_bytes,
-            request_timeout_s=request_timeout_s, idle_timeout_s=idle_timeout_s,
-        )  # fmt: skip
+            "engine server",
+            routes + self.door.routes(),
+            _error,
+            self.auth,
+            max_body_bytes=max_body_bytes,
+            request_timeout_s=request_timeout_s,
+            idle_timeout_s=idle_timeout_s,
+        )
 
     @property
     def port(self) -> int:
@@ -209,9 +220,15 @@ class EngineServer:
 
         def parse() -> GenerateRequest:
             return parse_generate(
-                body, max_slots=e.max_slots, max_seq_len=e.max_seq_len, vocab_size=e.vocab_size, eos_ids=self.eos_ids,
-                tokenizer=e.tokenizer, max_samples=self.max_samples_per_request, max_chars=self.max_request_chars,
-            )  # fmt: skip
+                body,
+                max_slots=e.max_slots,
+                max_seq_len=e.max_seq_len,
+                vocab_size=e.vocab_size,
+                eos_ids=self.eos_ids,
+                tokenizer=e.tokenizer,
+                max_samples=self.max_samples_per_request,
+                max_chars=self.max_request_chars,
+            )
 
         g = await self.door.off_loop(parse)
         t0 = time.perf_counter()
@@ -279,17 +296,21 @@ class EngineServer:
             if version is None:
                 version = self.engine.version + 1
             elif version < self.engine.version:
-                raise HTTPError(409, f"weight_version {version} is below this engine's version {self.engine.version}: "
-                                     "weight versions only move forward")  # fmt: skip
+                raise HTTPError(
+                    409,
+                    f"weight_version {version} is below this engine's version {self.engine.version}: "
+                    "weight versions only move forward",
+                )
             if abort_all:
                 await self.engine.abort_all()
             try:
                 await self.engine.update_weights(WeightUpdate(version=version, path=str(path)))
             except (FileNotFoundError, KeyError, ValueError, OSError) as e:
                 raise HTTPError(
-                    400, f"update_weights_from_disk failed (the engine keeps its weights, version "
-                         f"{self.engine.version}): {e}",
-                ) from None  # fmt: skip
+                    400,
+                    f"update_weights_from_disk failed (the engine keeps its weights, version "
+                    f"{self.engine.version}): {e}",
+                ) from None
         return {
             "success": True,
             "message": f"Succeeded to update model weights. Weight version updated to {version}.",
@@ -367,9 +388,13 @@ def serve_engine(
         version=version,
     )
     server = EngineServer(
-        engine, model_path=str(model), eos_ids=stop_token_ids(tokenizer, policy), api_key=api_key,
-        weights_root=weights_root, tool_format=tool_format,
-    )  # fmt: skip
+        engine,
+        model_path=str(model),
+        eos_ids=stop_token_ids(tokenizer, policy),
+        api_key=api_key,
+        weights_root=weights_root,
+        tool_format=tool_format,
+    )
 
     try:
         serve_forever(

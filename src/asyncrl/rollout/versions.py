@@ -47,8 +47,11 @@ class VersionTable:
 
     def stats(self) -> dict[str, float]:
         """``held_versions`` now, ``versions_dropped`` and ``adapter_updates`` since the start."""
-        return {"held_versions": float(len(self.held)), "versions_dropped": float(self.dropped),
-                "adapter_updates": float(self.adapter_updates)}  # fmt: skip
+        return {
+            "held_versions": float(len(self.held)),
+            "versions_dropped": float(self.dropped),
+            "adapter_updates": float(self.adapter_updates),
+        }
 
     def find(self, version: int) -> HeldWeights | None:
         """The newest held publication of ``version``."""

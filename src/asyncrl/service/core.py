@@ -71,8 +71,12 @@ class TrainingService:
     # ------------------------------------------------------------------------------ sessions
     def create_session(self, tags: list[str], user_metadata: dict | None) -> str:
         session_id = uuid.uuid4().hex
-        self.sessions[session_id] = {"created": now_iso(), "tags": tags, "user_metadata": user_metadata or {},
-                                     "heartbeat": time.time()}  # fmt: skip
+        self.sessions[session_id] = {
+            "created": now_iso(),
+            "tags": tags,
+            "user_metadata": user_metadata or {},
+            "heartbeat": time.time(),
+        }
         return session_id
 
     def heartbeat(self, session_id: str) -> bool:
@@ -125,21 +129,33 @@ class TrainingService:
     def _register(self, model_id: str, base_model: str, trained: TrainedModel, user_metadata: dict | None) -> None:
         lora = trained.lora
         self.models[model_id] = ModelRecord(model_id, base_model, trained)
-        self.store.write_run(model_id, {
-            "training_run_id": model_id, "base_model": base_model, "created": now_iso(),
-            "lora": None if lora is None else lora.__dict__, "user_metadata": user_metadata or {},
-            "notes": trained.notes,
-        })  # fmt: skip
+        self.store.write_run(
+            model_id,
+            {
+                "training_run_id": model_id,
+                "base_model": base_model,
+                "created": now_iso(),
+                "lora": None if lora is None else lora.__dict__,
+                "user_metadata": user_metadata or {},
+                "notes": trained.notes,
+            },
+        )
 
     def info(self, model_id: str) -> dict[str, Any]:
         record = self.model(model_id)
         lora = record.trained.lora
         return {
-            "type": "get_info", "model_id": model_id, "model_name": record.base_model, "is_lora": lora is not None,
+            "type": "get_info",
+            "model_id": model_id,
+            "model_name": record.base_model,
+            "is_lora": lora is not None,
             "lora_rank": None if lora is None else lora.rank,
-            "model_data": {"arch": type(record.trained.hf).__name__, "model_name": record.base_model,
-                           "tokenizer_id": str(self.served[record.base_model])},
-        }  # fmt: skip
+            "model_data": {
+                "arch": type(record.trained.hf).__name__,
+                "model_name": record.base_model,
+                "tokenizer_id": str(self.served[record.base_model]),
+            },
+        }
 
     def _ordered(self, kind: str, record: ModelRecord, seq_id: int | None, fn: Any, *args: Any) -> str:
         """Submit ``fn(*args)`` to run on a worker thread in the model's ``seq_id`` order."""
@@ -172,8 +188,9 @@ class TrainingService:
         return self._ordered("optim_step", record, seq_id, run)
 
     # ------------------------------------------------------------------------------ checkpoints
-    def save_weights(self, model_id: str, seq_id: int | None, name: str | None, overwrite: bool,
-                     user_metadata: dict | None) -> str:  # fmt: skip
+    def save_weights(
+        self, model_id: str, seq_id: int | None, name: str | None, overwrite: bool, user_metadata: dict | None
+    ) -> str:
         record = self.model(model_id)
         ref = CheckpointRef(model_id, "weights", check_name(name) if name else f"step-{record.trained.steps:06d}")
 
@@ -207,8 +224,9 @@ class TrainingService:
             raise ValueError(f"{path} was trained on {run['base_model']} with lora {saved}; it does not fit this model")
         return run
 
-    def create_from_checkpoint(self, session_id: str, model_seq_id: int, path: str, optimizer: bool,
-                               user_metadata: dict | None) -> str:  # fmt: skip
+    def create_from_checkpoint(
+        self, session_id: str, model_seq_id: int, path: str, optimizer: bool, user_metadata: dict | None
+    ) -> str:
         """``ServiceClient.create_training_client_from_state``: a new model built from a training
         checkpoint (of this service, before a restart too)."""
         self._session(session_id)
@@ -233,8 +251,14 @@ class TrainingService:
 
         return self.futures.submit("load_weights", work)
 
-    def save_for_sampler(self, model_id: str, seq_id: int | None, name: str | None,
-                         sampling_seq_id: int | None, user_metadata: dict | None) -> str:  # fmt: skip
+    def save_for_sampler(
+        self,
+        model_id: str,
+        seq_id: int | None,
+        name: str | None,
+        sampling_seq_id: int | None,
+        user_metadata: dict | None,
+    ) -> str:
         """Write the merged weights as a sampler checkpoint and hand the new version to the model's live
         engine (the adapters alone under LoRA, the weights otherwise); with ``sampling_seq_id``
         (``save_weights_and_get_sampling_client``) also open a sampling session."""
@@ -265,12 +289,17 @@ class TrainingService:
 
         return self.futures.submit("save_weights_for_sampler", work)
 
-    def _write_sampler(self, record: ModelRecord, ref: CheckpointRef, version: int, ephemeral: bool,
-                       user_metadata: dict | None) -> dict[str, Any]:  # fmt: skip
+    def _write_sampler(
+        self, record: ModelRecord, ref: CheckpointRef, version: int, ephemeral: bool, user_metadata: dict | None
+    ) -> dict[str, Any]:
         trained = record.trained
         state = trained.merged_state()
-        meta = {"version": version, "ephemeral": ephemeral, "user_metadata": user_metadata,
-                "base_model": record.base_model}  # fmt: skip
+        meta = {
+            "version": version,
+            "ephemeral": ephemeral,
+            "user_metadata": user_metadata,
+            "base_model": record.base_model,
+        }
         tied = dict(getattr(trained.hf, "all_tied_weights_keys", None) or {})
         with self.store.writing(ref, overwrite=ephemeral, meta=meta) as directory:
             save_safetensors_dir(state, directory, trained.hf.config, tied=tied)
@@ -306,17 +335,26 @@ class TrainingService:
         base = next((n for n, d in self.served.items() if str(d) == target.directory), None)
         if base is None:
             base = self.store.meta(self.store.parse(self._path_of(target)))["base_model"]
-        return {"sampler_id": sampler_id, "base_model": base,
-                "model_path": None if target.run_id is None else self._path_of(target)}  # fmt: skip
+        return {
+            "sampler_id": sampler_id,
+            "base_model": base,
+            "model_path": None if target.run_id is None else self._path_of(target),
+        }
 
     def _path_of(self, target: SamplerTarget) -> str:
         directory = Path(target.directory)
         return CheckpointRef(directory.parent.parent.name, "sampler_weights", directory.name).tinker_path
 
     def sample(
-        self, target: SamplerTarget, prompt: list[int], params: dict[str, Any], n: int, *,
-        prompt_logprobs: bool = False, last_n: int | None = None,
-    ) -> tuple[str, list[str]]:  # fmt: skip
+        self,
+        target: SamplerTarget,
+        prompt: list[int],
+        params: dict[str, Any],
+        n: int,
+        *,
+        prompt_logprobs: bool = False,
+        last_n: int | None = None,
+    ) -> tuple[str, list[str]]:
         """Start sampling (with the prompt's log-probs when asked: ``compute_logprobs``); returns
         (request id, one sequence id per sample)."""
         from asyncrl.service.wire import SampledSequence, encode_sample_response
@@ -341,16 +379,22 @@ class TrainingService:
     def training_run(self, run_id: str) -> dict[str, Any]:
         run = self.store.read_run(run_id)
         checkpoints = self.store.checkpoints(run_id)
-        last = {kind: next((c for c in reversed(checkpoints) if c["checkpoint_type"] == kind), None)
-                for kind in ("training", "sampler")}  # fmt: skip
+        last = {
+            kind: next((c for c in reversed(checkpoints) if c["checkpoint_type"] == kind), None)
+            for kind in ("training", "sampler")
+        }
         lora = run.get("lora")
         return {
-            "training_run_id": run_id, "base_model": run["base_model"], "model_owner": "local",
-            "is_lora": lora is not None, "lora_rank": None if lora is None else lora["rank"],
-            "last_request_time": run["created"], "last_checkpoint": last["training"],
+            "training_run_id": run_id,
+            "base_model": run["base_model"],
+            "model_owner": "local",
+            "is_lora": lora is not None,
+            "lora_rank": None if lora is None else lora["rank"],
+            "last_request_time": run["created"],
+            "last_checkpoint": last["training"],
             "last_sampler_checkpoint": last["sampler"],
             "user_metadata": {str(k): str(v) for k, v in (run.get("user_metadata") or {}).items()},
-        }  # fmt: skip
+        }
 
     async def close(self) -> None:
         await self.futures.close()

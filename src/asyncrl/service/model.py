@@ -93,9 +93,11 @@ class TrainedModel:
                 raise ValueError(f"lora_config.rank must be >= 1, got {lora.rank}")
             targets, self.notes = _targets(model, lora)
             cfg = dataclasses.replace(
-                TrainerConfig(), lora_rank=lora.rank, lora_target_modules=targets,
+                TrainerConfig(),
+                lora_rank=lora.rank,
+                lora_target_modules=targets,
                 seed=lora.seed if lora.seed is not None else seed,
-            )  # fmt: skip
+            )
             model = apply_lora(model, cfg)
         self.model = model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -198,8 +200,10 @@ class TrainedModel:
 
         tensors = {k: v.contiguous().cpu() for k, v in self.trainable_state().items()}
         save_file(tensors, str(directory / "weights.safetensors"))
-        torch.save({"steps": self.steps, "optimizer": self.optimizer.state_dict() if optimizer else None},
-                   directory / "optimizer.pt")  # fmt: skip
+        torch.save(
+            {"steps": self.steps, "optimizer": self.optimizer.state_dict() if optimizer else None},
+            directory / "optimizer.pt",
+        )
         return sum(f.stat().st_size for f in directory.iterdir() if f.is_file())
 
     def load(self, directory: Path, *, optimizer: bool) -> None:

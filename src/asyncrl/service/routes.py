@@ -43,9 +43,13 @@ __all__ = ["CLIENT_CONFIG", "error_body", "not_found", "routes"]
 
 PREFIX = "/api/v1"
 CLIENT_CONFIG = {
-    "pjwt_auth_enabled": False, "use_pyqwest_transport": False, "proto_compress_fwdbwd": False,
-    "sample_use_retrieve_futures": False, "custom_loss_server_side": False, "sample_join_sampling_session": False,
-}  # fmt: skip
+    "pjwt_auth_enabled": False,
+    "use_pyqwest_transport": False,
+    "proto_compress_fwdbwd": False,
+    "sample_use_retrieve_futures": False,
+    "custom_loss_server_side": False,
+    "sample_join_sampling_session": False,
+}
 """The client's feature flags (``/client/config``): plain API keys, plain httpx, per-request futures,
 custom losses computed by the client (``forward_backward_custom`` then needs only ``forward``)."""
 
@@ -124,8 +128,15 @@ def _const(payload: dict[str, Any]) -> Callable[[Request], Awaitable[Any]]:
 
 def _capabilities(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
     async def handle(req: Request) -> Any:
-        models = [{"model_name": name, "max_context_length": svc.engines.spec.max_seq_len, "trainable": True,
-                   "sampleable": True} for name in svc.served]  # fmt: skip
+        models = [
+            {
+                "model_name": name,
+                "max_context_length": svc.engines.spec.max_seq_len,
+                "trainable": True,
+                "sampleable": True,
+            }
+            for name in svc.served
+        ]
         return {"supported_models": models}
 
     return handle
@@ -217,9 +228,13 @@ def _save_for_sampler(svc: TrainingService) -> Callable[[Request], Awaitable[Any
         _refuse(body, "save_weights_for_sampler")
         if body.path is None and body.sampling_session_seq_id is None:
             raise HTTPError(400, "save_weights_for_sampler needs a path (a name) or a sampling_session_seq_id")
-        request_id = svc.save_for_sampler(body.model_id, body.seq_id, body.path,
-                                          body.sampling_session_seq_id if body.path is None else None,
-                                          body.user_metadata)  # fmt: skip
+        request_id = svc.save_for_sampler(
+            body.model_id,
+            body.seq_id,
+            body.path,
+            body.sampling_session_seq_id if body.path is None else None,
+            body.user_metadata,
+        )
         return _future(request_id, body.model_id)
 
     return handle
@@ -290,9 +305,13 @@ def _asample(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
         if not prompt:
             raise HTTPError(400, "asample: the prompt is empty")
         request_id, sequence_ids = svc.sample(
-            target, prompt, asdict(body.sampling_params), body.num_samples,
-            prompt_logprobs=bool(body.prompt_logprobs), last_n=body.prompt_logprobs_last_n,
-        )  # fmt: skip
+            target,
+            prompt,
+            asdict(body.sampling_params),
+            body.num_samples,
+            prompt_logprobs=bool(body.prompt_logprobs),
+            last_n=body.prompt_logprobs_last_n,
+        )
         return {"request_id": request_id, "sample_sequence_ids": sequence_ids}
 
     return handle
@@ -340,7 +359,9 @@ def _run_checkpoints(svc: TrainingService) -> Callable[[Request], Awaitable[Any]
 def _all_checkpoints(svc: TrainingService) -> Callable[[Request], Awaitable[Any]]:
     async def handle(req: Request) -> Any:
         checkpoints = [c for run_id in svc.store.run_ids() for c in svc.store.checkpoints(run_id)]
-        return {"checkpoints": checkpoints, "cursor": {"offset": 0, "limit": len(checkpoints),
-                                                      "total_count": len(checkpoints)}}  # fmt: skip
+        return {
+            "checkpoints": checkpoints,
+            "cursor": {"offset": 0, "limit": len(checkpoints), "total_count": len(checkpoints)},
+        }
 
     return handle

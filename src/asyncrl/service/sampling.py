@@ -144,9 +144,15 @@ class EnginePool:
         def build() -> _Slot:
             model, tokenizer = load_policy(directory, device=self.spec.device)
             engine = LocalEngine(
-                model, tokenizer, max_slots=self.spec.max_slots, max_seq_len=self.spec.max_seq_len,
-                interrupt_mode="abort", device=self.spec.device, version=version, keep_versions=keep_versions,
-            )  # fmt: skip
+                model,
+                tokenizer,
+                max_slots=self.spec.max_slots,
+                max_seq_len=self.spec.max_seq_len,
+                interrupt_mode="abort",
+                device=self.spec.device,
+                version=version,
+                keep_versions=keep_versions,
+            )
             engine.start()
             return _Slot(engine, tokenizer, stop_token_ids(tokenizer, model))
 
@@ -205,17 +211,22 @@ class EnginePool:
         seed = params.get("seed")
         sampling = [
             SamplingParams(
-                max_new_tokens=max_new, temperature=float(params.get("temperature", 1.0)),
-                top_p=float(params.get("top_p", 1.0)), top_k=max(top_k, 0), stop_token_ids=self._stops(slot, stop),
+                max_new_tokens=max_new,
+                temperature=float(params.get("temperature", 1.0)),
+                top_p=float(params.get("top_p", 1.0)),
+                top_k=max(top_k, 0),
+                stop_token_ids=self._stops(slot, stop),
                 seed=None if seed is None else int(seed) + start,
             )
             for start in range(0, n, slot.engine.max_slots)
-        ]  # fmt: skip
+        ]
         async with slot.reading():
             if target.version in slot.engine.versions:
                 sizes = [min(slot.engine.max_slots, n - i * slot.engine.max_slots) for i in range(len(sampling))]
-                calls = [slot.engine.generate(prompt, params_i, n=size, version=target.version)
-                         for params_i, size in zip(sampling, sizes, strict=True)]  # fmt: skip
+                calls = [
+                    slot.engine.generate(prompt, params_i, n=size, version=target.version)
+                    for params_i, size in zip(sampling, sizes, strict=True)
+                ]
                 groups = await asyncio.gather(*calls, return_exceptions=True)  # submitted, so pinned, together
                 failed = [g for g in groups if isinstance(g, BaseException)]
                 if not failed:

@@ -36,15 +36,26 @@ class TrainingServer:
     """The service and its HTTP server, on the caller's event loop."""
 
     def __init__(
-        self, models: dict[str, Path], root: str | Path, *, api_key: str | None = None,
-        engine: EngineSpec | None = None, poll_s: float = 5.0,
-    ) -> None:  # fmt: skip
+        self,
+        models: dict[str, Path],
+        root: str | Path,
+        *,
+        api_key: str | None = None,
+        engine: EngineSpec | None = None,
+        poll_s: float = 5.0,
+    ) -> None:
         self.service = TrainingService(models, root, engine=engine, poll_s=poll_s)
         self.http = JsonServer(
-            "training service", routes(self.service), error_body, ApiKeyAuth(api_key, "training service"),
-            max_body_bytes=MAX_BODY_BYTES, request_timeout_s=120.0, idle_timeout_s=120.0, not_found=not_found,
+            "training service",
+            routes(self.service),
+            error_body,
+            ApiKeyAuth(api_key, "training service"),
+            max_body_bytes=MAX_BODY_BYTES,
+            request_timeout_s=120.0,
+            idle_timeout_s=120.0,
+            not_found=not_found,
             key_header=KEY_HEADER,
-        )  # fmt: skip
+        )
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         return await self.http.start(host, port)
@@ -58,8 +69,9 @@ class ServiceThread:
     """A :class:`TrainingServer` on its own event loop in a daemon thread; ``url`` is the client's
     ``base_url``. ``with ServiceThread(models, root) as srv: tinker.ServiceClient(base_url=srv.url, ...)``."""
 
-    def __init__(self, models: dict[str, Path], root: str | Path, host: str = "127.0.0.1", port: int = 0,
-                 **kw: Any) -> None:  # fmt: skip
+    def __init__(
+        self, models: dict[str, Path], root: str | Path, host: str = "127.0.0.1", port: int = 0, **kw: Any
+    ) -> None:
         self.server = TrainingServer(models, root, **kw)
         self.host, self.port = host, port
         self.loop = asyncio.new_event_loop()

@@ -141,10 +141,14 @@ class CheckpointStore:
                 if meta.get("ephemeral"):
                     continue
                 ref = CheckpointRef(run_id, kind, directory.name)  # type: ignore[arg-type]
-                out.append({
-                    "checkpoint_id": f"{kind}/{directory.name}", "checkpoint_type": KIND_TYPE[kind],
-                    "time": meta["time"], "tinker_path": ref.tinker_path,
-                    "size_bytes": sum(f.stat().st_size for f in directory.iterdir() if f.is_file()),
-                    "user_metadata": meta.get("user_metadata"),
-                })  # fmt: skip
+                out.append(
+                    {
+                        "checkpoint_id": f"{kind}/{directory.name}",
+                        "checkpoint_type": KIND_TYPE[kind],
+                        "time": meta["time"],
+                        "tinker_path": ref.tinker_path,
+                        "size_bytes": sum(f.stat().st_size for f in directory.iterdir() if f.is_file()),
+                        "user_metadata": meta.get("user_metadata"),
+                    }
+                )
         return sorted(out, key=lambda c: c["time"])

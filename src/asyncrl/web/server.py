@@ -169,9 +169,12 @@ class JsonServer:
         ``auth.InsecureBindError`` for a non-loopback ``host`` without an API key."""
         check_bind(host, self.auth.enabled, self.name)
         settings: dict[str, Any] = dict(
-            keepalive_timeout=self.idle_timeout_s, access_log=None, lingering_time=LINGER_S,
-            max_line_size=MAX_HEADER_LINE, max_field_size=MAX_HEADER_LINE,
-        )  # fmt: skip
+            keepalive_timeout=self.idle_timeout_s,
+            access_log=None,
+            lingering_time=LINGER_S,
+            max_line_size=MAX_HEADER_LINE,
+            max_field_size=MAX_HEADER_LINE,
+        )
         runner = web.AppRunner(self.application(), shutdown_timeout=SHUTDOWN_S, **settings)
         await runner.setup()
         manager = runner.server
@@ -244,9 +247,14 @@ class JsonServer:
 
         async def handle(request: web.Request) -> web.StreamResponse:
             req = Request(
-                request.method.upper(), request.rel_url.raw_path, request.headers, request[_BODY], _peer(request),
-                _framed(request), dict(request.match_info),
-            )  # fmt: skip
+                request.method.upper(),
+                request.rel_url.raw_path,
+                request.headers,
+                request[_BODY],
+                _peer(request),
+                _framed(request),
+                dict(request.match_info),
+            )
             payload = await handler(req)
             if isinstance(payload, Stream):
                 return await self._stream(request, payload)

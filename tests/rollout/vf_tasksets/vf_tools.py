@@ -38,8 +38,12 @@ class MulTask(vf.Task[MulData]):
 class MulTaskset(vf.Taskset[MulTask]):
     def load(self):
         for i, (a, b) in enumerate([(12, 34), (56, 78), (91, 23), (45, 67), (89, 10), (11, 12)]):
-            data = MulData(id=f"mul{i}", prompt=f"What is {a}*{b}? Use the tool.", answer=str(a * b),
-                           system_prompt="You can call arith_mul.")  # fmt: skip
+            data = MulData(
+                id=f"mul{i}",
+                prompt=f"What is {a}*{b}? Use the tool.",
+                answer=str(a * b),
+                system_prompt="You can call arith_mul.",
+            )
             yield MulTask(data, self.config.task)
 
 
