@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from asyncrl.config import Config, load_config, with_values
+from asyncrl.config import Config, load_config, to_dict, with_values
 from asyncrl.controller.ledger_checks import check_ledger
 from asyncrl.controller.loop import Controller
 from asyncrl.controller.resume import check_snapshot, latest_checkpoint
@@ -74,7 +74,7 @@ def _run(
     """One ``Controller.run`` (``watch(controller)`` may hook it first); the run directory closed after."""
 
     async def main() -> ControllerState:
-        rundir = RunDir(run_dir, cfg, tensorboard=False, truncate=resume["offsets"] if resume else None)
+        rundir = RunDir(run_dir, to_dict(cfg), tensorboard=False, truncate=resume["offsets"] if resume else None)
         controller = Controller(
             loop_settings(cfg),
             engine,

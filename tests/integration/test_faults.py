@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config import load_config
+from asyncrl.config import load_config, to_dict
 from asyncrl.controller.loop import Controller
 from asyncrl.controller.resume import prompt_at
 from asyncrl.controller.rundir import RunDir, read_jsonl
@@ -86,7 +86,7 @@ def test_retries_timeouts_and_a_skipped_non_finite_step(tiny_policy_dir: Path, t
             reward, failure = await inline(prompt, completion)
             return (math.nan if prompt.prompt_id == poisoned else reward), failure
 
-        rundir = RunDir(tmp_path, cfg, tensorboard=False)
+        rundir = RunDir(tmp_path, to_dict(cfg), tensorboard=False)
         controller = Controller(loop_settings(cfg, stop_token_ids(tok, model)), flaky, trainer, source, score, rundir)
         try:
             state = await controller.run()

@@ -41,10 +41,12 @@ import re
 import secrets
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config import Config, dump_yaml
+import yaml
+
 from asyncrl.controller.run_lock import LOCK_NAME
 from asyncrl.storage import disk_full, is_disk_full
 from asyncrl.types import Group, Trajectory
@@ -252,13 +254,14 @@ class RunDir:
     def __init__(
         self,
         path: str | Path,
-        cfg: Config | None = None,
+        config: Mapping[str, Any] | None = None,
         *,
         tensorboard: bool = True,
         truncate: dict[str, int] | None = None,
         purge_step: int | None = None,
     ) -> None:
-        """``truncate``: resume — cut each jsonl file back to this byte offset (missing names: to 0)
+        """``config``: the run's resolved config as plain data (``asyncrl.config.to_dict``), written to
+        ``config.yaml``; ``truncate``: resume — cut each jsonl file back to this byte offset (missing names: to 0)
         first, and keep the run's id; ``purge_step``: TensorBoard drops its events from this step
         on (resume). A new run (no ``truncate``) refuses a directory whose jsonl files or summary
         already hold lines (:class:`RunDirInUse`; ``claim_run_dir`` says so earlier, with the ways out)."""
@@ -278,8 +281,9 @@ class RunDir:
             self.run_id = new_run_id()
         self.path.mkdir(parents=True, exist_ok=True)
         self._failed: OSError | None = None
-        if cfg is not None:
-            self._replace("config.yaml", lambda tmp: dump_yaml(cfg, tmp))
+        if config is not None:
+            text = yaml.safe_dump(dict(config), sort_keys=False)
+            self._replace("config.yaml", lambda tmp: tmp.write_text(text))
         if truncate is not None:
             for name in JSONL_FILES:
                 self._truncate(name, int(truncate.get(name, 0)))

@@ -84,7 +84,7 @@ def train(
     whole run (a second one is refused). A directory that already holds a run is refused before
     anything is written, unless ``resume``, or ``overwrite`` (the old run is moved aside to
     ``<dir>.old-<time>``; see ``controller.rundir.claim_run_dir``). A resume refuses config changes
-    other than ``controller.resume_guard.FREE_KEYS`` and the keys in ``allow_change``.
+    other than ``launch.resume_guard.FREE_KEYS`` and the keys in ``allow_change``.
     ``launch.kind=ray`` runs ``launch.ray.train_ray``."""
     if cfg.launch.kind == "ray":
         from asyncrl.launch.ray import train_ray

@@ -19,24 +19,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config import Config, load_config
+from asyncrl.config import Config, load_config, to_dict
 from asyncrl.controller.evaluate import EvalResult
 from asyncrl.controller.ledger_checks import LedgerViolation, check_ledger
 from asyncrl.controller.loop import Controller, LoopSettings
 from asyncrl.controller.resume import check_snapshot, resume_checkpoint
-from asyncrl.controller.resume_guard import (
-    ResumeRefused,
-    check_config_changes,
-    check_not_finished,
-    check_offsets,
-    check_restartable,
-)
 from asyncrl.controller.run_lock import LOCK_NAME, RunDirLocked, RunLock
 from asyncrl.controller.rundir import RunDir, RunDirError, claim_run_dir, default_run_dir, read_jsonl
 from asyncrl.controller.state import ControllerState
 from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
 from asyncrl.launch import RunStopped
 from asyncrl.launch.memory import fits_line, require_memory_fits
+from asyncrl.launch.resume_guard import (
+    ResumeRefused,
+    check_config_changes,
+    check_not_finished,
+    check_offsets,
+    check_restartable,
+)
 from asyncrl.launch.stages import build_evaluator, build_workflow
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.sampling import SamplingParams
@@ -134,7 +134,7 @@ def prepare_run_dir(cfg: Config, *, resume: bool, overwrite: bool, allow_change:
     process (``controller.run_lock``) and checked before anything is written to it or the warm start
     runs: a new run refuses a directory holding a run unless ``overwrite`` (moves the old run aside;
     ``controller.rundir.claim_run_dir``); a resume needs one run there, refuses config changes it was not
-    asked for, a torn jsonl file and starting over a run that trained (``controller.resume_guard``), and
+    asked for, a torn jsonl file and starting over a run that trained (``launch.resume_guard``), and
     picks the checkpoint it restores (``controller.resume.resume_checkpoint``). First of all, a run whose
     estimated memory exceeds a device's is refused (``launch.memory.require_memory_fits``)."""
     check = require_memory_fits(cfg)
@@ -226,7 +226,7 @@ async def run_stages(
         train_prompts = drop_long_prompts(train_prompts, cfg.rollout.max_prompt_len, "training prompts")
         held_out = drop_long_prompts(held_out, cfg.rollout.max_prompt_len, "held-out prompts")
         truncate = snapshot["offsets"] if snapshot is not None else ({} if resume else None)
-        rundir = RunDir(run_dir, cfg, truncate=truncate, purge_step=snapshot["step"] if snapshot else None)
+        rundir = RunDir(run_dir, to_dict(cfg), truncate=truncate, purge_step=snapshot["step"] if snapshot else None)
         if snapshot is not None:  # the ledger as the checkpoint left it: a killed run's, whole
             _require_ledger(run_dir, ended=False, when="at its checkpoint")
         workflow = build_workflow(cfg, tokenizer, stages.stop_token_ids)  # rollout.workflow

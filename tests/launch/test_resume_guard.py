@@ -1,4 +1,4 @@
-"""What a resume refuses (``controller.resume_guard``): changes to the keys that define a run, changes
+"""What a resume refuses (``launch.resume_guard``): changes to the keys that define a run, changes
 nobody asked for, a jsonl file cut shorter or mid-line where the checkpoint counts on it, and starting
 over a run that trained."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.controller.resume_guard import (
+from asyncrl.launch.resume_guard import (
     FIXED_KEYS,
     FREE_KEYS,
     ResumeRefused,
@@ -123,7 +123,7 @@ def test_a_run_that_trained_is_never_started_over(tmp_path: Path, held: str) -> 
 def test_a_run_that_reached_its_steps_is_not_resumed_at_that_count(tmp_path: Path) -> None:
     import json
 
-    from asyncrl.controller.resume_guard import check_not_finished
+    from asyncrl.launch.resume_guard import check_not_finished
 
     check_not_finished(tmp_path, 10)  # no summary: a killed run, resumable
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 10, "stop_reason": None}))
