@@ -16,6 +16,7 @@ from asyncrl.rollout.interruptible import generate_group
 from asyncrl.rollout.remote import RemoteEngine
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.server import ServerThread
+from asyncrl.types import WeightUpdate
 
 
 @pytest.fixture
@@ -201,7 +202,7 @@ def test_pause_abort_and_update_from_disk(served, arun, tmp_path):
         paused_task = asyncio.create_task(remote.generate(p, SamplingParams(max_new_tokens=5)))
         await asyncio.sleep(0.2)
         assert not paused_task.done()
-        await remote.update_weights(type("U", (), {"path": str(tmp_path), "version": 7, "tensors": None})())
+        await remote.update_weights(WeightUpdate(7, path=str(tmp_path)))
         await remote.resume()
         after = await paused_task
         return aborted, partial, after

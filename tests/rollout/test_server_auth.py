@@ -18,6 +18,7 @@ from asyncrl.rollout.engine import LocalEngine
 from asyncrl.rollout.remote import RemoteEngine
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.rollout.server import EngineServer, ServerThread
+from asyncrl.types import WeightUpdate
 
 KEY = "test-key-0123456789"
 
@@ -140,7 +141,7 @@ def test_remote_engine_sends_the_key(secured: Any, arun: Any, monkeypatch: pytes
     async def go() -> tuple[Any, ...]:
         good = RemoteEngine(srv.url, api_key=KEY)
         (c,) = await good.generate([5, 6], sp)
-        await good.update_weights(type("U", (), {"path": str(root / "v00000001"), "version": 4, "tensors": None})())
+        await good.update_weights(WeightUpdate(4, path=str(root / "v00000001")))
         good.close()
         errors = []
         for bad in (RemoteEngine(srv.url), RemoteEngine(srv.url, api_key="nope")):
