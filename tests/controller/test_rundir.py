@@ -170,3 +170,20 @@ def test_bench_invocations_get_fresh_directories(tmp_path: Path) -> None:
     first, second = fresh_subdir(tmp_path / "bench"), fresh_subdir(tmp_path / "bench")
     assert first != second and first.is_dir() and second.is_dir()
     assert first.parent == second.parent == tmp_path / "bench"
+
+
+def test_the_run_directory_takes_the_config_as_plain_data(tmp_path: Path) -> None:
+    """The whole ``Config`` stops at ``launch/``: the run directory gets ``to_dict(cfg)`` and writes it as
+    ``config.yaml``; handed the object itself it refuses before writing anything."""
+    import yaml
+
+    from asyncrl.config import Config, to_dict
+
+    with pytest.raises(TypeError, match="plain data"):
+        RunDir(tmp_path / "object", Config(), tensorboard=False)  # type: ignore[arg-type]
+    assert not (tmp_path / "object").exists()
+    run = RunDir(tmp_path / "dict", to_dict(Config()), tensorboard=False)
+    run.close()
+    assert yaml.safe_load((tmp_path / "dict" / "config.yaml").read_text()) == yaml.safe_load(
+        yaml.safe_dump(to_dict(Config()), sort_keys=False)
+    )

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 import asyncrl.controller.report as report  # noqa: E402
-from asyncrl.config import load_config  # noqa: E402
+from asyncrl.config import load_config, to_dict  # noqa: E402
 from asyncrl.controller.loop import Controller  # noqa: E402
 from asyncrl.controller.rundir import RunDir, episode_entry, read_jsonl  # noqa: E402
 from asyncrl.controller.tool_waits import tool_wait_share, tool_waits, waiting_over_time  # noqa: E402
@@ -153,7 +153,7 @@ def test_a_run_records_each_wait_where_it_happened_on_the_rl_clock(tmp_path) -> 
         raise AssertionError("the workflow scores its episodes")
 
     async def main() -> None:
-        rundir = RunDir(tmp_path, cfg, tensorboard=False)
+        rundir = RunDir(tmp_path, to_dict(cfg), tensorboard=False)
         source = PromptSource([Prompt(f"p{i}", (i + 1,), "1") for i in range(40)], 0)
         controllers.append(
             Controller(loop_settings(cfg), engine, ScriptedTrainer(), source, unscored, rundir, workflow=workflow)

@@ -265,6 +265,8 @@ class RunDir:
         first, and keep the run's id; ``purge_step``: TensorBoard drops its events from this step
         on (resume). A new run (no ``truncate``) refuses a directory whose jsonl files or summary
         already hold lines (:class:`RunDirInUse`; ``claim_run_dir`` says so earlier, with the ways out)."""
+        if config is not None and not isinstance(config, Mapping):
+            raise TypeError(f"RunDir takes the resolved config as plain data (to_dict), got {type(config).__name__}")
         self.path = Path(path)
         self.run_id: str | None
         if truncate is not None:
