@@ -29,6 +29,7 @@ import asyncio
 import json
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -114,7 +115,7 @@ def backend_completion(
     )
 
 
-class BackendEngine:
+class BackendEngine(ABC):
     """The shared part of a ``RolloutEngine`` over an outside backend (see the module docstring).
 
     A subclass sets ``vocab_size`` and ``max_seq_len`` in its constructor and implements the backend hooks."""
@@ -280,39 +281,38 @@ class BackendEngine:
             )
 
     # ------------------------------------------------------------------------------ backend hooks
+    @abstractmethod
     async def _ensure_ready(self) -> None:
         """Before the first request: the backend decodes at this engine's version."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def _sample(self, prompt: list[int], sampling: SamplingParams, budget: int, seed: int) -> Completion:
         """One backend request (inside ``_in_flight``), to its end or to an abort. ``seed``: this sample's
         (``sampling.seed + i``, or from a random base when ``sampling.seed`` is None)."""
-        raise NotImplementedError
 
-    async def _prepare_update(self, update: WeightUpdate) -> None:
+    async def _prepare_update(self, update: WeightUpdate) -> None:  # noqa: B027 (an optional hook: nothing by default)
         """Checks of ``update`` that may wait (outside the control lock), before anything changes."""
 
+    @abstractmethod
     def _update_source(self, update: WeightUpdate) -> str | Path:
         """Under the control lock, before the pause: the update's safetensors directory (as the backend is
         to be given it), checked."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def _pause_backend(self, mode: InterruptMode, *, clear_cache: bool) -> None:
         """Pause the backend's scheduler: ``abort`` ends running requests, ``keep`` freezes them in place;
         ``clear_cache``: drop the prefix cache where the backend does it at the pause."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def _resume_backend(self) -> None:
-        raise NotImplementedError
+        """Resume the backend's scheduler after a pause."""
 
+    @abstractmethod
     async def _load(self, path: str | Path, version: int) -> None:
         """Load the weights in ``path`` labelled ``version`` (the backend is paused); ``version`` follows."""
-        raise NotImplementedError
 
-    async def _abort_backend(self) -> None:
+    async def _abort_backend(self) -> None:  # noqa: B027 (an optional hook: nothing by default)
         """End every running request with ``finish_reason="abort"`` (``pause`` may hold the engine)."""
-        raise NotImplementedError
 
-    def _release(self) -> None:
+    def _release(self) -> None:  # noqa: B027 (an optional hook: nothing by default)
         """Release the backend and this engine's directories (called once, by ``close``)."""
-        raise NotImplementedError
