@@ -22,7 +22,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 $(VLLM_STAMP): pyproject.toml scripts/install_torch.sh
 	test -x "$(VLLM_PY)" || python3 -m venv "$(VLLM_VENV)"
 	bash scripts/install_torch.sh "$(VLLM_PY)"
-	"$(VLLM_PY)" -m pip install -e ".[vllm]" "pytest>=7.4" "pytest-timeout>=2.1"
+	"$(VLLM_PY)" -m pip install -e ".[vllm,ray]" "pytest>=7.4" "pytest-timeout>=2.1"
 	"$(VLLM_PY)" -m pip uninstall -y torchvision torchaudio torchcodec
 	"$(VLLM_PY)" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch "$(VLLM_STAMP)"
@@ -30,7 +30,7 @@ $(VLLM_STAMP): pyproject.toml scripts/install_torch.sh
 vllm-env: $(VLLM_STAMP)
 
 vllm-test: $(VLLM_STAMP)
-	"$(VLLM_PY)" -m pytest -q -m vllm tests/rollout/test_vllm_engine.py $(PYTEST_ARGS)
+	"$(VLLM_PY)" -m pytest -q -m vllm tests/rollout/test_vllm_engine.py tests/launch/test_ray_vllm.py $(PYTEST_ARGS)
 
 $(STAMP): pyproject.toml scripts/install_torch.sh
 	test -x "$(PY)" || python3 -m venv "$(VENV)"

@@ -55,3 +55,55 @@ def test_build_engine_hands_both_to_the_vllm_engine(monkeypatch: pytest.MonkeyPa
     build_engine(cfg, Saves(), Saves())
     assert seen["tensor_parallel_size"] == 4 and seen["gpu_memory_fraction"] == 0.45
     assert (seen["model_dir"] / "saved").is_file() and seen["owns_model_dir"] is True
+
+
+@pytest.fixture
+def vllm_findable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``validate_backend`` looks vLLM up (never imports it): make the lookup find it."""
+    import importlib.machinery
+    import importlib.util
+
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any, **kwargs: Any) -> Any:
+        return importlib.machinery.ModuleSpec("vllm", None) if name == "vllm" else real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+VLLM_ON_RAY = ["rollout.backend=vllm", "launch.kind=ray", "rollout.num_engines=2"]
+
+
+def test_vllm_replicas_on_ray_are_accepted(vllm_findable: None) -> None:
+    cfg = load_config(None, [*VLLM_ON_RAY, "rollout.tensor_parallel_size=2", "launch.gpus_per_engine=2"])
+    assert cfg.launch.kind == "ray" and cfg.rollout.num_engines == 2 and cfg.launch.engine_mode == "actor"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["launch.engine_mode=server", "launch.weight_sync=disk"],
+            "needs launch.engine_mode=actor with launch.kind=ray",
+        ),
+        (["rollout.tensor_parallel_size=2", "launch.gpus_per_engine=1"], "needs launch.gpus_per_engine >= rollout"),
+        (["launch.engine_urls=http://127.0.0.1:30000"], "needs launch.engine_urls empty"),
+    ],
+)
+def test_vllm_on_ray_refuses_what_its_actors_cannot_serve(
+    vllm_findable: None, overrides: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [*VLLM_ON_RAY, *overrides])
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_without_vllm_the_backend_names_the_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a, **k: None if name == "vllm" else real(name, *a, **k)
+    )
+    with pytest.raises(ConfigError, match="make vllm-env"):
+        load_config(None, VLLM_ON_RAY)

@@ -176,3 +176,19 @@ def test_engines_elsewhere_are_not_counted(tiny: Path) -> None:
     names = set(_parts(estimate.devices[0]))
     assert "engine weights" not in names and "engine KV cache" not in names and "trainer parameters" in names
     assert any("servers elsewhere" in note for note in estimate.notes)
+
+
+def test_ray_vllm_engines_shard_over_their_gpus_and_read_the_copy_on_the_host(tiny: Path) -> None:
+    import dataclasses
+
+    cfg = load_config(
+        overrides=["launch.kind=ray", "rollout.num_engines=2", "launch.gpus_per_engine=2", "launch.gpus_per_trainer=1"]
+    )
+    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, backend="vllm", tensor_parallel_size=2))
+    shape = model_shape(cfg, tiny)
+    assert shape is not None
+    host, engine, rank = estimate_memory(cfg, shape).devices
+    assert (host.device, engine.device, engine.count, rank.count) == ("cpu", "cuda", 4, 1)  # 2 engines x 2 shards
+    weights = _parts(rank)["trainer parameters"]  # the whole model, one rank
+    assert _parts(engine)["engine weights"] == weights // 2 and memory.VLLM_COPY not in _parts(engine)
+    assert _parts(host) == {f"{memory.VLLM_COPY} x 2": 2 * weights}

@@ -112,6 +112,7 @@ def test_default_task_on_two_engines_two_ranks_two_reward_workers(
     ray_info = summary["ray"]
     assert ray_info["engines"] == 2 and ray_info["trainer_ranks"] == 2 and ray_info["reward_workers"] == 2
     assert ray_info["weight_sync"] == "object_store"
+    assert ray_info["engine_classes"] == ["LocalEngine", "LocalEngine"]
     # every step's weights reached both engines (one update per step, none missed)
     assert ray_info["engine_weight_updates"] == [steps, steps]
     assert ray_info["engine_versions"] == [steps, steps]

@@ -363,7 +363,8 @@ def validate_fixed_lag(cfg: Config) -> None:
 
 def validate_backend(cfg: Config) -> None:
     """``rollout.backend=vllm``: vLLM importable, and the settings its engine serves exactly (the refusals of
-    ``rollout.vllm_engine.VLLMEngine``, said at load time); ``sglang``: ``_validate_sglang``."""
+    ``rollout.vllm_engine.VLLMEngine``, said at load time); with ``launch.kind=ray`` each engine actor builds
+    its own vLLM engine (``launch.ray_actors.EngineWorker``). ``sglang``: ``_validate_sglang``."""
     r = cfg.rollout
     if r.gpu_memory_fraction is not None and r.gpu_memory_fraction > 1:
         raise ConfigError(f"rollout.gpu_memory_fraction must be in (0, 1] or null, got {r.gpu_memory_fraction}")
@@ -392,12 +393,26 @@ def validate_backend(cfg: Config) -> None:
         ("rollout.top_p", r.top_p == 1.0, "=1 (vLLM's processed log-probs are of the truncated distribution)", r.top_p),
         ("rollout.top_k", r.top_k == 0, "=0 (vLLM's processed log-probs are of the truncated distribution)", r.top_k),
         (
-            "launch.kind",
-            cfg.launch.kind == "local",
-            "=local (the vLLM engine runs in the launcher's process)",
-            cfg.launch.kind,
+            "launch.engine_urls",
+            not cfg.launch.engine_urls,
+            " empty (the vLLM engines are the run's own)",
+            cfg.launch.engine_urls,
         ),
-        ("launch.engine_urls", not cfg.launch.engine_urls, " empty (engines of this process)", cfg.launch.engine_urls),
+        (
+            "launch.engine_mode",
+            cfg.launch.kind == "local" or cfg.launch.engine_mode == "actor",
+            "=actor with launch.kind=ray (the HTTP engine server renders text; a vLLM engine holds no tokenizer)",
+            cfg.launch.engine_mode,
+        ),
+        (
+            "launch.gpus_per_engine",
+            cfg.launch.kind == "local"
+            or cfg.launch.gpus_per_engine == 0
+            or cfg.launch.gpus_per_engine >= r.tensor_parallel_size,
+            f" >= rollout.tensor_parallel_size={r.tensor_parallel_size} with launch.kind=ray (each engine actor is "
+            "granted the GPUs its shards run on)",
+            cfg.launch.gpus_per_engine,
+        ),
         (
             "rollout.prefix_reuse",
             not (r.prefix_reuse and r.interrupt_mode == "keep"),

@@ -188,8 +188,9 @@ class RolloutConfig:
     max_slots: int = 128
     """Engine concurrency (decode slots)."""
     backend: RolloutBackend = "local"
-    """local (the project's engine) | vllm (vLLM's AsyncLLM in process: ``make vllm-env``, then run from
-    ``.venv-vllm``; the local launcher; top_p=1, top_k=0; ``rollout.vllm_engine``) | sglang (running SGLang
+    """local (the project's engine) | vllm (vLLM's AsyncLLM: ``make vllm-env``, then run from ``.venv-vllm``; in
+    the launcher's process, or with launch.kind=ray one per engine actor, rollout.num_engines replicas;
+    top_p=1, top_k=0; ``rollout.vllm_engine``) | sglang (running SGLang
     servers at ``rollout.sglang_urls``; weights through trainer.weight_export_dir, which they must read;
     ``rollout.sglang_engine``). The same contract every way: token ids in and out, behaviour log-probs of the
     tempered distribution, per-token versions stamped by the engine, in-flight updates in ``interrupt_mode``."""

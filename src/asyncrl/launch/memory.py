@@ -184,6 +184,11 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+VLLM_COPY = "launcher's copy of the weights"
+"""The weights a vLLM engine's builder reads (in the launcher's process, or on the host of a Ray engine actor)
+and saves for vLLM to load."""
+
+
 def _engine_parts(cfg: Config, shape: ModelShape) -> tuple[MemoryPart, ...]:
     """One engine's weights and KV cache (``rollout.backend``); nothing for servers elsewhere."""
     from asyncrl.launch.stages import engine_max_seq_len
@@ -204,7 +209,7 @@ def _engine_parts(cfg: Config, shape: ModelShape) -> tuple[MemoryPart, ...]:
 
         kv_gib = float(inspect.signature(VLLMEngine).parameters["kv_cache_gib"].default)
         kv = MemoryPart("engine KV cache", int(kv_gib * 2**30), f"vLLM's kv_cache_memory_bytes ({kv_gib:g} GiB)")
-        copy = MemoryPart("launcher's copy of the weights", weights.bytes, weights.formula + ", handed to vLLM")
+        copy = MemoryPart(VLLM_COPY, weights.bytes, weights.formula + ", handed to vLLM")
         return weights, kv, copy
     return ()  # a server's memory is its own
 
@@ -284,9 +289,22 @@ def estimate_memory(cfg: Config, shape: ModelShape) -> MemoryEstimate:
     devices: list[DeviceNeed] = []
     host: list[MemoryPart] = []
     if la.gpus_per_engine > 0:
-        share = min(engines, _per_gpu(la.gpus_per_engine))
-        parts = _times(engine, share) if share > 1 else engine
-        devices.append(DeviceNeed("cuda", f"engine GPU ({share} engine(s) each)", parts, math.ceil(engines / share)))
+        # a vLLM engine actor reads its copy of the weights on its host; its shards go to its GPUs
+        host += _times(tuple(p for p in engine if p.name == VLLM_COPY), engines)
+        engine = tuple(p for p in engine if p.name != VLLM_COPY)
+        tp = cfg.rollout.tensor_parallel_size if cfg.rollout.backend == "vllm" else 1
+        if tp > 1:  # gpus_per_engine >= tp (config check): one shard of the weights, and its KV cache, per GPU
+            parts = tuple(
+                MemoryPart(p.name, p.bytes // tp, f"{p.formula} / {tp} shards") if p.name == "engine weights" else p
+                for p in engine
+            )
+            devices.append(DeviceNeed("cuda", f"engine GPU (1 of {tp} shards each)", parts, engines * tp))
+        else:
+            share = min(engines, _per_gpu(la.gpus_per_engine))
+            parts = _times(engine, share) if share > 1 else engine
+            devices.append(
+                DeviceNeed("cuda", f"engine GPU ({share} engine(s) each)", parts, math.ceil(engines / share))
+            )
     else:
         host += _times(engine, engines)
     if la.gpus_per_trainer > 0:

@@ -3,7 +3,8 @@
 ::
 
     driver (this process): warm start, Controller (asyncio), evaluation, run directory
-       │ EnginePool (fewest in-flight tokens) ── RayEngineClient ──► EngineWorker × N  (LocalEngine)
+       │ EnginePool (fewest in-flight tokens) ── RayEngineClient ──► EngineWorker × N  (LocalEngine
+       │                                                              or VLLMEngine)
        │                                     └─ ServedEngineClient ─► (engine_mode=server: HTTP)
        │ RayTrainerGroup (SPMD calls) ─────────────────────────────► TrainerRank × M  (FSDP2 group,
        │                                                              gloo on CPU, NCCL on GPU)
@@ -233,6 +234,10 @@ async def _train_async(cfg: Config, claimed: ClaimedRunDir, resume: bool) -> dic
         await engines.wait_restarts(cfg.launch.startup_timeout_s)  # a restart in progress: counted once back
         # an actor's client caches its counters (refreshed in the background): fetch them now
         per_engine = [e.refresh_stats() if isinstance(e, RayEngineClient) else e.stats() for e in engines.engines]
+        classes = [
+            await e.actor.engine_class.remote() if isinstance(e, RayEngineClient) else type(e).__name__
+            for e in engines.engines
+        ]
         stats = engines.stats()
         return {
             "ray": {
@@ -241,6 +246,7 @@ async def _train_async(cfg: Config, claimed: ClaimedRunDir, resume: bool) -> dic
                 "reward_workers": placement.n_reward,
                 "weight_sync": trainer.transport,
                 "engine_mode": cfg.launch.engine_mode,
+                "engine_classes": classes,
                 "engine_versions": [
                     int(s.get("version", e.version)) for s, e in zip(per_engine, engines.engines, strict=True)
                 ],

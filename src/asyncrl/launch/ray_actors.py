@@ -1,11 +1,12 @@
 """The processes of a Ray run: engine, trainer-rank and reward-worker actors (plain classes here;
 ``launch.ray`` wraps them with ``ray.remote`` and places them).
 
-- ``EngineWorker``: one ``LocalEngine`` (built from the model directory by ``launch.stages``, like
-  the local launcher's). Async actor: its event loop serves ``generate`` calls concurrently while the
-  engine decodes in its own thread. ``update_weights`` takes a ``WeightUpdate`` (a safetensors
+- ``EngineWorker``: one engine of ``rollout.backend`` (built from the model directory by ``launch.stages``,
+  like the local launcher's: a ``LocalEngine``, or a ``VLLMEngine`` with its own engine-core process).
+  Async actor: its event loop serves ``generate`` calls concurrently while the engine decodes (in its
+  own thread, or vLLM's process). ``update_weights`` takes a ``WeightUpdate`` (a safetensors
   directory) or an ``ObjectStoreUpdate`` (byte buckets read from Ray's object store). With
-  ``serve(api_key, weights_root)`` it also answers the SGLang-native HTTP protocol
+  ``serve(api_key, weights_root)`` (local engines) it also answers the SGLang-native HTTP protocol
   (``rollout.server``) on a port of its node, for ``launch.engine_mode=server``: behind the run's
   API key, loading weights only from the run's export directory.
 - ``TrainerRank``: one rank of the FSDP2 trainer (``trainer.distributed``, SPMD mode: every rank
@@ -44,18 +45,24 @@ def _node_ip() -> str:
 
 
 class EngineWorker:
-    """A ``LocalEngine`` in its own process (see the module docstring)."""
+    """One rollout engine in its own process (see the module docstring)."""
 
     def __init__(self, model_dir: str, cfg: Config) -> None:
         init_process(cfg)
         device = stage_device(cfg, cfg.launch.gpus_per_engine)
-        model, tokenizer = load_model(cfg, model_dir, device=device)
-        self.engine = build_engine(cfg, model, tokenizer, device=device)
+        # a vLLM engine loads the weights itself from a copy of this model: it is read on the CPU only
+        local = cfg.rollout.backend == "local"
+        model, tokenizer = load_model(cfg, model_dir, device=device if local else "cpu")
+        self.engine = build_engine(cfg, model, tokenizer, device=device if local else None)
         self.engine.start()
         self._server: Any = None
 
     def pid(self) -> int:
         return os.getpid()
+
+    def engine_class(self) -> str:
+        """The class of the engine this actor runs (``LocalEngine``, ``VLLMEngine``)."""
+        return type(self.engine).__name__
 
     async def serve(self, api_key: str, weights_root: str) -> str:
         """Start the HTTP front end on this node (idempotent); returns its URL. ``api_key`` (the

@@ -131,6 +131,9 @@ class VLLMEngine(BackendEngine):
             enable_prefix_caching=interrupt_mode == "abort",
             disable_log_stats=True,
             tensor_parallel_size=tensor_parallel_size,
+            # shards in processes of this engine, on the GPUs it was given: inside a Ray actor vLLM would
+            # otherwise pick its Ray executor and wait for bundles of the run's placement group, all taken
+            **({"distributed_executor_backend": "mp"} if tensor_parallel_size > 1 else {}),
             **({} if gpu_memory_fraction is None else {"gpu_memory_utilization": gpu_memory_fraction}),
         )
         self._llm: Any = AsyncLLM.from_engine_args(args)
