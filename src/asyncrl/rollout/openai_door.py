@@ -1,9 +1,10 @@
 """The OpenAI-compatible door of an engine: ``/v1/chat/completions`` over any ``RolloutEngine``, with sessions.
 
 Owns the routes and what each one does; the shapes are ``rollout.openai_chat``'s, the session record
-``rollout.openai_session``'s. ``ChatDoor`` serves them for ``asyncrl serve engine`` (a thin route in
-``rollout.server``) and for ``DoorServer``, the loopback server an in-process engine gets (bound to
-127.0.0.1 with a generated key; the ``openai_agent`` workflow starts one per group):
+``rollout.openai_session``'s, the answer's writing (JSON choices, stream events) ``rollout.openai_answer``'s.
+``ChatDoor`` serves them for ``asyncrl serve engine`` (a thin route in ``rollout.server``) and for ``DoorServer``,
+the loopback server an in-process engine gets (bound to 127.0.0.1 with a generated key; the ``openai_agent``
+workflow starts one per group):
 
 =========================================  ==============================================================
 ``POST /v1/chat/completions``              a completion of the messages (``n`` choices); not recorded
@@ -56,28 +57,22 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from asyncrl.auth import ApiKeyAuth
 from asyncrl.rollout.api import RolloutEngine
 from asyncrl.rollout.chat import ChatRenderer
 from asyncrl.rollout.interruptible import generate_group
+from asyncrl.rollout.openai_answer import Answer, Turn, answer_choice, event_stream, stream_events
 from asyncrl.rollout.openai_chat import (
-    Reply,
     TokenBytes,
     assistant_reply,
-    choice_deltas,
-    chunk_response,
     completion_response,
     models_response,
-    sse,
     template_messages,
-    text_pieces,
-    token_logprobs,
     tool_tags,
 )
 from asyncrl.rollout.openai_request import ChatRequest, parse_chat_request, reward_body
@@ -287,12 +282,12 @@ class ChatDoor:
         else:
             answer = await self._recorded(req, session_id)
         if req.stream:
-            return Stream(_events(await self.off_loop(self._stream_events, req, answer)))
-        choices = [self._choice(i, t, req.logprobs) for i, t in enumerate(answer.turns)]
+            return Stream(event_stream(await self.off_loop(self._stream_events, req, answer)))
+        choices = [answer_choice(self.token_bytes, i, t, req.logprobs) for i, t in enumerate(answer.turns)]
         out = completion_response(req.model or self.model_name, choices, answer.prompt_tokens, answer.produced)
         return out | ({"id": answer.completion_id} if answer.completion_id else {})
 
-    async def _recorded(self, req: ChatRequest, session_id: str) -> _Answer:
+    async def _recorded(self, req: ChatRequest, session_id: str) -> Answer:
         session = self.store.find_open(session_id)
         if session is None:
             if not self.open_sessions_on_call:
@@ -314,9 +309,9 @@ class ChatDoor:
         seg = ModelSegment(c.output_ids, c.behav_logprobs, c.versions, c.finish_reason, c.num_interruptions)
         turn = self._turn(req, c, sampling, lead, parse=bool(req.tools) and req.tool_choice != "none", tools=tools)
         completion_id = session.record(req, plan, seg, turn.reply, turn.text, turn.parsed, turn.closed_by)
-        return _Answer([turn], len(plan.input_ids), len(seg.token_ids), completion_id)
+        return Answer([turn], len(plan.input_ids), len(seg.token_ids), completion_id)
 
-    async def _unrecorded(self, req: ChatRequest) -> _Answer:
+    async def _unrecorded(self, req: ChatRequest) -> Answer:
         tags = tool_tags(req.tools)
         messages = template_messages(req.messages, self.tool_format, tags)
         lead, lead_ids = await self.off_loop(self._forced, req, req.tools)
@@ -325,7 +320,7 @@ class ChatDoor:
         completions = await generate_group(self.engine, ids, sampling, req.n)
         parse = bool(req.tools) and req.tool_choice != "none"
         turns = [self._turn(req, c, sampling, lead, parse=parse, tools=req.tools) for c in completions]
-        return _Answer(turns, len(ids), sum(len(c.output_ids) for c in completions))
+        return Answer(turns, len(ids), sum(len(c.output_ids) for c in completions))
 
     def _forced(self, req: ChatRequest, tools: tuple[dict[str, Any], ...]) -> tuple[str, tuple[int, ...]]:
         """The opening of a call written for the model under ``tool_choice`` ``required`` or a named tool (text,
@@ -401,7 +396,7 @@ class ChatDoor:
         *,
         parse: bool,
         tools: tuple[dict[str, Any], ...],
-    ) -> _Turn:
+    ) -> Turn:
         """One finished completion as the reply: its text (``lead``, the forced opening, then the model's text
         without the stop token it ended at, unless that token closes a call), calls parsed when ``parse``."""
         ids = c.output_ids
@@ -421,7 +416,7 @@ class ChatDoor:
             parsed = ParsedTurn()
         max_calls = None if req.parallel_tool_calls else 1
         reply = assistant_reply(text, parsed, c.finish_reason == "length", self.tool_format, tags, max_calls)
-        return _Turn(reply, text, parsed, closed_by, lead, own, c.behav_logprobs[: len(own)])
+        return Turn(reply, text, parsed, closed_by, lead, own, c.behav_logprobs[: len(own)])
 
     @property
     def token_bytes(self) -> TokenBytes:
@@ -429,64 +424,9 @@ class ChatDoor:
             self._token_bytes = TokenBytes(self.tokenizer)
         return self._token_bytes
 
-    def _choice(self, index: int, turn: _Turn, logprobs: bool) -> dict[str, Any]:
-        choice: dict[str, Any] = {
-            "index": index,
-            "message": turn.reply.message,
-            "finish_reason": turn.reply.finish_reason,
-        }
-        choice["logprobs"] = token_logprobs(self.token_bytes, turn.ids, turn.logprobs) if logprobs else None
-        return choice
-
-    def _stream_events(self, req: ChatRequest, answer: _Answer) -> list[bytes]:
-        """The answer as server-sent events (``chat.completion.chunk``; the usage chunk; ``[DONE]``)."""
-        chunk_id = answer.completion_id or f"chatcmpl-{uuid.uuid4().hex}"
-        created, model = int(time.time()), req.model or self.model_name
-        usage = {"usage": None} if req.include_usage else {}
-        events = []
-        for i, turn in enumerate(answer.turns):
-            entries = [self.token_bytes.entry(t, lp) for t, lp in zip(turn.ids, turn.logprobs, strict=True)]
-            pieces = [(turn.lead, [])] if turn.lead else []
-            pieces += [(p, [e]) for p, e in zip(text_pieces(self.tokenizer, turn.ids), entries, strict=True)]
-            for delta in choice_deltas(i, turn.reply, pieces, req.logprobs):
-                events.append(sse(chunk_response(chunk_id, created, model, [delta]) | usage))
-        if req.include_usage:
-            tokens = {
-                "prompt_tokens": answer.prompt_tokens,
-                "completion_tokens": answer.produced,
-                "total_tokens": answer.prompt_tokens + answer.produced,
-            }
-            events.append(sse(chunk_response(chunk_id, created, model, [], tokens)))
-        return [*events, sse("[DONE]")]
-
-
-@dataclass(frozen=True)
-class _Turn:
-    """One choice: the reply and what it was read from."""
-
-    reply: Reply
-    text: str
-    parsed: ParsedTurn
-    closed_by: int | None
-    lead: str
-    """The call's opening the door wrote for the model (``tool_choice`` required or named), else empty."""
-    ids: tuple[int, ...]
-    """The model's tokens of the text (without the stop token it ended at)."""
-    logprobs: tuple[float, ...]
-
-
-@dataclass(frozen=True)
-class _Answer:
-    turns: list[_Turn]
-    prompt_tokens: int
-    produced: int
-    completion_id: str | None = None
-    """A branching session's id of the recorded completion (the answer's ``id``)."""
-
-
-async def _events(events: list[bytes]) -> AsyncGenerator[bytes, None]:
-    for event in events:
-        yield event
+    def _stream_events(self, req: ChatRequest, answer: Answer) -> list[bytes]:
+        """``openai_answer.stream_events`` of this door (on its worker, as are the token bytes it builds)."""
+        return stream_events(req, answer, self.model_name, self.tokenizer, self.token_bytes)
 
 
 def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
