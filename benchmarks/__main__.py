@@ -16,7 +16,7 @@ import sys
 from types import ModuleType
 
 from asyncrl.config import ConfigError
-from asyncrl.controller.rundir import RunDirError
+from asyncrl.controller.run_claim import RunDirError
 from asyncrl.launch import RunStopped
 from benchmarks.options import check_finite, check_result_file
 

@@ -180,7 +180,7 @@ def _curves(metrics: list[dict[str, Any]]) -> dict[str, list[float | None]]:
 def _row(run_dir: Path, collapse_fraction: float) -> dict[str, Any]:
     """A finished run's row: its accuracy, collapse flag and averaged step statistics, all read from
     the run directory (``summary.json``, ``metrics.jsonl``)."""
-    from asyncrl.controller.rundir import check_one_run, read_jsonl
+    from asyncrl.controller.run_claim import check_one_run, read_jsonl
 
     check_one_run(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -371,7 +371,7 @@ def run_ablation(
     finished arms with the same config are read, not run again (their rows say ``reused``).
     ``staleness``: ``fixed`` (a controlled lag) or ``bounded`` (ordinary asynchronous training, module docstring)."""
     from asyncrl.config import load_config
-    from asyncrl.controller.rundir import fresh_subdir
+    from asyncrl.controller.run_claim import fresh_subdir
 
     user = list(overrides or [])
     unknown = [o for o in objectives if o not in OBJECTIVES]

@@ -272,7 +272,7 @@ def run_agent_throughput_bench(
 ) -> dict[str, Any]:
     """The benchmark (see the module docstring); ``probe_steps`` 0: the probes run ``steps`` steps.
     Writes ``json_path`` and a PNG beside it."""
-    from asyncrl.controller.rundir import fresh_subdir
+    from asyncrl.controller.run_claim import fresh_subdir
     from benchmarks.headline import ASYNC_SETTING, SYNC_CANDIDATES, probe_sync
 
     base = [*WORKLOAD, *(overrides or []), f"controller.total_steps={steps}"]

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import ConfigError
-from asyncrl.controller.rundir import fresh_subdir
+from asyncrl.controller.run_claim import fresh_subdir
 from asyncrl.controller.throughput import measure_throughput
 from asyncrl.controller.time_budget import time_budget
 from asyncrl.data.workloads import WORKLOAD_ALIASES, WORKLOADS

@@ -369,7 +369,7 @@ def run_objectives(
     """The two phases (module docstring): prints the budget first, then runs the tuning grid, picks each
     objective's best step size, runs the comparison, prints the tables and, with ``json_path``, writes
     ``{"bench": "objectives", "plan", "rows", "tuning", "best_lrs", "comparison", "paired", ...}``."""
-    from asyncrl.controller.rundir import fresh_subdir
+    from asyncrl.controller.run_claim import fresh_subdir
 
     user = list(overrides or [])
     for objective in plan.objectives:  # every objective's keys checked at both staleness settings, before any run

@@ -33,7 +33,7 @@ __all__ = [
 
 def fresh_out(out_dir: str) -> Path:
     """A new ``out_dir/<timestamp>`` for this invocation's run directories (made now)."""
-    from asyncrl.controller.rundir import fresh_subdir
+    from asyncrl.controller.run_claim import fresh_subdir
 
     out = fresh_subdir(out_dir)
     print(f"bench: run directories under {out}", flush=True)
@@ -105,7 +105,7 @@ def measure_run(
     run_dir: Path, cfg: Any, summary: dict[str, Any], warmup_s: float, *, wall_s: float | None, load: list[float] | None
 ) -> dict[str, Any]:
     """The row of the finished run in ``run_dir`` (config ``cfg``, its ``summary``): ``run_and_measure``'s."""
-    from asyncrl.controller.rundir import check_one_run, read_jsonl
+    from asyncrl.controller.run_claim import check_one_run, read_jsonl
 
     check_one_run(run_dir)  # every number below comes from this run's lines alone
     metrics = read_jsonl(run_dir / "metrics.jsonl")

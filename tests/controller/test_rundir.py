@@ -12,9 +12,8 @@ import pytest
 
 from asyncrl import cli
 from asyncrl.controller.report import make_report
-from asyncrl.controller.rundir import (
+from asyncrl.controller.run_claim import (
     MixedRunDir,
-    RunDir,
     RunDirError,
     RunDirInUse,
     check_one_run,
@@ -23,6 +22,7 @@ from asyncrl.controller.rundir import (
     read_jsonl,
     run_ids,
 )
+from asyncrl.controller.rundir import RunDir
 
 
 def _fake_run(path: Path, steps: int = 2) -> str:

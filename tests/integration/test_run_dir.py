@@ -11,7 +11,7 @@ import pytest
 
 from asyncrl.config import Config, load_config
 from asyncrl.controller.report import make_report
-from asyncrl.controller.rundir import RunDirInUse, check_one_run, read_jsonl
+from asyncrl.controller.run_claim import RunDirInUse, check_one_run, read_jsonl
 from asyncrl.launch.local import train
 
 
@@ -80,8 +80,8 @@ def test_a_resume_refuses_what_it_cannot_honour_and_changes_nothing(tiny_policy_
 
     from asyncrl.config import with_values
     from asyncrl.controller.ledger_checks import check_ledger
+    from asyncrl.controller.run_claim import RunDirError
     from asyncrl.controller.run_lock import RunLock
-    from asyncrl.controller.rundir import RunDirError
 
     run_dir = tmp_path / "run"
     cfg = _cfg(tiny_policy_dir, run_dir, steps=2)

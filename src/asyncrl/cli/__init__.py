@@ -14,7 +14,7 @@ import sys
 from asyncrl.cli import check_config, evaluate, generate, plan, report, serve, sft, simulate, train
 from asyncrl.cli.errors import known_error
 from asyncrl.config import ConfigError
-from asyncrl.controller.rundir import RunDirError
+from asyncrl.controller.run_claim import RunDirError
 from asyncrl.launch import RunStopped
 
 COMMANDS = (train, sft, evaluate, generate, serve, simulate, plan, report, check_config)

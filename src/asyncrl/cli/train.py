@@ -11,7 +11,7 @@ from typing import Any, get_args
 from asyncrl.choices import LaunchKind
 from asyncrl.cli.common import add_config_args, load
 from asyncrl.config import with_values
-from asyncrl.controller.rundir import RunDirError
+from asyncrl.controller.run_claim import RunDirError
 
 
 def add_parser(sub: Any) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from asyncrl.controller.rundir import MixedRunDir, check_one_run, read_jsonl
+from asyncrl.controller.run_claim import MixedRunDir, check_one_run, read_jsonl
 from asyncrl.controller.staleness import group_bound
 
 Line = dict[str, Any]

@@ -1,5 +1,5 @@
 """``asyncrl report RUN_DIR``: PNG plots of a run, read from its run directory only (refused,
-``controller.rundir.MixedRunDir``, where the directory holds lines of more than one run).
+``controller.run_claim.MixedRunDir``, where the directory holds lines of more than one run).
 
 - ``reward.png``: accuracy of every scored rollout sample per step (filtered groups included, so
   dynamic sampling does not bias it) and of the trained batch, against RL wall time, with the
@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from asyncrl.controller.rundir import check_one_run, read_jsonl
+from asyncrl.controller.run_claim import check_one_run, read_jsonl
 from asyncrl.controller.tool_waits import tool_waits, waiting_over_time
 
 

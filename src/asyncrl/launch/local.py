@@ -83,7 +83,7 @@ def train(
     checkpoint); returns (run directory, summary). The directory is locked for this process for the
     whole run (a second one is refused). A directory that already holds a run is refused before
     anything is written, unless ``resume``, or ``overwrite`` (the old run is moved aside to
-    ``<dir>.old-<time>``; see ``controller.rundir.claim_run_dir``). A resume refuses config changes
+    ``<dir>.old-<time>``; see ``controller.run_claim.claim_run_dir``). A resume refuses config changes
     other than ``launch.resume_guard.FREE_KEYS`` and the keys in ``allow_change``.
     ``launch.kind=ray`` runs ``launch.ray.train_ray``."""
     if cfg.launch.kind == "ray":

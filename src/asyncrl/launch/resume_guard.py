@@ -34,7 +34,7 @@ from typing import Any
 
 from asyncrl.config import Config, to_dict
 from asyncrl.controller.resume import latest_checkpoint
-from asyncrl.controller.rundir import RunDirError
+from asyncrl.controller.run_claim import RunDirError
 
 FREE_KEYS = frozenset(
     {

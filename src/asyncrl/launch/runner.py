@@ -24,8 +24,9 @@ from asyncrl.controller.evaluate import EvalResult
 from asyncrl.controller.ledger_checks import LedgerViolation, check_ledger
 from asyncrl.controller.loop import Controller, LoopSettings
 from asyncrl.controller.resume import check_snapshot, resume_checkpoint
+from asyncrl.controller.run_claim import RunDirError, claim_run_dir, default_run_dir, read_jsonl
 from asyncrl.controller.run_lock import LOCK_NAME, RunDirLocked, RunLock
-from asyncrl.controller.rundir import RunDir, RunDirError, claim_run_dir, default_run_dir, read_jsonl
+from asyncrl.controller.rundir import RunDir
 from asyncrl.controller.state import ControllerState
 from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
 from asyncrl.launch import RunStopped
@@ -133,7 +134,7 @@ def prepare_run_dir(cfg: Config, *, resume: bool, overwrite: bool, allow_change:
     """The run directory of this run (``run.run_dir`` or a new ``runs/<timestamp>``), locked for this
     process (``controller.run_lock``) and checked before anything is written to it or the warm start
     runs: a new run refuses a directory holding a run unless ``overwrite`` (moves the old run aside;
-    ``controller.rundir.claim_run_dir``); a resume needs one run there, refuses config changes it was not
+    ``controller.run_claim.claim_run_dir``); a resume needs one run there, refuses config changes it was not
     asked for, a torn jsonl file and starting over a run that trained (``launch.resume_guard``), and
     picks the checkpoint it restores (``controller.resume.resume_checkpoint``). First of all, a run whose
     estimated memory exceeds a device's is refused (``launch.memory.require_memory_fits``)."""
