@@ -7,8 +7,9 @@ import math
 
 import pytest
 
-from asyncrl.sim.engine import EngineTotals, Router, SimEngine
+from asyncrl.sim.engine import SimEngine
 from asyncrl.sim.groups import SimGroup
+from asyncrl.sim.pool import EngineTotals, Router
 from asyncrl.sim.profile import EngineCost
 
 A, B, C, P = 0.01, 0.001, 0.0001, 0.002

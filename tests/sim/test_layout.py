@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from asyncrl.rollout.kv_forward import SlotKVForward
-from asyncrl.sim.engine import EngineTotals, SimEngine
+from asyncrl.sim.engine import SimEngine
 from asyncrl.sim.groups import SimGroup
 from asyncrl.sim.layout import SPLIT_MIN_KEYS, SlotLayout
+from asyncrl.sim.pool import EngineTotals
 from asyncrl.sim.profile import EngineCost
 
 A, B, C = 0.01, 0.001, 0.0001

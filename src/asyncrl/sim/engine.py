@@ -1,8 +1,8 @@
 """A simulated rollout engine: continuous batching over a slot limit, costed by a profile.
 
-Owns ``SimEngine`` (one engine instance), ``EngineTotals`` (the counters of all engines together)
-and ``Router`` (``EnginePool``'s routing: the engine with the fewest samples in flight, ties to the
-lower index).
+Owns ``SimEngine`` (one engine instance) and ``SampleEnd`` (how it reports a sample's end); the
+counters of all engines together (``EngineTotals``) and the routing over them (``Router``) live in
+``sim.pool``.
 
 The engine follows ``rollout.engine.LocalEngine``'s scheduler: requests wait in a FIFO queue and
 their samples join the running batch at a step boundary as slots (and KV capacity) free up; the G
@@ -36,33 +36,8 @@ from typing import Any
 
 from asyncrl.sim.groups import SimGroup
 from asyncrl.sim.layout import SlotLayout
+from asyncrl.sim.pool import EngineTotals
 from asyncrl.sim.profile import EngineCost
-
-
-class EngineTotals:
-    """Cumulative counters of all engines (``LocalEngine.stats`` names, summed as ``EnginePool``)."""
-
-    __slots__ = (
-        "generated",
-        "decode_steps",
-        "decode_tokens",
-        "decode_s",
-        "prefill_s",
-        "prefill_tokens",
-        "update_s",
-        "running_s",
-        "running",
-        "waiting",
-    )
-
-    def __init__(self) -> None:
-        self.generated = self.decode_steps = self.decode_tokens = self.prefill_tokens = 0
-        self.decode_s = self.prefill_s = self.update_s = 0.0
-        self.running_s = 0.0
-        """Running sequences integrated over time (sequence-seconds), all engines."""
-        self.running = self.waiting = 0
-        """Sequences running and requests waiting, all engines (as of each engine's last event)."""
-
 
 SampleEnd = Callable[[SimGroup, float, int, int], None]
 """``(group, time, length, interruptions)`` when a sample's last token was sampled (the engine has
@@ -496,25 +471,3 @@ class SimEngine:
             grp.last_end = -1
             length = final - grp.prompt_len
             self.waiting.append([grp, [length], length - (end - self.steps), False, upd0])
-
-
-class Router:
-    """``EnginePool``'s routing: the engine with the fewest samples in flight (ties: lower index)."""
-
-    def __init__(self, engines: int) -> None:
-        self.load = [0] * engines
-        self._heap = [(0, i) for i in range(engines)]
-
-    def pick(self) -> int:
-        heap, load = self._heap, self.load
-        while heap[0][0] != load[heap[0][1]]:
-            heapq.heappop(heap)
-        return heap[0][1]
-
-    def add(self, engine: int, samples: int) -> None:
-        """``samples`` more (or fewer, when negative) samples in flight on ``engine``."""
-        self.load[engine] += samples
-        heapq.heappush(self._heap, (self.load[engine], engine))
-        if len(self._heap) > 8 * len(self.load) + 1024:  # drop the outdated entries
-            self._heap = [(n, i) for i, n in enumerate(self.load)]
-            heapq.heapify(self._heap)

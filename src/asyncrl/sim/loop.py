@@ -34,8 +34,9 @@ from typing import Any
 from asyncrl.controller.adaptive import AdaptiveAdmission, AdaptiveLimits
 from asyncrl.controller.buffer import GroupBuffer
 from asyncrl.controller.staleness import EpisodeSamples, StalenessGate, group_bound, must_wait_for_stragglers
-from asyncrl.sim.engine import EngineTotals, Router, SimEngine
+from asyncrl.sim.engine import SimEngine
 from asyncrl.sim.groups import SimGroup, buffer_record, simulated
+from asyncrl.sim.pool import EngineTotals, Router
 from asyncrl.sim.profile import CostProfile
 from asyncrl.sim.record import Recorder
 from asyncrl.sim.scenario import Scenario

@@ -22,8 +22,9 @@ from typing import Any, Protocol
 from asyncrl.controller.buffer import GroupBuffer
 from asyncrl.controller.metrics import slot_occupancy, timeline_sample
 from asyncrl.controller.staleness import StalenessGate
-from asyncrl.sim.engine import EngineTotals, SimEngine
+from asyncrl.sim.engine import SimEngine
 from asyncrl.sim.groups import SimGroup, simulated
+from asyncrl.sim.pool import EngineTotals
 from asyncrl.sim.scenario import Scenario
 
 
