@@ -77,10 +77,10 @@ from asyncrl.controller.adaptive import adaptive_admission
 from asyncrl.controller.buffer import GroupBuffer, groups_to_samples
 from asyncrl.controller.evaluate import EvalResult
 from asyncrl.controller.fixed_lag import LaggedWeights
+from asyncrl.controller.outcomes import EpisodeOutcomes, describe
 from asyncrl.controller.recorder import RunRecorder
 from asyncrl.controller.resume import prompt_at, restore_snapshot, save_checkpoint, take_snapshot
 from asyncrl.controller.rundir import RunDir
-from asyncrl.controller.scoring import scoring_failed
 from asyncrl.controller.snapshots import PolicySnapshots
 from asyncrl.controller.staleness import EpisodeSamples, StalenessGate, group_bound, must_wait_for_stragglers
 from asyncrl.controller.state import ControllerState
@@ -170,8 +170,9 @@ class Controller:
         self._stop_reason: str | None = None
         self._draining = False
         self._errors: list[BaseException] = []
-        self._consecutive_failures = 0
-        self._scoring_failures = 0  # groups in a row filtered for a reward failure (_note_scoring)
+        self.outcomes = EpisodeOutcomes(
+            c.max_engine_failures, settings.algo.filter_equal_rewards, settings.verifier, self._fail
+        )
         self._last_checkpoint_step: int | None = None
         self._snapshots = PolicySnapshots(c.snapshot_every_s, rundir.path, rundir.log_snapshot)
         self._resumed = resume is not None
@@ -331,11 +332,9 @@ class Controller:
         if group is None:
             self._engine_failure(prompt, version, error)
             return
-        self._consecutive_failures = 0
         if not any(f is not None for f in group.reward_failures):
             self.recorder.rollout_scored(group.rewards)
-        reason = self._filter_reason(group)
-        self._note_scoring(reason)
+        reason = self.outcomes.judge(group)  # may stop the run: scoring failures in a row
         if reason is None:
             self.gate.on_finish(accepted=True)
             self.buffer.put(group, bound)
@@ -352,34 +351,9 @@ class Controller:
 
     def _engine_failure(self, prompt: Prompt, version: int, error: BaseException | None) -> None:
         self.gate.on_finish(accepted=False)
-        self._consecutive_failures += 1
-        what = f"{type(error).__name__}: {error}" if error is not None else "unknown"
-        self.recorder.engine_failure(prompt, version, what)
-        if self._consecutive_failures >= self.settings.controller.max_engine_failures:
-            failure = RuntimeError(f"{self._consecutive_failures} consecutive episodes failed after retries: {what}")
-            failure.__cause__ = error
-            self._fail(failure)
+        self.recorder.engine_failure(prompt, version, describe(error))
+        self.outcomes.engine_failed(error)  # may stop the run: engine failures in a row
         self._episode_left_gate()
-
-    def _note_scoring(self, reason: str | None) -> None:
-        """Count the groups in a row filtered because their rewards could not be computed; at
-        ``max_engine_failures`` the verifier is broken, not the policy: stop with ``ScoringFailed``
-        rather than admit and filter prompts forever without training."""
-        if reason is None or not reason.startswith("reward_failure: "):
-            self._scoring_failures = 0
-            return
-        self._scoring_failures += 1
-        if self._scoring_failures == self.settings.controller.max_engine_failures:
-            last = reason.removeprefix("reward_failure: ")
-            self._fail(scoring_failed(self._scoring_failures, self.settings.verifier, last))
-
-    def _filter_reason(self, group: Group) -> str | None:
-        failures = [f for f in group.reward_failures if f is not None]
-        if failures:
-            return f"reward_failure: {failures[0]}"
-        if self.settings.algo.filter_equal_rewards and len(set(group.rewards)) == 1:
-            return "equal_rewards"
-        return None
 
     # ------------------------------------------------------------------ training
     async def _train_loop(self, executor: ThreadPoolExecutor) -> None:
