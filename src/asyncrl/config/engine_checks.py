@@ -73,18 +73,8 @@ def validate_backend(cfg: Config) -> None:
             r.prefix_reuse,
         ),
     ]
-    greedy_eval = cfg.eval.greedy or cfg.eval.report_greedy
-    needs.append(
-        (
-            "eval.greedy and eval.report_greedy",
-            r.temperature == 1.0 or not greedy_eval,
-            f"=false with rollout.temperature={r.temperature} (vLLM reports argmax log-probs at temperature 1)",
-            True,
-        )
-    )
-    for key, ok, wanted, got in needs:
-        if not ok:
-            raise ConfigError(f"rollout.backend=vllm needs {key}{wanted}, got {got!r}")
+    needs.append(_greedy_eval_need(cfg, "vLLM"))
+    _require("vllm", needs)
 
 
 def _validate_sglang(cfg: Config) -> None:
@@ -100,7 +90,6 @@ def _validate_sglang(cfg: Config) -> None:
         parsed = urlparse(url if "://" in url else f"http://{url}")
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ConfigError(f"rollout.sglang_urls: {url!r} is not an http://host:port URL")
-    greedy_eval = cfg.eval.greedy or cfg.eval.report_greedy
     needs = [
         (
             "trainer.weight_transport",
@@ -120,16 +109,28 @@ def _validate_sglang(cfg: Config) -> None:
             " empty (the servers are rollout.sglang_urls)",
             cfg.launch.engine_urls,
         ),
-        (
-            "eval.greedy and eval.report_greedy",
-            r.temperature == 1.0 or not greedy_eval,
-            f"=false with rollout.temperature={r.temperature} (SGLang reports argmax log-probs at temperature 1)",
-            True,
-        ),
+        _greedy_eval_need(cfg, "SGLang"),
     ]
+    _require("sglang", needs)
+
+
+_Need = tuple[str, bool, str, object]
+"""(key, whether the config meets it, what the key needs, the key's value)."""
+
+
+def _greedy_eval_need(cfg: Config, engine: str) -> _Need:
+    """Greedy evaluation only at ``rollout.temperature=1``: ``engine`` reports argmax log-probs untempered."""
+    t = cfg.rollout.temperature
+    greedy_eval = cfg.eval.greedy or cfg.eval.report_greedy
+    wanted = f"=false with rollout.temperature={t} ({engine} reports argmax log-probs at temperature 1)"
+    return ("eval.greedy and eval.report_greedy", t == 1.0 or not greedy_eval, wanted, True)
+
+
+def _require(backend: str, needs: list[_Need]) -> None:
+    """The first need the config does not meet, as one ``ConfigError`` naming the key."""
     for key, ok, wanted, got in needs:
         if not ok:
-            raise ConfigError(f"rollout.backend=sglang needs {key}{wanted}, got {got!r}")
+            raise ConfigError(f"rollout.backend={backend} needs {key}{wanted}, got {got!r}")
 
 
 def validate_launch(cfg: Config) -> None:
