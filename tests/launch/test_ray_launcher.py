@@ -313,3 +313,20 @@ def test_reward_workers_score_every_verifier_and_a_dead_one_is_replaced(ray_inst
     assert (wrong.reward, wrong.failure) == (0.0, None)
     assert (math.reward, math.failure) == (1.0, None)
     assert pool.replaced == 2
+
+
+def test_the_summary_names_an_engine_actors_class_and_a_dead_one_as_dead(ray_instance: Any) -> None:
+    import asyncio
+
+    from asyncrl.launch.ray_clients import RayEngineClient
+
+    @ray_instance.remote
+    class StubEngineWorker:
+        def engine_class(self) -> str:
+            return "StubEngine"
+
+    actor = StubEngineWorker.remote()
+    client = RayEngineClient(actor, 0)
+    assert asyncio.run(client.fetch_engine_class()) == "StubEngine"
+    ray_instance.kill(actor, no_restart=True)
+    assert asyncio.run(client.fetch_engine_class()) == "dead"  # the run's summary is still written

@@ -235,7 +235,7 @@ async def _train_async(cfg: Config, claimed: ClaimedRunDir, resume: bool) -> dic
         # an actor's client caches its counters (refreshed in the background): fetch them now
         per_engine = [e.refresh_stats() if isinstance(e, RayEngineClient) else e.stats() for e in engines.engines]
         classes = [
-            await e.actor.engine_class.remote() if isinstance(e, RayEngineClient) else type(e).__name__
+            await e.fetch_engine_class() if isinstance(e, RayEngineClient) else type(e).__name__
             for e in engines.engines
         ]
         stats = engines.stats()

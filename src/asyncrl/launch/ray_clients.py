@@ -122,6 +122,16 @@ class RayEngineClient:
             pass  # keep the last known counters of a dead engine
         return dict(self._stats)
 
+    async def fetch_engine_class(self, timeout_s: float = 30.0) -> str:
+        """The class of the actor's engine (``LocalEngine``, ``VLLMEngine``); ``"dead"`` for an actor that is
+        gone, ``"unresponsive"`` for one that does not answer within ``timeout_s``."""
+        try:
+            return str(await asyncio.wait_for(self.actor.engine_class.remote(), timeout_s))
+        except _DEAD:
+            return "dead"
+        except TimeoutError:
+            return "unresponsive"
+
     def close(self) -> None:
         ray.kill(self.actor, no_restart=True)
 
