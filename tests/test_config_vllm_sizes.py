@@ -77,6 +77,9 @@ VLLM_ON_RAY = ["rollout.backend=vllm", "launch.kind=ray", "rollout.num_engines=2
 def test_vllm_replicas_on_ray_are_accepted(vllm_findable: None) -> None:
     cfg = load_config(None, [*VLLM_ON_RAY, "rollout.tensor_parallel_size=2", "launch.gpus_per_engine=2"])
     assert cfg.launch.kind == "ray" and cfg.rollout.num_engines == 2 and cfg.launch.engine_mode == "actor"
+    # unsharded replicas may share a GPU (each a fraction of it)
+    shared = load_config(None, [*VLLM_ON_RAY, "launch.gpus_per_engine=0.5", "rollout.gpu_memory_fraction=0.4"])
+    assert shared.launch.gpus_per_engine == 0.5
 
 
 @pytest.mark.parametrize(

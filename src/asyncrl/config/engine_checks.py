@@ -60,6 +60,7 @@ def validate_backend(cfg: Config) -> None:
         (
             "launch.gpus_per_engine",
             cfg.launch.kind == "local"
+            or r.tensor_parallel_size == 1  # one GPU, or a share of one (engines beside each other)
             or cfg.launch.gpus_per_engine == 0
             or cfg.launch.gpus_per_engine >= r.tensor_parallel_size,
             f" >= rollout.tensor_parallel_size={r.tensor_parallel_size} with launch.kind=ray (each engine actor is "
