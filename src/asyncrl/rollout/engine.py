@@ -48,6 +48,7 @@ import torch
 
 from asyncrl.choices import InterruptMode, check_choice
 from asyncrl.rollout.api import check_prompt_ids
+from asyncrl.rollout.engine_counters import EngineCounters
 from asyncrl.rollout.kv_forward import SlotKVForward
 from asyncrl.rollout.requests import Request, post, post_call
 from asyncrl.rollout.sampling import SamplingParams, SlotParams, sample
@@ -120,33 +121,8 @@ class LocalEngine:
         )
         self._versions = VersionTable(self._version, keep_versions, self.scheduler, self.device)
         self._decode_params: tuple[int, SlotParams] | None = None  # (scheduler revision, decode rows' parameters)
-        self._stats: dict[str, float] = dict.fromkeys(
-            (
-                "generated_tokens",
-                "decode_tokens",
-                "decode_steps",
-                "busy_s",
-                "decode_s",
-                "prefill_s",
-                "prefill_tokens",
-                "prefill_padded_tokens",
-                "prefill_batches",
-                "kv_copied_tokens",
-                "aborted_requests",
-                "aborted_samples",
-                "finished_samples",
-                "requests",
-                "weight_updates",
-                "update_s",
-                "keep_interrupted_samples",
-                "prefix_reused_tokens",
-                "prefix_hits",
-            ),
-            0.0,
-        )
-        self._occupancy = (0.0, time.perf_counter(), 0)
-        """(running_sample_s settled up to ``when``, ``when``, samples running since then): one tuple,
-        replaced whole, so that ``stats()`` on another thread reads a consistent triple."""
+        self.counters = EngineCounters()
+        self._stats = self.counters.values  # the counters every part of the engine adds to
 
     # ------------------------------------------------------------------------------ public API
     @property
@@ -239,10 +215,8 @@ class LocalEngine:
         now, ``retained_evicted`` were taken for other work, ``retained_dropped`` dropped by weight updates.
         ``running_sample_s``: the integral over time of the samples holding a slot (running), exact (the
         time average of running samples between two calls is its difference over the time between them)."""
-        now = time.perf_counter()  # before the tuple: a mark after it cannot leave ``since`` past ``now``
-        settled, since, running = self._occupancy
         s = dict(self._stats)
-        s["running_sample_s"] = settled + running * max(0.0, now - since)
+        s["running_sample_s"] = self.counters.running_sample_s()
         s["retained_slots"] = float(len(self.scheduler.retained))
         s["retained_evicted"] = float(self.scheduler.retained_evicted)
         s["retained_dropped"] = float(self.scheduler.retained_dropped)
@@ -354,12 +328,9 @@ class LocalEngine:
         self._mark_occupancy()
 
     def _mark_occupancy(self) -> float:
-        """Settle ``running_sample_s`` up to now at the count held since the last mark, hold the current
-        count from now on (called wherever the running samples may have changed); returns now."""
-        now = time.perf_counter()
-        settled, since, running = self._occupancy
-        self._occupancy = (settled + running * (now - since), now, self.scheduler.num_running)
-        return now
+        """``EngineCounters.mark_occupancy`` at the scheduler's running count (called wherever the running
+        samples may have changed); returns now."""
+        return self.counters.mark_occupancy(self.scheduler.num_running)
 
     # ------------------------------------------------------------------------------ the step
     def _step(self) -> None:
@@ -377,10 +348,11 @@ class LocalEngine:
             return
         t_scheduled = time.perf_counter()
         output = self._execute(plan)
-        self._count_step(plan)  # counters first: a finished sample resolves a future whose caller may read stats()
+        # counters first: a finished sample resolves a future whose caller may read stats()
+        self.counters.count_step(plan)
         updated = self.scheduler.update(plan, output)
         # one instant settles occupancy and the step's time, before delivery (stats() may be read at once)
-        self._charge_time(plan, t_scheduled - t_start, self._mark_occupancy() - t_scheduled)
+        self.counters.charge_time(plan, t_scheduled - t_start, self._mark_occupancy() - t_scheduled)
         if updated:  # versions too: a caller may read them at once
             self._versions.drop_unused()
         self._deliver(updated)
@@ -449,29 +421,6 @@ class LocalEngine:
         position_t = torch.tensor(positions, dtype=torch.long, device=self.device)
         tokens, logprobs = sample(torch.stack(rows), sampling, position_t)
         return tokens.tolist(), logprobs.tolist()
-
-    def _count_step(self, plan: StepPlan) -> None:
-        if plan.num_decode:
-            self._stats["decode_steps"] += 1
-            self._stats["decode_tokens"] += plan.num_decode
-            self._stats["generated_tokens"] += plan.num_decode
-        if plan.prefills:
-            computed = [len(p.request.prompt) - p.reused for p in plan.prefills]
-            self._stats["prefill_tokens"] += sum(computed)
-            self._stats["prefill_padded_tokens"] += len(computed) * max(computed)
-            self._stats["prefill_batches"] += 1
-            for prefill in plan.prefills:
-                self._stats["kv_copied_tokens"] += len(prefill.request.prompt) * (len(prefill.slots) - 1)
-                self._stats["prefix_reused_tokens"] += prefill.reused
-                self._stats["prefix_hits"] += prefill.reused > 0
-            self._stats["generated_tokens"] += sum(len(p.slots) for p in plan.prefills)
-
-    def _charge_time(self, plan: StepPlan, schedule_s: float, run_s: float) -> None:
-        """Split a step's time: a step with prompts is charged to prefill in proportion to its rows."""
-        prompt_tokens = plan.num_prefill_tokens
-        share = prompt_tokens / max(1, prompt_tokens + plan.num_decode)
-        self._stats["prefill_s"] += schedule_s + share * run_s
-        self._stats["decode_s"] += (1 - share) * run_s
 
     def _deliver(self, finished: list[Finished]) -> None:
         """Record each ended sample's result; a request whose samples have all ended resolves its future."""
