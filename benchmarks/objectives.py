@@ -27,13 +27,19 @@ The cost is printed before the first run (``estimate_seconds``: per run a fixed 
 accuracy before and after, plus a per-step part, both measured on the shared 2-core box). ``--short`` is a
 few-minute smoke setting of the whole pipeline (two step sizes, lag 2, η 4, 4 steps, 2 seeds, a small eval);
 ``--plan-only`` prints the plan and its cost and runs nothing.
+
+The whole comparison takes longer than one sitting: after every run the rows so far are kept in
+``<json stem>.progress.json`` beside the result file, and ``--rows-from FILE`` (that file, or earlier result
+files of the same plan) continues on another day or another machine without making those runs again.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +62,8 @@ __all__ = [
     "estimate_seconds",
     "paired",
     "Plan",
+    "progress_path",
+    "rows_from",
     "run",
     "run_objectives",
     "SHORT",
@@ -346,15 +354,85 @@ def _row(cell: Cell, phase: str, run: dict[str, Any]) -> dict[str, Any]:
     return {**asdict(cell), "phase": phase, **run, "curves": keep}
 
 
-def _run_cells(cells: list[Cell], phase: str, user: list[str], plan: Plan, out: Path, reuse: Path | None) -> list[dict]:
+def _run_cells(
+    cells: list[Cell],
+    phase: str,
+    user: list[str],
+    plan: Plan,
+    out: Path,
+    reuse: Path | None,
+    done: dict[Cell, dict[str, Any]],
+    record: Callable[[dict[str, Any]], None],
+) -> list[dict]:
+    """Each cell's row: from ``done`` (``--rows-from``) where it holds the cell, else from a run (``record``ed as
+    soon as it is made)."""
     rows = []
     for i, cell in enumerate(cells, 1):
+        if cell in done:
+            print(f"bench objectives ({phase} {i}/{len(cells)}): {cell.name} from --rows-from", flush=True)
+            rows.append({**done[cell], "from_rows_file": True})
+            continue
         print(f"\n=== bench objectives ({phase} {i}/{len(cells)}): {cell.name} ===", flush=True)
         extra = BOUNDED_OVERRIDES if cell.staleness == "bounded" else []
         base = [*BASE_OVERRIDES, *extra, *user]
         arm = arm_overrides(cell.objective, cell.lag, cell.lr, cell.seed, plan.steps, base, cell.staleness)
         rows.append(_row(cell, phase, run_arm(arm, out / cell.name, 0.5, reuse)))
+        record(rows[-1])
     return rows
+
+
+PLAN_KEYS_OF_ROWS = ("objectives", "lrs", "shared_lr", "lags", "etas", "tune_seeds", "tune_lag", "steps", "tune_once")
+"""What a rows file's plan must share with this invocation's for its rows to be taken (the seeds may differ)."""
+
+
+def rows_from(paths: list[str], plan: Plan, overrides: list[str]) -> dict[Cell, dict[str, Any]]:
+    """The rows of earlier invocations of the same plan (``--rows-from``: their result files or progress files),
+    keyed by their cell; ConfigError (one line) for a file that is missing, unreadable or of another plan."""
+    done: dict[Cell, dict[str, Any]] = {}
+    ours = asdict(plan)
+    for path in paths:
+        try:
+            payload = json.loads(Path(path).read_text())
+            theirs, rows = payload["plan"], payload["rows"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"--rows-from {path}: not an objectives result or progress file ({exc})") from exc
+        differ = [k for k in PLAN_KEYS_OF_ROWS if _plain(theirs.get(k)) != _plain(ours[k])]
+        if differ:
+            key = differ[0]
+            raise ConfigError(
+                f"--rows-from {path}: its plan has {key}={theirs.get(key)!r} where this one has {ours[key]!r}; rows "
+                "are taken only from the same plan (the seeds may differ)"
+            )
+        if payload.get("overrides") != overrides:
+            raise ConfigError(
+                f"--rows-from {path}: its runs were made with {payload.get('overrides')} where this invocation's are "
+                f"{overrides}"
+            )
+        for row in rows:
+            done[Cell(row["objective"], row["staleness"], row["lag"], row["lr"], row["seed"])] = row
+    return done
+
+
+def _plain(value: Any) -> Any:
+    """A plan value as JSON gives it back (tuples as lists)."""
+    return list(value) if isinstance(value, tuple) else value
+
+
+def progress_path(json_path: str | None, out: Path) -> Path:
+    """Where the rows so far are kept after every run: beside the result file (``<stem>.progress.json``), else
+    in the invocation's run directory; ``--rows-from`` continues from it."""
+    if json_path:
+        target = Path(json_path)
+        return target.with_name(f"{target.stem}.progress.json")
+    return out / "objectives.progress.json"
+
+
+def _write_progress(path: Path, payload: dict[str, Any]) -> None:
+    """Replace ``path`` in one rename, so that a reader (or a kill) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_name(f".{path.name}.tmp")
+    scratch.write_text(json.dumps(payload, indent=2) + "\n")
+    os.replace(scratch, path)
 
 
 def run_objectives(
@@ -364,11 +442,14 @@ def run_objectives(
     overrides: list[str] | None = None,
     out_dir: str = "runs/bench-objectives",
     reuse: str | None = None,
+    rows_files: list[str] | None = None,
     plan_only: bool = False,
 ) -> dict[str, Any]:
     """The two phases (module docstring): prints the budget first, then runs the tuning grid, picks each
     objective's best step size, runs the comparison, prints the tables and, with ``json_path``, writes
-    ``{"bench": "objectives", "plan", "rows", "tuning", "best_lrs", "comparison", "paired", ...}``."""
+    ``{"bench": "objectives", "plan", "rows", "tuning", "best_lrs", "comparison", "paired", ...}``. After every run
+    the rows so far are kept in ``progress_path``; ``rows_files`` (earlier invocations' result or progress files
+    of the same plan) give rows that are not made again."""
     from asyncrl.controller.run_claim import fresh_subdir
 
     user = list(overrides or [])
@@ -381,11 +462,24 @@ def run_objectives(
     print(budget_line(plan), flush=True)
     if plan_only:
         return {"plan": asdict(plan)}
+    overrides_used = [*BASE_OVERRIDES, *user]
+    done = rows_from(list(rows_files or []), plan, overrides_used)
     out = fresh_subdir(out_dir)
     print(f"bench objectives: run directories under {out}", flush=True)
     prior = Path(reuse) if reuse else None
+    progress = progress_path(json_path, out)
+    made: list[dict[str, Any]] = [*done.values()]
+
+    def record(row: dict[str, Any]) -> None:
+        made.append(row)
+        _write_progress(
+            progress, {"bench": "objectives", "plan": asdict(plan), "overrides": overrides_used, "rows": made}
+        )
+
+    if done:
+        print(f"bench objectives: {len(done)} rows from --rows-from; new rows kept in {progress}", flush=True)
     tuned = tune_cells(plan)
-    rows = _run_cells(tuned, "tune", user, plan, out, prior)
+    rows = _run_cells(tuned, "tune", user, plan, out, prior, done, record)
     table = tuning_table(rows, plan)
     best = best_lrs(table)
     if plan.tune_once:
@@ -398,11 +492,11 @@ def run_objectives(
         digits=4,
     )
     print(f"bench objectives: best step sizes {best}; shared {plan.shared_lr:g}", flush=True)
-    rows += _run_cells(compare_cells(plan, best, set(tuned)), "compare", user, plan, out, prior)
+    rows += _run_cells(compare_cells(plan, best, set(tuned)), "compare", user, plan, out, prior, done, record)
     payload = {
         "bench": "objectives",
         "plan": asdict(plan),
-        "overrides": [*BASE_OVERRIDES, *user],
+        "overrides": overrides_used,
         "bounded_overrides": BOUNDED_OVERRIDES,
         "objectives": {o: OBJECTIVES[o] for o in plan.objectives},
         "reference": REFERENCE,
@@ -411,10 +505,14 @@ def run_objectives(
         "best_lrs": best,
         "out_dir": str(out),
         "reused_from": reuse,
+        "rows_from": list(rows_files or []),
         "estimate": budget_line(plan),
         "wall_s_total": sum(r["wall_s"] for r in rows),
     }
-    return _finish(payload, plan, best, json_path)
+    finished = _finish(payload, plan, best, json_path)
+    if json_path:
+        progress.unlink(missing_ok=True)  # the result file holds every row
+    return finished
 
 
 RUN_KEYS = [
@@ -479,7 +577,7 @@ def _finish(payload: dict[str, Any], plan: Plan, best: dict[str, float], json_pa
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The grid (``--objectives``, ``--lrs``, ``--shared-lr``, ``--lags``, ``--etas``, ``--seeds``,
     ``--tune-seeds``, ``--tune-lag``, ``--steps``), ``--short``, ``--plan-only``, and the runs (``--set``,
-    ``--model``, ``--out``, ``--reuse``)."""
+    ``--model``, ``--out``, ``--reuse``, ``--rows-from``)."""
     d = DEFAULTS
     add_json(parser)
     add_overrides(parser)
@@ -518,6 +616,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--reuse",
         metavar="DIR",
         help="read the finished runs of an interrupted invocation's run directory (<out>/<timestamp>)",
+    )
+    parser.add_argument(
+        "--rows-from",
+        metavar="A,B",
+        help="take the rows of earlier invocations of the same plan (their result files, or the "
+        "<json stem>.progress.json an interrupted one left) instead of making those runs again",
     )
 
 
@@ -564,4 +668,12 @@ def run(args: argparse.Namespace) -> None:
     plan = plan_from_args(args, load_config(None, user).trainer.lr)
     for lr in (*plan.lrs, plan.shared_lr):
         load_config(None, [*user, f"trainer.lr={lr!r}"])
-    run_objectives(args.json, plan, overrides=user, out_dir=args.out, reuse=args.reuse, plan_only=args.plan_only)
+    run_objectives(
+        args.json,
+        plan,
+        overrides=user,
+        out_dir=args.out,
+        reuse=args.reuse,
+        rows_files=args.rows_from.split(",") if args.rows_from else None,
+        plan_only=args.plan_only,
+    )

@@ -167,3 +167,67 @@ def test_tune_once_tunes_the_reference_and_shares_its_step_size(
     args = build_parser("objectives").parse_args(["--tune-once", "--tune-lag", "2"])
     with pytest.raises(bench.ConfigError, match="--tune-once needs --tune-lag 0"):
         bench.plan_from_args(args, config_lr=1e-4)
+
+
+def _fake_runs(calls: list[str], stop_after: int | None = None) -> Any:
+    """A ``run_arm`` whose accuracy is ``_accuracy`` of the run's cell; it raises KeyboardInterrupt (a stopped
+    invocation) once ``stop_after`` runs are made."""
+
+    def fake_run_arm(overrides: list[str], run_dir: Path, collapse_fraction: float, reuse: Any) -> dict[str, Any]:
+        if stop_after is not None and len(calls) == stop_after:
+            raise KeyboardInterrupt
+        calls.append(run_dir.name)
+        cell = next(c for c in [*bench.tune_cells(PLAN), *bench.compare_cells(PLAN, BEST)] if c.name == run_dir.name)
+        return {
+            "accuracy_before": 0.3,
+            "accuracy_after": _accuracy(cell.objective, cell.lr, cell.lag, cell.seed),
+            "collapsed": False,
+            "wall_s": 1.0,
+        }
+
+    return fake_run_arm
+
+
+def test_a_stopped_invocation_continues_from_its_progress_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first: list[str] = []
+    monkeypatch.setattr(bench, "run_arm", _fake_runs(first, stop_after=25))
+    result = tmp_path / "objectives.json"
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_objectives(str(result), PLAN, out_dir=str(tmp_path / "runs"))
+    progress = bench.progress_path(str(result), tmp_path)
+    assert progress == tmp_path / "objectives.progress.json" and not result.exists()
+    kept = json.loads(progress.read_text())
+    assert len(kept["rows"]) == len(first) == 25  # every run made before the stop, none after
+    assert kept["overrides"] == bench.BASE_OVERRIDES and kept["plan"]["steps"] == PLAN.steps
+
+    second: list[str] = []
+    monkeypatch.setattr(bench, "run_arm", _fake_runs(second))
+    payload = bench.run_objectives(str(result), PLAN, out_dir=str(tmp_path / "runs"), rows_files=[str(progress)])
+    assert not set(first) & set(second)  # nothing made twice
+    everything: list[str] = []
+    monkeypatch.setattr(bench, "run_arm", _fake_runs(everything))
+    whole = bench.run_objectives(None, PLAN, out_dir=str(tmp_path / "runs-whole"))
+    assert sorted(first + second) == sorted(everything)
+    assert payload["best_lrs"] == whole["best_lrs"] == BEST
+    assert payload["paired"] == whole["paired"]
+    assert sum(bool(r.get("from_rows_file")) for r in payload["rows"]) == 25
+    assert result.exists() and not progress.exists()  # the result file holds every row
+
+
+def test_rows_are_taken_only_from_the_same_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[str] = []
+    monkeypatch.setattr(bench, "run_arm", _fake_runs(made, stop_after=3))
+    result = tmp_path / "objectives.json"
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_objectives(str(result), PLAN, out_dir=str(tmp_path / "runs"))
+    progress = str(bench.progress_path(str(result), tmp_path))
+    more_seeds = Plan(**{**PLAN.__dict__, "seeds": (0, 1, 2, 3)})
+    assert len(bench.rows_from([progress], more_seeds, list(bench.BASE_OVERRIDES))) == 3  # the seeds may differ
+    other = Plan(**{**PLAN.__dict__, "steps": 150})
+    with pytest.raises(bench.ConfigError, match="its plan has steps=3 where this one has 150"):
+        bench.rows_from([progress], other, list(bench.BASE_OVERRIDES))
+    with pytest.raises(bench.ConfigError, match="its runs were made with"):
+        bench.rows_from([progress], PLAN, [*bench.BASE_OVERRIDES, "trainer.lr=1e-3"])
+    with pytest.raises(bench.ConfigError, match="not an objectives result or progress file"):
+        bench.rows_from([str(tmp_path / "missing.json")], PLAN, list(bench.BASE_OVERRIDES))
+    assert main(["objectives", "--short", "--rows-from", str(tmp_path / "missing.json"), "--out", str(tmp_path)]) == 2
