@@ -327,3 +327,25 @@ def test_examples_are_built_from_inside_a_running_event_loop(tiny_policy_dir) ->
         return warm_start_examples(cfg, tokenizer)
 
     assert asyncio.run(inside()) == warm_start_examples(cfg, tokenizer)
+
+
+def test_stop_below_loss_ends_the_first_stage_only_and_enters_the_key_when_set(tmp_path, monkeypatch) -> None:
+    """``sft.stop_below_loss``: passed to the first stage, never to the second (which continues the first and runs
+    its steps); hashed into the warm-start key only when set, so existing caches keep theirs; below 0 refused."""
+    from asyncrl.launch import warm_start
+
+    base = warm_start_key(load_config(None, CALC))
+    assert warm_start_key(load_config(None, [*CALC, "sft.stop_below_loss=0"])) == base
+    assert warm_start_key(load_config(None, [*CALC, "sft.stop_below_loss=0.1"])) != base
+    with pytest.raises(ConfigError, match="sft.stop_below_loss must be"):
+        load_config(None, [*CALC, "sft.stop_below_loss=-0.1"])
+    bars: list[float] = []
+
+    def fake_sft_train(model, examples, cfg, *, stop_below=0.0, **_kwargs):
+        bars.append(stop_below)
+        return {"sft_loss": 0.05, "sft_tokens": 1.0, "sft_wall_s": 0.1}
+
+    monkeypatch.setattr(warm_start, "sft_train", fake_sft_train)
+    cfg = load_config(None, [*CALC, *SHAPE, *SECOND, "sft.steps=5", "sft.stop_below_loss=0.1", "run.progress=false"])
+    warm_start.run_warm_start(cfg, tmp_path / "ws")
+    assert bars == [0.1, 0.0]

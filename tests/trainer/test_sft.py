@@ -47,3 +47,17 @@ def test_abandon_above_stops_at_its_step_only_when_the_loss_is_above(tiny_policy
     assert stopped["sft_abandoned_at"] == 2 and stopped["sft_tokens"] == 2 * len(ids)
     finished = sft_train(model, [example], cfg, progress=False, abandon_above=(2, 1e6))
     assert "sft_abandoned_at" not in finished and finished["sft_tokens"] == 4 * len(ids)
+
+
+def test_stop_below_ends_the_stage_once_the_loss_falls_below_it(tiny_policy_dir) -> None:
+    """``stop_below``: the first step (after the warm-up) whose smoothed loss is below the bar ends the stage, done
+    (``sft_stopped_at``, no ``sft_abandoned_at``); a bar below every loss lets it run its steps."""
+    model, tokenizer = load_policy(tiny_policy_dir, device="cpu", dtype="float32")
+    ids = tuple(tokenizer.encode("Q:12*3\nA:#36", add_special_tokens=False))
+    example = (ids, (0,) * (len(ids) - 3) + (1, 1, 1))
+    cfg = SFTConfig(steps=6, batch_size=1, warmup_steps=3)
+    early = sft_train(model, [example], cfg, progress=False, stop_below=1e6)  # below from the first step
+    assert early["sft_stopped_at"] == 3 and early["sft_tokens"] == 3 * len(ids)  # not before the warm-up's end
+    assert "sft_abandoned_at" not in early
+    whole = sft_train(model, [example], cfg, progress=False, stop_below=1e-9)
+    assert "sft_stopped_at" not in whole and whole["sft_tokens"] == 6 * len(ids)

@@ -132,6 +132,7 @@ _BOUNDS: dict[str, tuple[str, float, str]] = {
     "sft.restart_check_step": (_AT_LEAST, 0, " (0: never)"),
     "sft.restart_loss_above": (_GREATER, 0, ""),
     "sft.max_restarts": (_AT_LEAST, 1, ""),
+    "sft.stop_below_loss": (_AT_LEAST, 0, " (0: never)"),
 }
 """The numeric keys with a lower bound."""
 

@@ -152,6 +152,11 @@ class SFTConfig:
     """The smoothed loss above which ``sft.restart_check_step`` abandons the stage (read when it is > 0)."""
     max_restarts: int = 2
     """How many times ``sft.restart_check_step`` may start the stage again (>= 1; read when the check is on)."""
+    stop_below_loss: float = 0.0
+    """End the warm start's (first) stage as soon as its smoothed loss falls below this, before ``sft.steps``:
+    every seed then starts RL from a policy at the same loss, where a fixed step count leaves some seeds far past
+    a sudden drop in the loss (the calculator's: learning to copy numbers into the call) and others before it.
+    0: never (the stage runs its ``sft.steps``)."""
     # The shape of the tiny model the warm start builds (``models.TinyModelSpec`` takes its defaults from
     # here: 800,384 parameters). Read only when the tiny model is built (``model.path`` null); the warm-start
     # cache key hashes the shape, and a config at these defaults keeps the key it had before they existed.

@@ -63,7 +63,7 @@ _TASK_FIELDS_ADDED = {"calculator_max_digits": 0, "datasets": None}
 """TaskConfig fields added after caches were keyed, with their defaults: hashed only when set otherwise, so
 that every existing config keeps its key (and its cached warm start)."""
 
-_SFT_FIELDS_ADDED = {"tool_call_fraction": SFTConfig.tool_call_fraction}
+_SFT_FIELDS_ADDED = {"tool_call_fraction": SFTConfig.tool_call_fraction, "stop_below_loss": 0.0}
 """The same for SFTConfig fields (the tiny model's shape enters through the spec instead)."""
 
 _SECOND_STAGE_FIELDS = tuple(f.name for f in fields(SFTConfig) if f.name.startswith("second_stage_"))
@@ -146,8 +146,8 @@ def run_warm_start(cfg: Config, out_dir: str | Path) -> dict[str, float]:
 
 def second_stage_config(cfg: Config) -> Config:
     """``cfg`` with the second stage's settings in the first stage's fields (steps, lr, warm-up, the share of
-    demonstrations that call the tool), for ``fine_tune_in_place``; the restart's at their defaults (off: the
-    second stage continues the first, it is never started again)."""
+    demonstrations that call the tool), for ``fine_tune_in_place``; the restart's and ``sft.stop_below_loss`` at
+    their defaults (off: the second stage continues the first, runs its steps and is never started again)."""
     sft, defaults = cfg.sft, SFTConfig()
     return with_values(
         cfg,
@@ -156,6 +156,7 @@ def second_stage_config(cfg: Config) -> Config:
             "sft.lr": sft.second_stage_lr,
             "sft.warmup_steps": sft.second_stage_warmup_steps,
             "sft.tool_call_fraction": sft.second_stage_tool_call_fraction,
+            "sft.stop_below_loss": defaults.stop_below_loss,
             **{f"sft.{k}": getattr(defaults, k) for k in SFT_RESTART_FIELDS},
         },
     )
@@ -178,6 +179,7 @@ def fine_tune_in_place(
         max_tokens_per_micro_batch=cfg.trainer.max_tokens_per_micro_batch,
         progress=cfg.run.progress,
         abandon_above=abandon_above,
+        stop_below=cfg.sft.stop_below_loss,
     )
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))

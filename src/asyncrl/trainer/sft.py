@@ -40,13 +40,15 @@ def sft_train(
     max_tokens_per_micro_batch: int = 1024,
     progress: bool = True,
     abandon_above: tuple[int, float] | None = None,
+    stop_below: float = 0.0,
 ) -> dict[str, float]:
     """Train ``model`` in place for ``cfg.steps`` steps of ``cfg.batch_size`` examples.
 
     ``examples`` are ``(ids, loss_mask)`` (``prompt_response_example`` for single-turn ones).
     Returns the final smoothed loss, the token count and the wall time. ``abandon_above=(step, loss)``:
     stop after ``step`` steps when the smoothed loss is then above ``loss`` (the stats carry
-    ``sft_abandoned_at``: the steps taken)."""
+    ``sft_abandoned_at``: the steps taken). ``stop_below`` > 0: stop, done, once the smoothed loss falls below it
+    after the warm-up (the stats carry ``sft_stopped_at``: the steps taken)."""
     if not examples:
         raise ValueError("sft_train needs at least one example")
     for ids, mask in examples:
@@ -74,7 +76,7 @@ def sft_train(
     tokens = 0
     t0 = time.perf_counter()
     bar = tqdm(range(cfg.steps), desc="sft", disable=not progress, dynamic_ncols=True)
-    abandoned_at = None
+    abandoned_at = stopped_at = None
     for step in bar:
         if abandon_above and step == abandon_above[0] and smoothed is not None and smoothed > abandon_above[1]:
             abandoned_at = step
@@ -101,8 +103,13 @@ def sft_train(
         tokens += sum(len(s) for s in seqs)
         smoothed = total if smoothed is None else 0.95 * smoothed + 0.05 * total
         bar.set_postfix(loss=f"{smoothed:.3f}")
+        if stop_below > 0 and step + 1 >= warmup and smoothed < stop_below:
+            stopped_at = step + 1
+            break
     model.eval()
     model.set_attn_implementation(previous_attention)
     bar.close()
     stats = {"sft_loss": float(smoothed or 0.0), "sft_tokens": float(tokens), "sft_wall_s": time.perf_counter() - t0}
+    if stopped_at is not None:
+        stats["sft_stopped_at"] = float(stopped_at)
     return stats if abandoned_at is None else {**stats, "sft_abandoned_at": float(abandoned_at)}
