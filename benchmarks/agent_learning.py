@@ -203,8 +203,9 @@ def _rose(rows: list[dict[str, Any]], key: str) -> list[int]:
 
 
 def _kinds_over_seeds(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """``by_kind``: per problem kind, held-out accuracy before and after RL and the gain in points, each a
-    mean with its 95% interval over the seeds that evaluated the kind (absent: no seed had kinds)."""
+    """``by_kind``: per problem kind, held-out accuracy before and after RL, the gain in points and (where the
+    environment tells hits) the per-call hit rate before and after, each a mean with its 95% interval over the seeds
+    that evaluated the kind (absent: no seed had kinds)."""
     kinds = sorted({kind for r in rows for kind in (r.get("kind_gain_points") or {})})
     out: dict[str, dict[str, Any]] = {}
     for kind in kinds:
@@ -214,6 +215,10 @@ def _kinds_over_seeds(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "accuracy_after": mean_ci95([r["by_kind_after"][kind]["accuracy"] for r in mine]),
             "gain_points": mean_ci95([r["kind_gain_points"][kind] for r in mine]),
         }
+        for side in ("before", "after"):
+            hits = [r[f"by_kind_{side}"][kind].get("tool_call_hit_rate") for r in mine]
+            if all(h is not None for h in hits):
+                out[kind][f"tool_call_hit_rate_{side}"] = mean_ci95(hits)
     return {"by_kind": out} if out else {}
 
 
@@ -411,7 +416,12 @@ def _print_table(payload: dict[str, Any]) -> None:
         print(f"gain made of (points, mean over seeds): {', '.join(parts)}")
     for kind, k in payload["summary"].get("by_kind", {}).items():
         before, after = k["accuracy_before"]["mean"], k["accuracy_after"]["mean"]
-        print(f"  {kind:>14}: held-out accuracy {before:.3f} -> {after:.3f} (mean over {k['gain_points']['n']} seeds)")
+        hits = ""
+        if "tool_call_hit_rate_before" in k and "tool_call_hit_rate_after" in k:
+            hit0, hit1 = k["tool_call_hit_rate_before"]["mean"], k["tool_call_hit_rate_after"]["mean"]
+            hits = f", calls hit {hit0:.3f} -> {hit1:.3f}"
+        n = k["gain_points"]["n"]
+        print(f"  {kind:>14}: held-out accuracy {before:.3f} -> {after:.3f}{hits} (mean over {n} seeds)")
 
 
 PLOTTED = True

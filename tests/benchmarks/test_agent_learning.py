@@ -144,6 +144,8 @@ def test_each_kind_is_carried_before_during_and_after() -> None:
     kinds = analyse([row, other], 600.0)["summary"]["by_kind"]
     assert kinds["sub 3-3"]["accuracy_before"]["mean"] == 0.4 and kinds["sub 3-3"]["gain_points"]["n"] == 2
     assert kinds["mul 3x2"]["accuracy_after"]["mean"] == 0.95
+    assert kinds["mul 3x2"]["tool_call_hit_rate_before"]["mean"] == 0.5  # per kind: the calls' hit rate as well
+    assert kinds["sub 3-3"]["tool_call_hit_rate_after"]["mean"] == pytest.approx(0.9)
     plain = seed_row(2, _summary(0.1, 0.3, 0.2, 0.4, 100.0), METRICS, 50.0, 600.0)  # a task without kinds
     assert plain["by_kind_before"] is None and plain["kinds_fell"] == [] and plain["curve_by_kind"] == []
     assert "by_kind" not in analyse([plain], 600.0)["summary"]
