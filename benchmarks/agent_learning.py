@@ -205,7 +205,8 @@ def _rose(rows: list[dict[str, Any]], key: str) -> list[int]:
 def _kinds_over_seeds(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """``by_kind``: per problem kind, held-out accuracy before and after RL, the gain in points and (where the
     environment tells hits) the per-call hit rate before and after, each a mean with its 95% interval over the seeds
-    that evaluated the kind (absent: no seed had kinds)."""
+    that evaluated the kind (absent: no seed had kinds; a side's hit rate is left out unless every such seed has
+    one, so that its mean is over the same seeds as the accuracy's)."""
     kinds = sorted({kind for r in rows for kind in (r.get("kind_gain_points") or {})})
     out: dict[str, dict[str, Any]] = {}
     for kind in kinds:

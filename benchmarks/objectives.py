@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import statistics
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -381,21 +382,28 @@ def _run_cells(
     return rows
 
 
-PLAN_KEYS_OF_ROWS = ("objectives", "lrs", "shared_lr", "lags", "etas", "tune_seeds", "tune_lag", "steps", "tune_once")
-"""What a rows file's plan must share with this invocation's for its rows to be taken (the seeds may differ)."""
+PLAN_KEYS_OF_ROWS = ("objectives", "lrs", "shared_lr", "lags", "etas", "tune_lag", "steps", "tune_once")
+"""What a rows file's plan must share with this invocation's for its rows to be taken (the seeds and the tuning
+seeds may differ: a row is keyed by its whole cell, so rows of other seeds are simply not used)."""
+
+ROW_CELL_KEYS = ("objective", "staleness", "lag", "lr", "seed")
 
 
 def rows_from(paths: list[str], plan: Plan, overrides: list[str]) -> dict[Cell, dict[str, Any]]:
     """The rows of earlier invocations of the same plan (``--rows-from``: their result files or progress files),
-    keyed by their cell; ConfigError (one line) for a file that is missing, unreadable or of another plan."""
+    keyed by their cell; ConfigError (one line) for a file that is missing, unreadable, not this bench's, or of
+    another plan or other overrides."""
     done: dict[Cell, dict[str, Any]] = {}
     ours = asdict(plan)
     for path in paths:
         try:
             payload = json.loads(Path(path).read_text())
-            theirs, rows = payload["plan"], payload["rows"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"--rows-from {path}: not an objectives result or progress file ({exc})") from exc
+            if payload.get("bench") != "objectives":
+                raise ValueError(f"its bench is {payload.get('bench')!r}")
+            theirs, rows = dict(payload["plan"]), list(payload["rows"])
+            cells = [Cell(*(row[k] for k in ROW_CELL_KEYS)) for row in rows]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"--rows-from {path}: not an objectives result or progress file ({exc!r})") from exc
         differ = [k for k in PLAN_KEYS_OF_ROWS if _plain(theirs.get(k)) != _plain(ours[k])]
         if differ:
             key = differ[0]
@@ -403,13 +411,14 @@ def rows_from(paths: list[str], plan: Plan, overrides: list[str]) -> dict[Cell, 
                 f"--rows-from {path}: its plan has {key}={theirs.get(key)!r} where this one has {ours[key]!r}; rows "
                 "are taken only from the same plan (the seeds may differ)"
             )
-        if payload.get("overrides") != overrides:
+        if payload.get("overrides") != overrides or payload.get("bounded_overrides", BOUNDED_OVERRIDES) != list(
+            BOUNDED_OVERRIDES
+        ):
             raise ConfigError(
                 f"--rows-from {path}: its runs were made with {payload.get('overrides')} where this invocation's are "
                 f"{overrides}"
             )
-        for row in rows:
-            done[Cell(row["objective"], row["staleness"], row["lag"], row["lr"], row["seed"])] = row
+        done.update(zip(cells, rows, strict=True))
     return done
 
 
@@ -427,12 +436,29 @@ def progress_path(json_path: str | None, out: Path) -> Path:
     return out / "objectives.progress.json"
 
 
+def check_progress_file(json_path: str | None, rows_files: list[str]) -> None:
+    """ConfigError (one line) when the result file's progress file holds an earlier invocation's rows that this
+    one does not continue from: its first run would replace them."""
+    if not json_path:
+        return
+    progress = progress_path(json_path, Path("."))
+    named = {Path(f).resolve() for f in rows_files}
+    if progress.exists() and progress.resolve() not in named:
+        raise ConfigError(
+            f"{progress} holds the rows of an earlier invocation: continue with --rows-from {progress}, or move it "
+            "away first"
+        )
+
+
 def _write_progress(path: Path, payload: dict[str, Any]) -> None:
     """Replace ``path`` in one rename, so that a reader (or a kill) never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(f".{path.name}.tmp")
-    scratch.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(scratch, path)
+    scratch = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        scratch.write_text(json.dumps(payload, indent=2) + "\n")
+        os.replace(scratch, path)
+    finally:
+        scratch.unlink(missing_ok=True)
 
 
 def run_objectives(
@@ -464,6 +490,7 @@ def run_objectives(
         return {"plan": asdict(plan)}
     overrides_used = [*BASE_OVERRIDES, *user]
     done = rows_from(list(rows_files or []), plan, overrides_used)
+    check_progress_file(json_path, list(rows_files or []))
     out = fresh_subdir(out_dir)
     print(f"bench objectives: run directories under {out}", flush=True)
     prior = Path(reuse) if reuse else None
@@ -472,9 +499,8 @@ def run_objectives(
 
     def record(row: dict[str, Any]) -> None:
         made.append(row)
-        _write_progress(
-            progress, {"bench": "objectives", "plan": asdict(plan), "overrides": overrides_used, "rows": made}
-        )
+        kept = {"bench": "objectives", "plan": asdict(plan), "overrides": overrides_used, "rows": made}
+        _write_progress(progress, {**kept, "bounded_overrides": BOUNDED_OVERRIDES})
 
     if done:
         print(f"bench objectives: {len(done)} rows from --rows-from; new rows kept in {progress}", flush=True)
@@ -492,7 +518,8 @@ def run_objectives(
         digits=4,
     )
     print(f"bench objectives: best step sizes {best}; shared {plan.shared_lr:g}", flush=True)
-    rows += _run_cells(compare_cells(plan, best, set(tuned)), "compare", user, plan, out, prior, done, record)
+    compared = compare_cells(plan, best, set(tuned))
+    rows += _run_cells(compared, "compare", user, plan, out, prior, done, record)
     payload = {
         "bench": "objectives",
         "plan": asdict(plan),
@@ -507,11 +534,12 @@ def run_objectives(
         "reused_from": reuse,
         "rows_from": list(rows_files or []),
         "estimate": budget_line(plan),
-        "wall_s_total": sum(r["wall_s"] for r in rows),
+        "wall_s_total": sum(r["wall_s"] for r in rows if not r.get("from_rows_file")),
+        "rows_unused": [row for cell, row in done.items() if cell not in set(tuned) | set(compared)],
     }
     finished = _finish(payload, plan, best, json_path)
     if json_path:
-        progress.unlink(missing_ok=True)  # the result file holds every row
+        progress.unlink(missing_ok=True)  # the result file holds every row (those of other cells in rows_unused)
     return finished
 
 

@@ -200,6 +200,9 @@ def test_a_stopped_invocation_continues_from_its_progress_file(tmp_path: Path, m
     assert len(kept["rows"]) == len(first) == 25  # every run made before the stop, none after
     assert kept["overrides"] == bench.BASE_OVERRIDES and kept["plan"]["steps"] == PLAN.steps
 
+    with pytest.raises(bench.ConfigError, match="holds the rows of an earlier invocation: continue with --rows-from"):
+        bench.run_objectives(str(result), PLAN, out_dir=str(tmp_path / "runs"))  # would replace the 25 rows
+    assert len(json.loads(progress.read_text())["rows"]) == 25
     second: list[str] = []
     monkeypatch.setattr(bench, "run_arm", _fake_runs(second))
     payload = bench.run_objectives(str(result), PLAN, out_dir=str(tmp_path / "runs"), rows_files=[str(progress)])
@@ -212,16 +215,19 @@ def test_a_stopped_invocation_continues_from_its_progress_file(tmp_path: Path, m
     assert payload["paired"] == whole["paired"]
     assert sum(bool(r.get("from_rows_file")) for r in payload["rows"]) == 25
     assert result.exists() and not progress.exists()  # the result file holds every row
+    assert payload["rows_unused"] == [] and payload["wall_s_total"] == pytest.approx(len(second))
 
 
-def test_rows_are_taken_only_from_the_same_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rows_are_taken_only_from_the_same_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     made: list[str] = []
     monkeypatch.setattr(bench, "run_arm", _fake_runs(made, stop_after=3))
     result = tmp_path / "objectives.json"
     with pytest.raises(KeyboardInterrupt):
         bench.run_objectives(str(result), PLAN, out_dir=str(tmp_path / "runs"))
     progress = str(bench.progress_path(str(result), tmp_path))
-    more_seeds = Plan(**{**PLAN.__dict__, "seeds": (0, 1, 2, 3)})
+    more_seeds = Plan(**{**PLAN.__dict__, "seeds": (0, 1, 2, 3), "tune_seeds": (0, 1, 2)})
     assert len(bench.rows_from([progress], more_seeds, list(bench.BASE_OVERRIDES))) == 3  # the seeds may differ
     other = Plan(**{**PLAN.__dict__, "steps": 150})
     with pytest.raises(bench.ConfigError, match="its plan has steps=3 where this one has 150"):
@@ -230,4 +236,30 @@ def test_rows_are_taken_only_from_the_same_plan(tmp_path: Path, monkeypatch: pyt
         bench.rows_from([progress], PLAN, [*bench.BASE_OVERRIDES, "trainer.lr=1e-3"])
     with pytest.raises(bench.ConfigError, match="not an objectives result or progress file"):
         bench.rows_from([str(tmp_path / "missing.json")], PLAN, list(bench.BASE_OVERRIDES))
-    assert main(["objectives", "--short", "--rows-from", str(tmp_path / "missing.json"), "--out", str(tmp_path)]) == 2
+    (tmp_path / "other.json").write_text(json.dumps({"bench": "ablation", "plan": {}, "rows": []}))
+    with pytest.raises(bench.ConfigError, match="its bench is 'ablation'"):
+        bench.rows_from([str(tmp_path / "other.json")], PLAN, list(bench.BASE_OVERRIDES))
+    (tmp_path / "rowless.json").write_text(json.dumps({"bench": "objectives", "plan": {}, "rows": [{"seed": 0}]}))
+    with pytest.raises(bench.ConfigError, match="not an objectives result or progress file"):
+        bench.rows_from([str(tmp_path / "rowless.json")], PLAN, list(bench.BASE_OVERRIDES))
+    missing = str(tmp_path / "missing.json")
+    assert main(["objectives", "--short", "--rows-from", missing, "--out", str(tmp_path)]) == 2
+    assert f"--rows-from {missing}: not an objectives result" in capsys.readouterr().err
+
+
+def test_rows_of_seeds_left_out_stay_in_the_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A continuation with fewer seeds takes the rows it needs; the others go to ``rows_unused``, so removing the
+    progress file loses none."""
+    made: list[str] = []
+    monkeypatch.setattr(bench, "run_arm", _fake_runs(made, stop_after=55))  # tuning 18, seeds 0-1 30, seed 2 7
+    result = tmp_path / "objectives.json"
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_objectives(str(result), PLAN, out_dir=str(tmp_path / "runs"))
+    progress = bench.progress_path(str(result), tmp_path)
+    fewer = Plan(**{**PLAN.__dict__, "seeds": (0, 1)})
+    monkeypatch.setattr(bench, "run_arm", _fake_runs([]))
+    payload = bench.run_objectives(str(result), fewer, out_dir=str(tmp_path / "runs"), rows_files=[str(progress)])
+    kept = {(r["objective"], r["staleness"], r["lag"], r["lr"], r["seed"]) for r in payload["rows"]}
+    unused = {(r["objective"], r["staleness"], r["lag"], r["lr"], r["seed"]) for r in payload["rows_unused"]}
+    assert not kept & unused and len(kept | unused) >= 55 and {seed for *_, seed in unused} == {2}
+    assert not progress.exists()

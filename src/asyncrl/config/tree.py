@@ -153,7 +153,7 @@ class SFTConfig:
     max_restarts: int = 2
     """How many times ``sft.restart_check_step`` may start the stage again (>= 1; read when the check is on)."""
     stop_below_loss: float = 0.0
-    """End the warm start's (first) stage as soon as its smoothed loss falls below this, before ``sft.steps``:
+    """End the warm start's (first) stage at the first step after the warm-up whose smoothed loss is below this:
     every seed then starts RL from a policy at the same loss, where a fixed step count leaves some seeds far past
     a sudden drop in the loss (the calculator's: learning to copy numbers into the call) and others before it.
     0: never (the stage runs its ``sft.steps``)."""
