@@ -30,7 +30,8 @@ few-minute smoke setting of the whole pipeline (two step sizes, lag 2, η 4, 4 s
 
 The whole comparison takes longer than one sitting: after every run the rows so far are kept in
 ``<json stem>.progress.json`` beside the result file, and ``--rows-from FILE`` (that file, or earlier result
-files of the same plan) continues on another day or another machine without making those runs again.
+files of runs of the same length and overrides) continues on another day or another machine without making those
+runs again.
 """
 
 from __future__ import annotations
@@ -382,17 +383,18 @@ def _run_cells(
     return rows
 
 
-PLAN_KEYS_OF_ROWS = ("objectives", "lrs", "shared_lr", "lags", "etas", "tune_lag", "steps", "tune_once")
-"""What a rows file's plan must share with this invocation's for its rows to be taken (the seeds and the tuning
-seeds may differ: a row is keyed by its whole cell, so rows of other seeds are simply not used)."""
+PLAN_KEYS_OF_ROWS = ("steps",)
+"""What a rows file's plan must share with this invocation's for its rows to be taken. A row is keyed by its whole
+cell (objective, staleness, lag, step size, seed), so with the same run length and overrides a row means the same
+run whatever else the plans hold: seeds, step sizes, lags and objectives may be added in a later sitting."""
 
 ROW_CELL_KEYS = ("objective", "staleness", "lag", "lr", "seed")
 
 
 def rows_from(paths: list[str], plan: Plan, overrides: list[str]) -> dict[Cell, dict[str, Any]]:
-    """The rows of earlier invocations of the same plan (``--rows-from``: their result files or progress files),
-    keyed by their cell; ConfigError (one line) for a file that is missing, unreadable, not this bench's, or of
-    another plan or other overrides."""
+    """The rows of earlier invocations (``--rows-from``: their result files or progress files), keyed by their
+    cell; ConfigError (one line) for a file that is missing, unreadable or not this bench's, or whose runs had
+    another length or other overrides."""
     done: dict[Cell, dict[str, Any]] = {}
     ours = asdict(plan)
     for path in paths:
@@ -409,7 +411,7 @@ def rows_from(paths: list[str], plan: Plan, overrides: list[str]) -> dict[Cell, 
             key = differ[0]
             raise ConfigError(
                 f"--rows-from {path}: its plan has {key}={theirs.get(key)!r} where this one has {ours[key]!r}; rows "
-                "are taken only from the same plan (the seeds may differ)"
+                "are taken only from runs of the same length"
             )
         if payload.get("overrides") != overrides or payload.get("bounded_overrides", BOUNDED_OVERRIDES) != list(
             BOUNDED_OVERRIDES
@@ -475,7 +477,7 @@ def run_objectives(
     objective's best step size, runs the comparison, prints the tables and, with ``json_path``, writes
     ``{"bench": "objectives", "plan", "rows", "tuning", "best_lrs", "comparison", "paired", ...}``. After every run
     the rows so far are kept in ``progress_path``; ``rows_files`` (earlier invocations' result or progress files
-    of the same plan) give rows that are not made again."""
+    of runs of the same length and overrides) give rows that are not made again."""
     from asyncrl.controller.run_claim import fresh_subdir
 
     user = list(overrides or [])
@@ -648,7 +650,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rows-from",
         metavar="A,B",
-        help="take the rows of earlier invocations of the same plan (their result files, or the "
+        help="take the rows of earlier invocations with the same --steps and --set (their result files, or the "
         "<json stem>.progress.json an interrupted one left) instead of making those runs again",
     )
 

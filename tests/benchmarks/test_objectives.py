@@ -227,8 +227,8 @@ def test_rows_are_taken_only_from_the_same_plan(
     with pytest.raises(KeyboardInterrupt):
         bench.run_objectives(str(result), PLAN, out_dir=str(tmp_path / "runs"))
     progress = str(bench.progress_path(str(result), tmp_path))
-    more_seeds = Plan(**{**PLAN.__dict__, "seeds": (0, 1, 2, 3), "tune_seeds": (0, 1, 2)})
-    assert len(bench.rows_from([progress], more_seeds, list(bench.BASE_OVERRIDES))) == 3  # the seeds may differ
+    wider = Plan(**{**PLAN.__dict__, "seeds": (0, 1, 2, 3), "tune_seeds": (0, 1, 2), "lrs": (2.5e-5, *PLAN.lrs)})
+    assert len(bench.rows_from([progress], wider, list(bench.BASE_OVERRIDES))) == 3  # seeds and a wider grid
     other = Plan(**{**PLAN.__dict__, "steps": 150})
     with pytest.raises(bench.ConfigError, match="its plan has steps=3 where this one has 150"):
         bench.rows_from([progress], other, list(bench.BASE_OVERRIDES))
