@@ -393,8 +393,9 @@ ROW_CELL_KEYS = ("objective", "staleness", "lag", "lr", "seed")
 
 def rows_from(paths: list[str], plan: Plan, overrides: list[str]) -> dict[Cell, dict[str, Any]]:
     """The rows of earlier invocations (``--rows-from``: their result files or progress files), keyed by their
-    cell; ConfigError (one line) for a file that is missing, unreadable or not this bench's, or whose runs had
-    another length or other overrides."""
+    cell, leaving out rows of runs stopped before their last evaluation (no final accuracy: made again);
+    ConfigError (one line) for a file that is missing, unreadable or not this bench's, or whose runs had another
+    length or other overrides."""
     done: dict[Cell, dict[str, Any]] = {}
     ours = asdict(plan)
     for path in paths:
@@ -420,7 +421,10 @@ def rows_from(paths: list[str], plan: Plan, overrides: list[str]) -> dict[Cell, 
                 f"--rows-from {path}: its runs were made with {payload.get('overrides')} where this invocation's are "
                 f"{overrides}"
             )
-        done.update(zip(cells, rows, strict=True))
+        finished = [(c, r) for c, r in zip(cells, rows, strict=True) if r.get("accuracy_after") is not None]
+        if len(finished) < len(rows):  # a run stopped before its last evaluation: made again
+            print(f"bench objectives: {len(rows) - len(finished)} unfinished row(s) of {path} will be made again")
+        done.update(finished)
     return done
 
 

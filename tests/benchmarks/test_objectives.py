@@ -227,6 +227,11 @@ def test_rows_are_taken_only_from_the_same_plan(
     with pytest.raises(KeyboardInterrupt):
         bench.run_objectives(str(result), PLAN, out_dir=str(tmp_path / "runs"))
     progress = str(bench.progress_path(str(result), tmp_path))
+    kept = json.loads(Path(progress).read_text())
+    stopped = {**kept["rows"][0], "accuracy_after": None}  # a run stopped before its last evaluation
+    Path(progress).write_text(json.dumps({**kept, "rows": [stopped, *kept["rows"][1:]]}))
+    assert len(bench.rows_from([progress], PLAN, list(bench.BASE_OVERRIDES))) == 2  # it is made again
+    Path(progress).write_text(json.dumps(kept))
     wider = Plan(**{**PLAN.__dict__, "seeds": (0, 1, 2, 3), "tune_seeds": (0, 1, 2), "lrs": (2.5e-5, *PLAN.lrs)})
     assert len(bench.rows_from([progress], wider, list(bench.BASE_OVERRIDES))) == 3  # seeds and a wider grid
     other = Plan(**{**PLAN.__dict__, "steps": 150})
