@@ -8,7 +8,9 @@ for the run and its row), so the rows mean exactly what ``python -m benchmarks a
    (``--tune-lag``, default 0, controlled), on the tuning seeds; its best step size is the one with the highest
    mean final held-out accuracy (ties: the smaller step). At lag 0 the objectives are one algorithm
    (π_prox = π_behav up to rounding), so a best step size chosen there differs between objectives only by noise;
-   ``--tune-lag`` moves the tuning to a lag where they differ.
+   ``--tune-lag`` moves the tuning to a lag where they differ. ``--tune-once`` tunes the reference only and gives
+   its best step size to every objective; the comparison then runs lag 0 for the reference alone (the tuning
+   runs), since the other objectives' runs there would repeat its algorithm.
 2. **Comparison.** Each objective at its own best step size and at one shared step size (``--shared-lr``,
    default the config's ``trainer.lr``), under a controlled lag k (``--lags``, ``controller.fixed_lag = k``:
    every sample exactly k versions old) and under ordinary bounded asynchrony η (``--etas``,
@@ -199,6 +201,13 @@ def _conditions(plan: Plan) -> list[tuple[StalenessMode, int]]:
     return list(dict.fromkeys([*fixed, *(("bounded", eta) for eta in plan.etas)]))
 
 
+def _same_as_reference(plan: Plan, objective: str, staleness: StalenessMode, lag: int) -> bool:
+    """With ``tune_once`` at controlled lag 0 every objective is the reference's algorithm there (π_prox = π_behav
+    up to rounding), so only the reference runs that condition: the others' runs would repeat it at the cost of a
+    fifth of the comparison."""
+    return plan.tune_once and objective != REFERENCE and (staleness, lag) == ("fixed", plan.tune_lag)
+
+
 def compare_cells(plan: Plan, best: dict[str, float], done: set[Cell] | None = None) -> list[Cell]:
     """The comparison phase: each objective at its best step size and at the shared one (one run where they are
     equal), under every condition, the tuning lag included (its tuning runs, passed in ``done``, are not made
@@ -207,6 +216,8 @@ def compare_cells(plan: Plan, best: dict[str, float], done: set[Cell] | None = N
     for seed in plan.seeds:
         for staleness, lag in _conditions(plan):
             for objective in plan.objectives:
+                if _same_as_reference(plan, objective, staleness, lag):
+                    continue
                 for lr in dict.fromkeys([best[objective], plan.shared_lr]):
                     cell = Cell(objective, staleness, lag, lr, seed)
                     if cell not in (done or set()) and cell not in out:

@@ -164,6 +164,9 @@ def test_tune_once_tunes_the_reference_and_shares_its_step_size(
     payload = bench.run_objectives(None, once, out_dir=str(tmp_path / "runs"))
     assert payload["best_lrs"] == dict.fromkeys(once.objectives, 2e-4)
     assert {t["objective"] for t in payload["tuning"]} == {"decoupled"}
+    at_tuning_lag = [c for c in bench.compare_cells(once, payload["best_lrs"]) if c.lag == once.tune_lag]
+    assert at_tuning_lag and {c.objective for c in at_tuning_lag if c.staleness == "fixed"} == {"decoupled"}
+    assert {c.objective for c in bench.compare_cells(PLAN, BEST) if c.lag == PLAN.tune_lag} == set(PLAN.objectives)
     args = build_parser("objectives").parse_args(["--tune-once", "--tune-lag", "2"])
     with pytest.raises(bench.ConfigError, match="--tune-once needs --tune-lag 0"):
         bench.plan_from_args(args, config_lr=1e-4)
