@@ -55,7 +55,7 @@ from asyncrl.config import ConfigError, load_config
 from asyncrl.results import write_with_plot
 from benchmarks import options
 from benchmarks.options import add_json, add_out, add_overrides, add_reanalyse, add_seeds, add_steps, parse_list
-from benchmarks.runs import print_table, resolve_run_dir, reusable_run
+from benchmarks.runs import print_table, resolve_run_dir, reusable_run, train_or_stop
 from benchmarks.stats import t95 as t_quantile_975  # the one t table (bench/stats.py)
 
 __all__ = [
@@ -209,12 +209,11 @@ def run_arm(overrides: list[str], run_dir: Path, collapse_fraction: float, reuse
     """One training run's row (``_row``); with ``reuse``, a finished run of the same arm under that
     directory (same name, same config: ``runs.reusable_run``) is read instead of trained again."""
     from asyncrl.config import load_config
-    from asyncrl.launch.local import train
 
     if reuse is not None and reusable_run(overrides, reuse / run_dir.name):
         print(f"bench ablation: reusing the finished run {reuse / run_dir.name}", flush=True)
         return {**_row(reuse / run_dir.name, collapse_fraction), "reused": True}
-    train(load_config(None, [*overrides, f"run.run_dir={run_dir}", "run.progress=false"]))  # refuses a used dir
+    train_or_stop(load_config(None, [*overrides, f"run.run_dir={run_dir}", "run.progress=false"]))  # refuses a used dir
     return _row(run_dir, collapse_fraction)
 
 

@@ -52,6 +52,7 @@ from typing import Any
 from asyncrl.results import write_with_plot
 from benchmarks import options
 from benchmarks.options import add_json, add_out, add_overrides, add_seeds, parse_list
+from benchmarks.runs import train_or_stop
 from benchmarks.stats import mean_ci95
 
 __all__ = [
@@ -269,7 +270,6 @@ def _run_seed(config: str | None, overrides: list[str], seed: int, out: Path, bu
 
     from asyncrl.config import load_config, with_values
     from asyncrl.controller.rundir import read_jsonl
-    from asyncrl.launch.local import train
     from asyncrl.launch.stages import configure_threads, usable_cores
     from asyncrl.launch.warm_start import run_warm_start
 
@@ -285,7 +285,7 @@ def _run_seed(config: str | None, overrides: list[str], seed: int, out: Path, bu
     finally:
         configure_threads(cfg, threads_before)  # RL: ``train`` sets run.torch_threads (0: torch's default, as before)
     print(f"seed {seed}: warm start {warm_start_s:.0f} s", flush=True)
-    run_dir, summary = train(with_values(cfg, {"model.path": str(seed_dir / "warm_start")}))
+    run_dir, summary = train_or_stop(with_values(cfg, {"model.path": str(seed_dir / "warm_start")}))
     row = seed_row(seed, summary, read_jsonl(run_dir / "metrics.jsonl"), warm_start_s, budget_s)
     return {
         **row,

@@ -27,6 +27,7 @@ __all__ = [
     "resolve_run_dir",
     "reusable_run",
     "run_and_measure",
+    "train_or_stop",
     "write_json",
 ]
 
@@ -61,15 +62,25 @@ def resolve_run_dir(stored: str, json_path: str | Path) -> Path:
     )
 
 
+def train_or_stop(cfg: Any) -> tuple[Path, dict[str, Any]]:
+    """``train(cfg)``, the bench's only way into a run: a run stopped by SIGINT/SIGTERM (its graceful stop, with a
+    checkpoint) stops the whole bench (``KeyboardInterrupt``) instead of the bench going on to its next run."""
+    from asyncrl.launch.local import train
+
+    run_dir, summary = train(cfg)
+    if summary.get("stop_reason"):
+        raise KeyboardInterrupt(f"run {run_dir} stopped by {summary['stop_reason']}")
+    return run_dir, summary
+
+
 def run_and_measure(overrides: list[str], run_dir: Path, warmup_s: float = 0.0) -> dict[str, Any]:
     """One training run; the row of its summary, throughput (``measure_throughput`` with a warm-up
     of ``warmup_s`` seconds of RL time), per-step averages and policy snapshots (if any)."""
     from asyncrl.config import load_config
-    from asyncrl.launch.local import train
 
     cfg = load_config(None, [*overrides, f"run.run_dir={run_dir}", "run.progress=false"])
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
-    _, summary = train(cfg)  # refuses a run_dir that already holds a run
+    _, summary = train_or_stop(cfg)  # refuses a run_dir that already holds a run
     load1 = os.getloadavg()[0]
     return measure_run(run_dir, cfg, summary, warmup_s, wall_s=time.perf_counter() - t0, load=[load0, load1])
 

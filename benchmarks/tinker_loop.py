@@ -40,6 +40,7 @@ from typing import Any
 from asyncrl.results import write_text_result
 from benchmarks import options
 from benchmarks.options import add_json, add_out, add_overrides, add_seeds, parse_list
+from benchmarks.runs import train_or_stop
 from benchmarks.stats import mean_ci95
 
 __all__ = ["add_arguments", "measure_updates", "run", "run_tinker_loop_bench"]
@@ -65,9 +66,8 @@ def _budget(args: argparse.Namespace) -> list[str]:
 
 def _train_arm(cfg: Any, out: Path) -> dict[str, Any]:
     from asyncrl.config import with_values
-    from asyncrl.launch.local import train
 
-    _, summary = train(with_values(cfg, {"run.run_dir": str(out / "train")}))
+    _, summary = train_or_stop(with_values(cfg, {"run.run_dir": str(out / "train")}))
     before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
     return {
         "accuracy_before": before.get("accuracy"),

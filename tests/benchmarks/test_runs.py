@@ -5,10 +5,12 @@ it, not this file."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from benchmarks.runs import fresh_out, mean_or_zero, print_table, resolve_run_dir, write_json
+from benchmarks.runs import fresh_out, mean_or_zero, print_table, resolve_run_dir, train_or_stop, write_json
 
 
 def test_each_invocation_gets_its_own_directory(tmp_path) -> None:
@@ -49,3 +51,20 @@ def test_a_missing_run_dir_is_named(tmp_path, monkeypatch) -> None:
         resolve_run_dir("runs/gone", tmp_path / "bench.json")
     with pytest.raises(FileNotFoundError, match=f"run directory {tmp_path}/gone .* does not exist"):
         resolve_run_dir(str(tmp_path / "gone"), tmp_path / "bench.json")
+
+
+@pytest.mark.parametrize("stop_reason", [None, "SIGTERM"])
+def test_a_run_stopped_by_a_signal_stops_the_bench(
+    stop_reason: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncrl.launch import local
+
+    def fake_train(cfg: Any) -> tuple[Path, dict[str, Any]]:
+        return tmp_path, {"stop_reason": stop_reason, "steps": 3}
+
+    monkeypatch.setattr(local, "train", fake_train)
+    if stop_reason is None:
+        assert train_or_stop(object()) == (tmp_path, {"stop_reason": None, "steps": 3})
+    else:
+        with pytest.raises(KeyboardInterrupt, match="stopped by SIGTERM"):
+            train_or_stop(object())
