@@ -39,7 +39,12 @@ class FakeEngine:
         self.version = update.version
 
     def stats(self) -> dict[str, float]:
-        return {"generated_tokens": float(self.generated), "version": float(self.version), "slot_utilisation": 0.5}
+        return {
+            "generated_tokens": float(self.generated),
+            "prefix_hits": float(len(self.requests)),  # a stand-in for any cumulative engine counter
+            "version": float(self.version),
+            "slot_utilisation": 0.5,
+        }
 
     def close(self) -> None:
         self.closed = True
@@ -104,6 +109,7 @@ def test_a_dead_engine_is_restarted_with_the_last_weights_and_its_request_sent_a
     assert pool.engines == [spawned[0], other]
     stats = pool.stats()
     assert stats["engine_deaths"] == stats["engine_restarts"] == 1 and stats["redispatched_requests"] == 1
+    assert len(dying.requests) == 1 and stats["prefix_hits"] == 6  # the replaced engine's counters stay in the sum
 
 
 def test_past_max_restarts_the_engine_is_retired_and_the_others_carry_on() -> None:

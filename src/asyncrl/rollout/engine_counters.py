@@ -8,8 +8,10 @@ engine step adds is here (``count_step``, ``charge_time``); the step itself is `
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from asyncrl.rollout.scheduler import StepPlan
+if TYPE_CHECKING:  # the counters need no torch: the engine pool reads their names
+    from asyncrl.rollout.scheduler import StepPlan
 
 __all__ = ["COUNTER_NAMES", "EngineCounters"]
 

@@ -28,30 +28,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from asyncrl.rollout.api import RolloutEngine, SampleDone, refuse_on_sample_done
+from asyncrl.rollout.engine_counters import COUNTER_NAMES
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.types import Completion, WeightUpdate
 
 __all__ = ["EngineDied", "EnginePool"]
 
-_CUMULATIVE = frozenset(
-    (
-        "generated_tokens",
-        "decode_tokens",
-        "decode_steps",
-        "busy_s",
-        "decode_s",
-        "prefill_s",
-        "prefill_tokens",
-        "requests",
-        "finished_samples",
-        "aborted_samples",
-        "aborted_requests",
-        "weight_updates",
-        "update_s",
-        "running_sample_s",
-    )
-)
-"""Counters that only grow: a replaced engine's last values stay in the pool's sums."""
+_CUMULATIVE = frozenset((*COUNTER_NAMES, "running_sample_s"))
+"""Counters that only grow (the engine's ``COUNTER_NAMES`` and its running-sample integral): a replaced engine's
+last values stay in the pool's sums."""
 
 RestartFn = Callable[[int], Awaitable[RolloutEngine]]
 """``restart(index) -> new engine`` (awaited); the pool then loads the last weights into it."""
