@@ -40,9 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,7 +48,7 @@ from typing import Any
 
 from asyncrl.config import ConfigError, load_config
 from asyncrl.results import write_text_result
-from benchmarks import options
+from benchmarks import options, tuning
 from benchmarks.ablation import OBJECTIVES, StalenessMode, arm_overrides, run_arm
 from benchmarks.options import add_json, add_out, add_overrides, add_seeds, add_steps, parse_list
 from benchmarks.runs import print_table
@@ -253,37 +251,16 @@ def budget_line(plan: Plan) -> str:
 
 def tuning_table(rows: list[dict[str, Any]], plan: Plan) -> list[dict[str, Any]]:
     """Per (objective, step size) at the tuning lag: final accuracy over the tuning seeds (mean, 95% interval)."""
-    out = []
-    for objective in _tuned(plan):
-        for lr in plan.lrs:
-            acc = [
-                r["accuracy_after"]
-                for r in rows
-                if (r["objective"], r["staleness"], r["lag"], r["lr"]) == (objective, "fixed", plan.tune_lag, lr)
-                and r["seed"] in plan.tune_seeds
-            ]
-            ci = mean_ci95([a for a in acc if a is not None])
-            out.append(
-                {
-                    "objective": objective,
-                    "lr": lr,
-                    "n": ci["n"],
-                    "accuracy_after_mean": ci["mean"],
-                    "accuracy_after_ci95": [ci["low"], ci["high"]] if ci["low"] is not None else None,
-                }
-            )
-    return out
+
+    def at_tuning_lag(row: dict[str, Any]) -> bool:
+        return (row["staleness"], row["lag"]) == ("fixed", plan.tune_lag)
+
+    return tuning.tuning_table(rows, "objective", _tuned(plan), plan.lrs, plan.tune_seeds, at_tuning_lag)
 
 
 def best_lrs(table: list[dict[str, Any]]) -> dict[str, float]:
     """Each objective's step size of highest mean final accuracy in ``tuning_table`` (ties: the smaller)."""
-    best: dict[str, float] = {}
-    for objective in dict.fromkeys(t["objective"] for t in table):
-        cells = [t for t in table if t["objective"] == objective and t["accuracy_after_mean"] is not None]
-        if not cells:
-            raise ValueError(f"no finished tuning run for {objective}")
-        best[objective] = min(cells, key=lambda t: (-t["accuracy_after_mean"], t["lr"]))["lr"]
-    return best
+    return tuning.best_lrs(table, "objective")
 
 
 def _lr_of(rule: str, objective: str, best: dict[str, float], plan: Plan) -> float:
@@ -467,17 +444,6 @@ def check_progress_file(json_path: str | None, rows_files: list[str]) -> None:
         )
 
 
-def _write_progress(path: Path, payload: dict[str, Any]) -> None:
-    """Replace ``path`` in one rename, so that a reader (or a kill) never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        scratch.write_text(json.dumps(payload, indent=2) + "\n")
-        os.replace(scratch, path)
-    finally:
-        scratch.unlink(missing_ok=True)
-
-
 def run_objectives(
     json_path: str | None,
     plan: Plan,
@@ -517,7 +483,7 @@ def run_objectives(
     def record(row: dict[str, Any]) -> None:
         made.append(row)
         kept = {"bench": "objectives", "plan": asdict(plan), "overrides": overrides_used, "rows": made}
-        _write_progress(progress, {**kept, "bounded_overrides": BOUNDED_OVERRIDES})
+        tuning.write_progress(progress, {**kept, "bounded_overrides": BOUNDED_OVERRIDES})
 
     if done:
         print(f"bench objectives: {len(done)} rows from --rows-from; new rows kept in {progress}", flush=True)

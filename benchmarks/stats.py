@@ -73,17 +73,18 @@ def mean_ci95(values: Sequence[float]) -> dict[str, float | int | None]:
     return {"n": len(vals), "mean": mean, "std": std, "low": mean - half, "high": mean + half}
 
 
-def time_to_target(curve: Sequence[tuple[float, float]], target: float) -> float:
-    """The first time a run's accuracy reaches ``target`` and holds it at the next evaluation.
+def time_to_target(curve: Sequence[tuple[float, float]], target: float, hold: bool = True) -> float:
+    """The first time a run's accuracy reaches ``target`` and holds it at the next evaluation (``hold=False``: the
+    first crossing, held or not).
 
     ``curve``: (time, accuracy) pairs in time order. The crossing time is interpolated linearly
     between the evaluation before it and the first one at or above the target (an evaluation's
     time is when its policy was published); the last evaluation needs no successor. ``inf`` when
-    the target is never reached and held."""
+    the target is never reached (and held)."""
     for i, (t, acc) in enumerate(curve):
         if acc < target:
             continue
-        if i + 1 < len(curve) and curve[i + 1][1] < target:
+        if hold and i + 1 < len(curve) and curve[i + 1][1] < target:
             continue
         if i == 0:
             return t

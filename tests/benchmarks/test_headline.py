@@ -41,6 +41,10 @@ def test_speedup_is_paired_by_seed_against_the_synchronous_target() -> None:
     assert seed0["eta8_final_minus_sync_points"] == pytest.approx(2.0)
     assert seed0["eta8_steady_state_tokens_per_s_ratio"] == pytest.approx(2.5)
     assert seed1["eta8_time_to_target_s"] == math.inf and seed1["eta8_speedup"] == 0.0  # never reached: no speed-up
+    # by the first crossing, held or not, seed 1's async arm reached 0.66 at t = 30 * 0.36 / 0.4
+    assert seed1["eta8_first_crossing_s"] == pytest.approx(30 * 0.36 / 0.4)
+    assert seed1["eta8_speedup_first_crossing"] == pytest.approx(60.0 / 27.0)
+    assert result["summary"]["eta8"]["reached_first_crossing"] == "2 of 2"
     summary = result["summary"]["eta8"]
     assert summary["speedup"]["mean"] == pytest.approx((90.0 / 27.0 + 0.0) / 2)
     assert summary["speedup"]["n"] == 2 and summary["speedup"]["low"] < summary["speedup"]["mean"]

@@ -68,6 +68,9 @@ def test_time_to_target_needs_the_target_held_and_interpolates() -> None:
     assert time_to_target(curve, 0.2) == 0.0
     assert time_to_target(curve, 0.95) == math.inf
     assert time_to_target([(0.0, 0.1), (10.0, 0.95)], 0.9) == pytest.approx(10 * 0.8 / 0.85)
+    # the first crossing, held or not: between t=10 and t=20
+    assert time_to_target(curve, 0.8, hold=False) == pytest.approx(10 + 10 * (0.8 - 0.5) / (0.9 - 0.5))
+    assert time_to_target(curve, 0.95, hold=False) == math.inf
 
 
 def test_inventory_built_up_inside_the_window_does_not_flatter_it() -> None:
