@@ -56,7 +56,7 @@ from asyncrl.results import write_with_plot
 from benchmarks import options
 from benchmarks.options import add_json, add_out, add_overrides, add_reanalyse, add_seeds, add_steps, parse_list
 from benchmarks.runs import print_table, resolve_run_dir, reusable_run, train_or_stop
-from benchmarks.stats import t95 as t_quantile_975  # the one t table (bench/stats.py)
+from benchmarks.stats import t95 as t_quantile_975  # the one t table (benchmarks/stats.py)
 
 __all__ = [
     "add_arguments",

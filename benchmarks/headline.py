@@ -43,7 +43,7 @@ from asyncrl.controller.throughput import measure_throughput
 from asyncrl.controller.time_budget import time_budget
 from asyncrl.data.workloads import WORKLOAD_ALIASES, WORKLOADS
 from asyncrl.results import write_with_plot
-from benchmarks import options
+from benchmarks import options, tuning
 from benchmarks.async_bench import workload_overrides
 from benchmarks.options import (
     add_json,
@@ -289,6 +289,92 @@ def probe_sync(base: list[str], seed: int, steps: int, out: Path, warmup_s: floa
     return best["candidate"], probes
 
 
+TUNING_KEYS = ("max_staleness", "lr", "seed")
+"""What identifies a tuning row: the arm, the step size, the seed."""
+
+
+def _arm_overrides(base: list[str], setting: list[str], seed: int, eta: int, snapshot_every_s: float) -> list[str]:
+    return [
+        *base,
+        *setting,
+        f"run.seed={seed}",
+        f"controller.max_staleness={eta}",
+        f"controller.snapshot_every_s={snapshot_every_s}",
+    ]
+
+
+def tuning_rows_from(paths: Sequence[str], base: list[str], sync_setting: str) -> dict[tuple, dict[str, Any]]:
+    """The finished tuning rows of earlier invocations (``--tuning-from``: their result files or progress files),
+    keyed by ``TUNING_KEYS``; ConfigError (one line) for a file that is missing, unreadable or not this bench's,
+    or whose runs had other overrides or another synchronous setting."""
+    done: dict[tuple, dict[str, Any]] = {}
+    for path in paths:
+        try:
+            payload = json.loads(Path(path).read_text())
+            if payload.get("bench") != "headline":
+                raise ValueError(f"its bench is {payload.get('bench')!r}")
+            rows = list(payload["tuning_rows"])
+            keys = [tuple(row[k] for k in TUNING_KEYS) for row in rows]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"--tuning-from {path}: not a headline result or progress file ({exc!r})") from exc
+        if payload.get("overrides") != base:
+            raise ConfigError(
+                f"--tuning-from {path}: its runs were made with {payload.get('overrides')} where this invocation's "
+                f"are {base}"
+            )
+        if payload.get("sync_setting") != sync_setting:
+            raise ConfigError(
+                f"--tuning-from {path}: its synchronous setting is {payload.get('sync_setting')!r}, this "
+                f"invocation's {sync_setting!r}"
+            )
+        done.update((k, r) for k, r in zip(keys, rows, strict=True) if r.get("accuracy_after") is not None)
+    return done
+
+
+def tune_step_sizes(
+    base: list[str],
+    etas: Sequence[int],
+    lrs: Sequence[float],
+    seeds: Sequence[int],
+    sync_setting: str,
+    out: Path,
+    progress: Path,
+    done: dict[tuple, dict[str, Any]],
+    warmup_s: float,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[int, float]]:
+    """Each arm over the step sizes ``lrs`` on the tuning ``seeds`` (seed-major), at the arms' own budget (steps or
+    RL time) and setting, without snapshots: its final held-out accuracy. Rows in ``done`` are not made again;
+    after every run the rows so far are kept in ``progress``. Returns the rows, the table per (arm, step size) and
+    each arm's best step size (``tuning.best_lrs``)."""
+    rows: list[dict[str, Any]] = []
+    cells = [(eta, lr, seed) for seed in seeds for eta in etas for lr in lrs]
+    for i, (eta, lr, seed) in enumerate(cells, 1):
+        if (eta, lr, seed) in done:
+            rows.append({**done[(eta, lr, seed)], "from_tuning_file": True})
+            print(f"bench headline (tuning {i}/{len(cells)}): eta {eta}, lr {lr:g}, seed {seed} from --tuning-from")
+            continue
+        print(f"\n=== bench headline (tuning {i}/{len(cells)}): max_staleness={eta}, lr {lr:g}, seed {seed} ===")
+        setting = SYNC_CANDIDATES[sync_setting] if eta == 0 else ASYNC_SETTING
+        over = [*_arm_overrides(base, setting, seed, eta, 0.0), f"trainer.lr={lr}"]
+        row = run_and_measure(over, out / f"tune-s{seed}-eta{eta}-lr{lr:g}", warmup_s)
+        row.pop("snapshots", None)
+        rows.append({"max_staleness": eta, "lr": lr, "seed": seed, **row})
+        kept = {"bench": "headline", "overrides": base, "sync_setting": sync_setting, "tuning_rows": rows}
+        tuning.write_progress(progress, kept)
+    table = tuning.tuning_table(rows, "max_staleness", etas, lrs, seeds)
+    print_tuning(table)
+    return rows, table, tuning.best_lrs(table, "max_staleness")
+
+
+def print_tuning(table: list[dict[str, Any]]) -> None:
+    print("\nbench headline: tuning (final held-out accuracy over the tuning seeds)")
+    for t in table:
+        ci = t["accuracy_after_ci95"]
+        interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+        mean = "-" if t["accuracy_after_mean"] is None else f"{t['accuracy_after_mean']:.3f}"
+        print(f"  eta {t['max_staleness']:>2}  lr {t['lr']:<8g}  n {t['n']}  {mean}{interval}")
+
+
 def run_headline_bench(
     json_path: str | None,
     *,
@@ -305,6 +391,9 @@ def run_headline_bench(
     time_budget_s: float = 0.0,
     snapshot_samples_per_prompt: int | None = None,
     out_dir: str = "runs/bench-headline",
+    lrs: Sequence[float] = (),
+    tune_seeds: Sequence[int] = (),
+    tuning_from: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The headline benchmark (see the module docstring). ``sync_setting``: a name of
     ``SYNC_CANDIDATES`` to use without probing; ``probe_steps`` 0 with no ``sync_setting``: the
@@ -312,7 +401,9 @@ def run_headline_bench(
     this much RL time (``controller.max_rl_time_s``; ``steps`` stays a cap), so arms end together
     and an arm that never reaches the target had as long as the synchronous run.
     ``snapshot_samples_per_prompt``: samples per held-out prompt when scoring the snapshots (None:
-    the runs' ``eval.samples_per_prompt``, which also scores each run before and after RL)."""
+    the runs' ``eval.samples_per_prompt``, which also scores each run before and after RL).
+    ``lrs``: first each arm's step size is tuned over these on ``tune_seeds`` (``tune_step_sizes``; rows of
+    ``tuning_from`` files are not made again), then every arm runs at its own best."""
     workload = WORKLOAD_ALIASES.get(workload, workload)
     base = workload_overrides(list(overrides or []), workload)
     if steps is not None:
@@ -322,6 +413,17 @@ def run_headline_bench(
     if time_budget_s:
         base.append(f"controller.max_rl_time_s={time_budget_s}")
     scoring = with_samples_per_prompt(base, snapshot_samples_per_prompt) if snapshot_samples_per_prompt else base
+    if lrs and json_path:
+        tuning.refuse_unnamed_progress(
+            tuning.progress_path(json_path, Path("."), "headline"), tuning_from, "--tuning-from"
+        )
+    if lrs:
+        n_tune = len(etas) * len(lrs) * len(tune_seeds)
+        print(
+            f"bench headline: {n_tune} tuning runs ({len(lrs)} step sizes x {len(etas)} arms x "
+            f"{len(tune_seeds)} seeds), then {len(etas) * len(seeds)} arm runs",
+            flush=True,
+        )
     out = fresh_subdir(out_dir)
     probes: list[dict[str, Any]] = []
     if sync_setting is None:
@@ -331,24 +433,31 @@ def run_headline_bench(
         sync_setting, probes = probe_sync(base, seeds[0], n_probe, out, warmup_s)
     elif sync_setting not in SYNC_CANDIDATES:
         raise ValueError(f"sync setting {sync_setting!r}: expected one of {', '.join(SYNC_CANDIDATES)}")
+    progress = tuning.progress_path(json_path, out, "headline")
+    tuning_rows: list[dict[str, Any]] = []
+    tuning_table: list[dict[str, Any]] = []
+    best: dict[int, float] = {}
+    if lrs:
+        done = tuning_rows_from(tuning_from, base, sync_setting)
+        tuning_rows, tuning_table, best = tune_step_sizes(
+            base, etas, lrs, tune_seeds, sync_setting, out, progress, done, warmup_s
+        )
+        print(f"bench headline: best step sizes {best}", flush=True)
     rows: list[dict[str, Any]] = []
     for seed in seeds:
         for eta in etas:
             setting = SYNC_CANDIDATES[sync_setting] if eta == 0 else ASYNC_SETTING
             print(f"\n=== bench headline: {workload}, seed {seed}, max_staleness={eta} ===", flush=True)
-            over = [
-                *base,
-                *setting,
-                f"run.seed={seed}",
-                f"controller.max_staleness={eta}",
-                f"controller.snapshot_every_s={snapshot_every_s}",
-            ]
+            over = _arm_overrides(base, setting, seed, eta, snapshot_every_s)
+            if eta in best:
+                over.append(f"trainer.lr={best[eta]}")
             row = {
                 "workload": workload,
                 "seed": seed,
                 "max_staleness": eta,
                 "setting": sync_setting if eta == 0 else "async",
                 "overrides": setting,
+                "lr": best.get(eta),
             }
             row.update(run_and_measure(over, out / f"s{seed}-eta{eta}", warmup_s))
             rows.append(row)
@@ -376,8 +485,17 @@ def run_headline_bench(
         "sync_setting": sync_setting,
         "sync_probes": probes,
         "rows": rows,
+        "lrs": list(lrs),
+        "tune_seeds": list(tune_seeds),
+        "tuning_from": list(tuning_from),
+        "tuning_rows": tuning_rows,
+        "tuning": tuning_table,
+        "best_lrs": {str(eta): lr for eta, lr in best.items()},
     }
-    return finish(payload, json_path)
+    finished = finish(payload, json_path)
+    if json_path:
+        progress.unlink(missing_ok=True)  # the result file holds every tuning row
+    return finished
 
 
 def finish(payload: dict[str, Any], json_path: str | None, *, replace: bool = False) -> dict[str, Any]:
@@ -497,6 +615,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="samples per held-out prompt when scoring snapshots (default: the runs' eval setting; --reevaluate: 8)",
     )
+    parser.add_argument(
+        "--lrs",
+        help="comma-separated step sizes: each arm is first tuned over them (final held-out accuracy on "
+        "--tune-seeds at the arms' own budget), then runs at its own best",
+    )
+    parser.add_argument("--tune-seeds", help="comma-separated seeds of the tuning runs (with --lrs; not in --seeds)")
+    parser.add_argument(
+        "--tuning-from",
+        metavar="A,B",
+        help="take the tuning rows of earlier invocations (their result files, or the <json stem>.progress.json "
+        "an interrupted one left) instead of making those runs again",
+    )
     add_out(parser, "runs/bench-headline")
     add_reanalyse(parser)
     parser.add_argument(
@@ -535,13 +665,15 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError(f"--sync-setting {args.sync_setting!r}: one of {', '.join(SYNC_CANDIDATES)}")
     if args.time_budget_s is not None and args.time_budget_s <= 0:
         raise ConfigError("--time-budget-s must be > 0 (leave it out for step budgets alone)")
+    seeds = parse_list(args.seeds, int, (0, 1, 2), "--seeds")
+    lrs, tune_seeds, tuning_from = tuning_options(args, base, seeds)
     run_headline_bench(
         args.json,
         overrides=base,
         workload=args.workload,
         steps=args.steps,
         etas=etas,
-        seeds=parse_list(args.seeds, int, (0, 1, 2), "--seeds"),
+        seeds=seeds,
         snapshot_every_s=args.snapshot_every,
         warmup_s=args.warmup_s,
         target_fraction=args.target_fraction,
@@ -550,4 +682,31 @@ def run(args: argparse.Namespace) -> None:
         time_budget_s=args.time_budget_s or 0.0,
         snapshot_samples_per_prompt=args.samples_per_prompt,
         out_dir=args.out,
+        lrs=lrs,
+        tune_seeds=tune_seeds,
+        tuning_from=tuning_from,
     )
+
+
+def tuning_options(
+    args: argparse.Namespace, overrides: list[str], seeds: tuple[int, ...]
+) -> tuple[tuple[float, ...], tuple[int, ...], list[str]]:
+    """``--lrs``, ``--tune-seeds``, ``--tuning-from`` checked: ConfigError (one line) for a step size <= 0, tuning
+    without tuning seeds or on a seed the arms are measured on (the choice would flatter that seed), a step size
+    also set by ``--set``, or tuning files without ``--lrs``."""
+    lrs = parse_list(args.lrs, float, (), "--lrs")
+    tune_seeds = parse_list(args.tune_seeds, int, (), "--tune-seeds")
+    tuning_from = [p for p in (args.tuning_from or "").split(",") if p]
+    if not lrs:
+        if tune_seeds or tuning_from:
+            raise ConfigError("--tune-seeds and --tuning-from need --lrs: the step sizes to tune over")
+        return lrs, tune_seeds, tuning_from
+    if min(lrs) <= 0:
+        raise ConfigError(f"--lrs must be > 0, got {list(lrs)}")
+    if not tune_seeds:
+        raise ConfigError("--lrs needs --tune-seeds: the seeds the step sizes are chosen on")
+    if shared := sorted(set(tune_seeds) & set(seeds)):
+        raise ConfigError(f"--tune-seeds {shared} are also in --seeds: choose step sizes on other seeds")
+    if any(o.startswith("trainer.lr=") for o in overrides):
+        raise ConfigError("--lrs tunes trainer.lr: leave it out of --set")
+    return lrs, tune_seeds, tuning_from

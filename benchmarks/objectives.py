@@ -424,24 +424,14 @@ def _plain(value: Any) -> Any:
 def progress_path(json_path: str | None, out: Path) -> Path:
     """Where the rows so far are kept after every run: beside the result file (``<stem>.progress.json``), else
     in the invocation's run directory; ``--rows-from`` continues from it."""
-    if json_path:
-        target = Path(json_path)
-        return target.with_name(f"{target.stem}.progress.json")
-    return out / "objectives.progress.json"
+    return tuning.progress_path(json_path, out, "objectives")
 
 
 def check_progress_file(json_path: str | None, rows_files: list[str]) -> None:
     """ConfigError (one line) when the result file's progress file holds an earlier invocation's rows that this
     one does not continue from: its first run would replace them."""
-    if not json_path:
-        return
-    progress = progress_path(json_path, Path("."))
-    named = {Path(f).resolve() for f in rows_files}
-    if progress.exists() and progress.resolve() not in named:
-        raise ConfigError(
-            f"{progress} holds the rows of an earlier invocation: continue with --rows-from {progress}, or move it "
-            "away first"
-        )
+    if json_path:
+        tuning.refuse_unnamed_progress(progress_path(json_path, Path(".")), rows_files, "--rows-from")
 
 
 def run_objectives(

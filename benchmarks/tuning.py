@@ -16,9 +16,10 @@ from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
+from asyncrl.config import ConfigError
 from benchmarks.stats import mean_ci95
 
-__all__ = ["best_lrs", "tuning_table", "write_progress"]
+__all__ = ["best_lrs", "progress_path", "refuse_unnamed_progress", "tuning_table", "write_progress"]
 
 
 def tuning_table(
@@ -75,3 +76,23 @@ def write_progress(path: Path, payload: dict[str, Any]) -> None:
         os.replace(scratch, path)
     finally:
         scratch.unlink(missing_ok=True)
+
+
+def progress_path(json_path: str | None, out: Path, bench: str) -> Path:
+    """Where a bench keeps its rows so far: beside its result file (``<stem>.progress.json``), else in the
+    invocation's run directory (``<bench>.progress.json``)."""
+    if json_path:
+        target = Path(json_path)
+        return target.with_name(f"{target.stem}.progress.json")
+    return out / f"{bench}.progress.json"
+
+
+def refuse_unnamed_progress(progress: Path, rows_files: Sequence[str], option: str) -> None:
+    """ConfigError (one line) when ``progress`` holds an earlier invocation's rows that this one does not continue
+    from (``option`` names the files it does): its first run would replace them."""
+    named = {Path(f).resolve() for f in rows_files}
+    if progress.exists() and progress.resolve() not in named:
+        raise ConfigError(
+            f"{progress} holds the rows of an earlier invocation: continue with {option} {progress}, or move it "
+            "away first"
+        )

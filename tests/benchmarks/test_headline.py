@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from asyncrl.config import load_config
+from asyncrl.config import ConfigError, load_config
 from benchmarks.headline import SYNC_CANDIDATES, analyse, reanalyse
 
 
@@ -169,3 +169,97 @@ def test_a_time_budget_reaches_every_arm_and_snapshots_are_scored_apart(tmp_path
     assert out["time_budget_s"] == 90.0 and out["eval_samples"] == load_config(None, scored[0]).task.eval_size * 8
     with pytest.raises(ValueError, match="time_budget_s"):
         headline.run_headline_bench(None, workload="task", time_budget_s=-1, out_dir=str(tmp_path / "runs"))
+
+
+def _fake_headline_run(runs: list[list[str]], stop_after: int | None = None):
+    """A ``run_and_measure`` whose final accuracy peaks at lr 1e-4 for η = 0 and 2e-4 for η > 0 (a tuning run) and
+    whose snapshots rise to that accuracy (an arm); KeyboardInterrupt once ``stop_after`` runs are made."""
+
+    def value(overrides: list[str], key: str) -> float:
+        return float(next(o.split("=")[1] for o in reversed(overrides) if o.startswith(f"{key}=")))
+
+    def fake_run(overrides: list[str], run_dir, warmup_s: float) -> dict:
+        if stop_after is not None and len(runs) == stop_after:
+            raise KeyboardInterrupt
+        runs.append(overrides)
+        eta, lr = value(overrides, "controller.max_staleness"), value(overrides, "trainer.lr")
+        after = 0.8 - 1000 * abs(lr - (1e-4 if eta == 0 else 2e-4))
+        snapshots = value(overrides, "controller.snapshot_every_s") > 0
+        return {
+            "accuracy_before": 0.2,
+            "accuracy_after": after,
+            "snapshots": [{"t": 0.0, "version": 0, "path": "v0"}, {"t": 60.0, "version": 9, "path": "v9"}]
+            if snapshots
+            else [],
+            "steady_state_tokens_per_s": 1.0,
+            "trained_tokens_per_s": 1.0,
+            "staleness_mean": 0.0,
+        }
+
+    return fake_run
+
+
+def test_each_arm_runs_at_the_step_size_it_was_tuned_to_and_tuning_continues_from_its_progress_file(
+    tmp_path, monkeypatch
+) -> None:
+    from benchmarks import headline
+
+    monkeypatch.setattr(headline, "evaluate_snapshots", lambda overrides, snaps: [0.2, 0.6][: len(snaps)])
+    kwargs = dict(
+        workload="task",
+        etas=(0, 4),
+        seeds=(0,),
+        steps=20,
+        sync_setting="threads1-trainer-process",
+        out_dir=str(tmp_path / "runs"),
+        lrs=(5e-5, 1e-4, 2e-4),
+        tune_seeds=(7, 8),
+    )
+    result = tmp_path / "h.json"
+    runs: list[list[str]] = []
+    monkeypatch.setattr(headline, "run_and_measure", _fake_headline_run(runs, stop_after=4))
+    with pytest.raises(KeyboardInterrupt):
+        headline.run_headline_bench(str(result), **kwargs)
+    progress = tmp_path / "h.progress.json"
+    kept = json.loads(progress.read_text())["tuning_rows"]
+    assert [(r["max_staleness"], r["lr"], r["seed"]) for r in kept] == [
+        (0, 5e-5, 7),
+        (0, 1e-4, 7),
+        (0, 2e-4, 7),
+        (4, 5e-5, 7),
+    ]
+    with pytest.raises(ConfigError, match="--tuning-from"):  # its rows would be replaced
+        headline.run_headline_bench(str(result), **kwargs)
+
+    runs.clear()
+    monkeypatch.setattr(headline, "run_and_measure", _fake_headline_run(runs))
+    out = headline.run_headline_bench(str(result), tuning_from=[str(progress)], **kwargs)
+    assert len(runs) == 2 * 3 * 2 - 4 + 2  # the tuning runs not yet made, then the two arms
+    assert out["best_lrs"] == {"0": 1e-4, "4": 2e-4} and len(out["tuning_rows"]) == 12
+    arms = runs[-2:]
+    assert "trainer.lr=0.0001" in arms[0] and "controller.max_staleness=0" in arms[0]
+    assert "trainer.lr=0.0002" in arms[1] and "controller.max_staleness=4" in arms[1]
+    assert [r["lr"] for r in out["rows"]] == [1e-4, 2e-4] and not progress.exists()
+    table = {(t["max_staleness"], t["lr"]): t for t in out["tuning"]}
+    assert table[(4, 2e-4)]["n"] == 2 and table[(4, 2e-4)]["accuracy_after_mean"] == pytest.approx(0.8)
+
+
+def test_tuning_options_refuse_what_would_flatter_or_conflict() -> None:
+    from benchmarks.__main__ import build_parser
+    from benchmarks.headline import tuning_options
+
+    def check(argv: list[str], overrides: list[str] = ()) -> tuple:
+        args = build_parser("headline").parse_args(argv)
+        return tuning_options(args, list(overrides), (0, 1, 2))
+
+    assert check([]) == ((), (), [])
+    assert check(["--lrs", "5e-5,1e-4", "--tune-seeds", "6,7"]) == ((5e-5, 1e-4), (6, 7), [])
+    for argv, overrides, message in [
+        (["--lrs", "1e-4"], [], "needs --tune-seeds"),
+        (["--lrs", "1e-4", "--tune-seeds", "2,3"], [], r"\[2\] are also in --seeds"),
+        (["--lrs", "0,1e-4", "--tune-seeds", "5"], [], "must be > 0"),
+        (["--lrs", "1e-4", "--tune-seeds", "5"], ["trainer.lr=3e-4"], "leave it out of --set"),
+        (["--tuning-from", "x.json"], [], "need --lrs"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            check(argv, overrides)
