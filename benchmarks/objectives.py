@@ -353,14 +353,18 @@ def _run_cells(
     reuse: Path | None,
     done: dict[Cell, dict[str, Any]],
     record: Callable[[dict[str, Any]], None],
+    missing: list[Cell] | None = None,
 ) -> list[dict]:
     """Each cell's row: from ``done`` (``--rows-from``) where it holds the cell, else from a run (``record``ed as
-    soon as it is made)."""
+    soon as it is made); with ``missing`` (``--tables-only``) a cell without a row is added there and not run."""
     rows = []
     for i, cell in enumerate(cells, 1):
         if cell in done:
             print(f"bench objectives ({phase} {i}/{len(cells)}): {cell.name} from --rows-from", flush=True)
             rows.append({**done[cell], "from_rows_file": True})
+            continue
+        if missing is not None:
+            missing.append(cell)
             continue
         print(f"\n=== bench objectives ({phase} {i}/{len(cells)}): {cell.name} ===", flush=True)
         extra = BOUNDED_OVERRIDES if cell.staleness == "bounded" else []
@@ -443,12 +447,14 @@ def run_objectives(
     reuse: str | None = None,
     rows_files: list[str] | None = None,
     plan_only: bool = False,
+    tables_only: bool = False,
 ) -> dict[str, Any]:
     """The two phases (module docstring): prints the budget first, then runs the tuning grid, picks each
     objective's best step size, runs the comparison, prints the tables and, with ``json_path``, writes
     ``{"bench": "objectives", "plan", "rows", "tuning", "best_lrs", "comparison", "paired", ...}``. After every run
     the rows so far are kept in ``progress_path``; ``rows_files`` (earlier invocations' result or progress files
-    of runs of the same length and overrides) give rows that are not made again."""
+    of runs of the same length and overrides) give rows that are not made again. ``tables_only``: no run is made;
+    the tables are those of the ``rows_files`` rows, and the cells without one are listed (``missing_cells``)."""
     from asyncrl.controller.run_claim import fresh_subdir
 
     user = list(overrides or [])
@@ -464,8 +470,9 @@ def run_objectives(
     overrides_used = [*BASE_OVERRIDES, *user]
     done = rows_from(list(rows_files or []), plan, overrides_used)
     check_progress_file(json_path, list(rows_files or []))
-    out = fresh_subdir(out_dir)
-    print(f"bench objectives: run directories under {out}", flush=True)
+    out = Path(out_dir) if tables_only else fresh_subdir(out_dir)
+    if not tables_only:
+        print(f"bench objectives: run directories under {out}", flush=True)
     prior = Path(reuse) if reuse else None
     progress = progress_path(json_path, out)
     made: list[dict[str, Any]] = [*done.values()]
@@ -478,9 +485,13 @@ def run_objectives(
     if done:
         print(f"bench objectives: {len(done)} rows from --rows-from; new rows kept in {progress}", flush=True)
     tuned = tune_cells(plan)
-    rows = _run_cells(tuned, "tune", user, plan, out, prior, done, record)
+    missing: list[Cell] | None = [] if tables_only else None
+    rows = _run_cells(tuned, "tune", user, plan, out, prior, done, record, missing)
     table = tuning_table(rows, plan)
-    best = best_lrs(table)
+    try:
+        best = best_lrs(table)
+    except ValueError as exc:  # --tables-only before the tuning is finished
+        raise ConfigError(f"bench objectives: {exc}: the comparison needs every tuned step size") from exc
     if plan.tune_once:
         best = dict.fromkeys(plan.objectives, best[REFERENCE])
     print_table(
@@ -492,7 +503,7 @@ def run_objectives(
     )
     print(f"bench objectives: best step sizes {best}; shared {plan.shared_lr:g}", flush=True)
     compared = compare_cells(plan, best, set(tuned))
-    rows += _run_cells(compared, "compare", user, plan, out, prior, done, record)
+    rows += _run_cells(compared, "compare", user, plan, out, prior, done, record, missing)
     payload = {
         "bench": "objectives",
         "plan": asdict(plan),
@@ -510,9 +521,13 @@ def run_objectives(
         "wall_s_total": sum(r["wall_s"] for r in rows if not r.get("from_rows_file")),
         "rows_unused": [row for cell, row in done.items() if cell not in set(tuned) | set(compared)],
     }
+    if missing is not None:
+        payload["missing_cells"] = [asdict(cell) for cell in missing]
+        print(f"bench objectives: --tables-only, {len(missing)} of {len(tuned) + len(compared)} cells without a row")
     finished = _finish(payload, plan, best, json_path)
     if json_path:
-        progress.unlink(missing_ok=True)  # the result file holds every row (those of other cells in rows_unused)
+        if not tables_only:  # a later sitting continues from it
+            progress.unlink(missing_ok=True)  # the result file holds every row (those of other cells in rows_unused)
     return finished
 
 
@@ -612,6 +627,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "to every objective (with --tune-lag 0, where the objectives are one algorithm)",
     )
     parser.add_argument("--plan-only", action="store_true", help="print the plan and its cost, run nothing")
+    parser.add_argument(
+        "--tables-only",
+        action="store_true",
+        help="the tables of the --rows-from rows, running nothing (the cells without a row are listed)",
+    )
     add_out(parser, "runs/bench-objectives")
     parser.add_argument(
         "--reuse",
@@ -665,6 +685,8 @@ def plan_from_args(args: argparse.Namespace, config_lr: float) -> Plan:
 
 def run(args: argparse.Namespace) -> None:
     """The options checked (every step size a valid ``trainer.lr``), then the plan's cost, then every run."""
+    if args.tables_only and not args.rows_from:
+        raise ConfigError("--tables-only needs --rows-from: the rows to make the tables of")
     user = [*(SHORT_OVERRIDES if args.short else []), *options.overrides(args)]
     plan = plan_from_args(args, load_config(None, user).trainer.lr)
     for lr in (*plan.lrs, plan.shared_lr):
@@ -677,4 +699,5 @@ def run(args: argparse.Namespace) -> None:
         reuse=args.reuse,
         rows_files=args.rows_from.split(",") if args.rows_from else None,
         plan_only=args.plan_only,
+        tables_only=args.tables_only,
     )

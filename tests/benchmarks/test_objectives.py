@@ -143,6 +143,8 @@ def test_options_and_their_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["objectives", "--plan-only", "--objectives", "naive,bogus"]) == 2
     assert "unknown objective(s) ['bogus']" in capsys.readouterr().err
     assert main(["objectives", "--plan-only", "--lrs", "0,1e-4"]) == 2
+    assert main(["objectives", "--tables-only"]) == 2
+    assert "--tables-only needs --rows-from" in capsys.readouterr().err
 
 
 def test_tune_once_tunes_the_reference_and_shares_its_step_size(
@@ -219,6 +221,30 @@ def test_a_stopped_invocation_continues_from_its_progress_file(tmp_path: Path, m
     assert sum(bool(r.get("from_rows_file")) for r in payload["rows"]) == 25
     assert result.exists() and not progress.exists()  # the result file holds every row
     assert payload["rows_unused"] == [] and payload["wall_s_total"] == pytest.approx(len(second))
+
+
+def test_tables_only_analyses_the_rows_so_far_and_runs_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[str] = []
+    monkeypatch.setattr(bench, "run_arm", _fake_runs(made, stop_after=40))
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_objectives(str(tmp_path / "objectives.json"), PLAN, out_dir=str(tmp_path / "runs"))
+    progress = str(bench.progress_path(str(tmp_path / "objectives.json"), tmp_path))
+    n_cells = len(bench.tune_cells(PLAN)) + len(bench.compare_cells(PLAN, BEST, set(bench.tune_cells(PLAN))))
+    made.clear()
+    tables = tmp_path / "tables.json"
+    payload = bench.run_objectives(
+        str(tables), PLAN, out_dir=str(tmp_path / "none"), rows_files=[progress], tables_only=True
+    )
+    assert made == [] and not (tmp_path / "none").exists() and Path(progress).exists()  # nothing run or removed
+    assert len(payload["missing_cells"]) == n_cells - 40 and payload["best_lrs"] == BEST
+    missing = {bench.Cell(**c) for c in payload["missing_cells"]}
+    assert not missing & {bench.Cell(*(r[k] for k in bench.ROW_CELL_KEYS)) for r in payload["rows"]}
+    assert json.loads(tables.read_text())["paired"] == payload["paired"] and payload["paired"]
+    few = tmp_path / "few.progress.json"
+    kept = json.loads(Path(progress).read_text())
+    few.write_text(json.dumps({**kept, "rows": kept["rows"][:2]}))  # the tuning not finished
+    with pytest.raises(bench.ConfigError, match="no finished tuning run for"):
+        bench.run_objectives(None, PLAN, out_dir=str(tmp_path / "none"), rows_files=[str(few)], tables_only=True)
 
 
 def test_rows_are_taken_only_from_the_same_plan(
