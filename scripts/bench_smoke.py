@@ -80,6 +80,11 @@ SMOKES: tuple[Smoke, ...] = (
     Smoke(
         "headline --reevaluate", "headline --reevaluate {headline_json} --samples-per-prompt 1 --etas 0,2", out=False
     ),
+    Smoke(
+        "headline --lrs",
+        "headline --workload task --etas 0,2 --seeds 0 --steps 2 --sync-setting threads1-trainer-process"
+        f" --snapshot-every 2 --warmup-s 0 --lrs 1e-4,2e-4 --tune-seeds 1 {SMALL}",
+    ),
     Smoke("lora-update", "lora-update --shapes tiny --repeats 1 --slots 2 --tokens 8", out=False),
     Smoke(
         "objectives",
