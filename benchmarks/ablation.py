@@ -202,6 +202,7 @@ def _row(run_dir: Path, collapse_fraction: float) -> dict[str, Any]:
         "rl_wall_s": summary["rl_wall_s"],
         "wall_s": summary["wall_s"],
         "run_dir": str(run_dir),
+        "code": summary.get("code"),  # which code made the run (absent in runs from before it was recorded)
     }
 
 

@@ -458,12 +458,7 @@ def run_objectives(
     from asyncrl.controller.run_claim import fresh_subdir
 
     user = list(overrides or [])
-    for objective in plan.objectives:  # every objective's keys checked at both staleness settings, before any run
-        for staleness, lag in (("fixed", max(plan.lags, default=0)), ("bounded", max(plan.etas, default=0))):
-            arm = arm_overrides(
-                objective, lag, plan.lrs[0], plan.seeds[0], plan.steps, [*BASE_OVERRIDES, *user], staleness
-            )
-            load_config(None, arm)
+    _check_arms(plan, user)
     print(budget_line(plan), flush=True)
     if plan_only:
         return {"plan": asdict(plan)}
@@ -488,20 +483,7 @@ def run_objectives(
     missing: list[Cell] | None = [] if tables_only else None
     rows = _run_cells(tuned, "tune", user, plan, out, prior, done, record, missing)
     table = tuning_table(rows, plan)
-    try:
-        best = best_lrs(table)
-    except ValueError as exc:  # --tables-only before the tuning is finished
-        raise ConfigError(f"bench objectives: {exc}: the comparison needs every tuned step size") from exc
-    if plan.tune_once:
-        best = dict.fromkeys(plan.objectives, best[REFERENCE])
-    print_table(
-        "bench objectives: tuning (final accuracy over the tuning seeds)",
-        _shown(table),
-        ["objective", "lr", "n", "accuracy_after_mean", "accuracy_after_ci95"],
-        width=18,
-        digits=4,
-    )
-    print(f"bench objectives: best step sizes {best}; shared {plan.shared_lr:g}", flush=True)
+    best = _choose_lrs(table, plan)
     compared = compare_cells(plan, best, set(tuned))
     rows += _run_cells(compared, "compare", user, plan, out, prior, done, record, missing)
     payload = {
@@ -525,10 +507,39 @@ def run_objectives(
         payload["missing_cells"] = [asdict(cell) for cell in missing]
         print(f"bench objectives: --tables-only, {len(missing)} of {len(tuned) + len(compared)} cells without a row")
     finished = _finish(payload, plan, best, json_path)
-    if json_path:
-        if not tables_only:  # a later sitting continues from it
-            progress.unlink(missing_ok=True)  # the result file holds every row (those of other cells in rows_unused)
+    if json_path and not tables_only:  # with --tables-only a later sitting continues from it
+        progress.unlink(missing_ok=True)  # the result file holds every row (those of other cells in rows_unused)
     return finished
+
+
+def _check_arms(plan: Plan, user: list[str]) -> None:
+    """Every objective's keys checked at both staleness settings, before any run (a ConfigError in one line)."""
+    for objective in plan.objectives:
+        for staleness, lag in (("fixed", max(plan.lags, default=0)), ("bounded", max(plan.etas, default=0))):
+            arm = arm_overrides(
+                objective, lag, plan.lrs[0], plan.seeds[0], plan.steps, [*BASE_OVERRIDES, *user], staleness
+            )
+            load_config(None, arm)
+
+
+def _choose_lrs(table: list[dict[str, Any]], plan: Plan) -> dict[str, float]:
+    """Each objective's best step size (``tune_once``: the reference's for all), printed with the tuning table; a
+    ConfigError when a tuned objective has no finished run (``--tables-only`` before the tuning is done)."""
+    try:
+        best = best_lrs(table)
+    except ValueError as exc:
+        raise ConfigError(f"bench objectives: {exc}: the comparison needs every tuned step size") from exc
+    if plan.tune_once:
+        best = dict.fromkeys(plan.objectives, best[REFERENCE])
+    print_table(
+        "bench objectives: tuning (final accuracy over the tuning seeds)",
+        _shown(table),
+        ["objective", "lr", "n", "accuracy_after_mean", "accuracy_after_ci95"],
+        width=18,
+        digits=4,
+    )
+    print(f"bench objectives: best step sizes {best}; shared {plan.shared_lr:g}", flush=True)
+    return best
 
 
 RUN_KEYS = [

@@ -22,7 +22,7 @@ from asyncrl.controller.run_claim import (
     read_jsonl,
     run_ids,
 )
-from asyncrl.controller.rundir import RunDir
+from asyncrl.controller.rundir import RunDir, code_version
 
 
 def _fake_run(path: Path, steps: int = 2) -> str:
@@ -187,3 +187,22 @@ def test_the_run_directory_takes_the_config_as_plain_data(tmp_path: Path) -> Non
     assert yaml.safe_load((tmp_path / "dict" / "config.yaml").read_text()) == yaml.safe_load(
         yaml.safe_dump(to_dict(Config()), sort_keys=False)
     )
+
+
+def test_the_code_version_names_the_checkout_commit_or_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+    import subprocess
+
+    from asyncrl import __version__, controller
+
+    version = code_version()
+    assert version["asyncrl"] == __version__
+    root = Path(controller.__file__).resolve().parents[3]
+    if (root / ".git").exists():  # the tests run from a git checkout (CI: a clean clone)
+        assert re.fullmatch(r"[0-9a-f]{40}", version["git_commit"]) and isinstance(version["git_dirty"], bool)
+
+    def no_git(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    assert code_version() == {"asyncrl": __version__, "git_commit": None, "git_dirty": None}

@@ -119,6 +119,7 @@ def test_agent_calculator_run(tiny_policy_dir, tmp_path, trained_batches) -> Non
     batches = trained_batches
     _, summary = train(_cfg(model_dir, run_dir, ("eval.report_greedy=true",)))
     assert summary["steps"] == STEPS and summary["stop_reason"] is None and summary["ended_by"] == "total_steps"
+    assert set(summary["code"]) == {"asyncrl", "git_commit", "git_dirty"}
     assert summary["accuracy_after"] is not None
     for held_out in (summary["eval_before"], summary["eval_after"]):  # the calculator's kinds, every problem once
         assert sum(k["prompts"] for k in held_out["by_kind"].values()) == 4

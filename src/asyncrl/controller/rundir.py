@@ -32,6 +32,7 @@ import contextlib
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -86,6 +87,31 @@ def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def code_version() -> dict[str, Any]:
+    """Which code made a run (``summary.json``'s ``code``): the installed package's version and, when the package
+    runs from a git checkout (``src/asyncrl`` of a repository), its commit and whether tracked files differ from it;
+    both None for a package installed from a wheel or without git."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed: str | None = version("asyncrl")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        installed = None
+    out: dict[str, Any] = {"asyncrl": installed, "git_commit": None, "git_dirty": None}
+    package = Path(__file__).resolve().parents[1]
+    root = package.parents[1]
+    if package.parent.name != "src" or not (root / ".git").exists():
+        return out
+    git = ["git", "-C", str(root)]
+    try:
+        head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True)
+        status = [*git, "status", "--porcelain", "--untracked-files=no"]
+        changed = subprocess.run(status, capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return out
+    return {**out, "git_commit": head.stdout.strip(), "git_dirty": bool(changed.stdout.strip())}
 
 
 class RunDir:

@@ -26,7 +26,7 @@ from asyncrl.controller.loop import Controller, LoopSettings
 from asyncrl.controller.resume import check_snapshot, resume_checkpoint
 from asyncrl.controller.run_claim import RunDirError, claim_run_dir, default_run_dir, read_jsonl
 from asyncrl.controller.run_lock import LOCK_NAME, RunDirLocked, RunLock
-from asyncrl.controller.rundir import RunDir
+from asyncrl.controller.rundir import RunDir, code_version
 from asyncrl.controller.state import ControllerState
 from asyncrl.data.prompts import PromptSource, build_task, drop_long_prompts
 from asyncrl.launch import RunStopped
@@ -329,6 +329,7 @@ def _summary(
         if state.step >= cfg.controller.total_steps
         else "max_rl_time_s",
         "max_staleness": cfg.controller.max_staleness,
+        "code": code_version(),
         "engine_generated_tokens": generated,
         "generated_tokens_during_train_steps": during_train,
         "generation_during_training_frac": during_train / max(1.0, generated),
