@@ -351,9 +351,15 @@ def tune_step_sizes(
     for i, (eta, lr, seed) in enumerate(cells, 1):
         if (eta, lr, seed) in done:
             rows.append({**done[(eta, lr, seed)], "from_tuning_file": True})
-            print(f"bench headline (tuning {i}/{len(cells)}): eta {eta}, lr {lr:g}, seed {seed} from --tuning-from")
+            print(
+                f"bench headline (tuning {i}/{len(cells)}): eta {eta}, lr {lr:g}, seed {seed} from --tuning-from",
+                flush=True,
+            )
             continue
-        print(f"\n=== bench headline (tuning {i}/{len(cells)}): max_staleness={eta}, lr {lr:g}, seed {seed} ===")
+        print(
+            f"\n=== bench headline (tuning {i}/{len(cells)}): max_staleness={eta}, lr {lr:g}, seed {seed} ===",
+            flush=True,
+        )
         setting = SYNC_CANDIDATES[sync_setting] if eta == 0 else ASYNC_SETTING
         over = [*_arm_overrides(base, setting, seed, eta, 0.0), f"trainer.lr={lr}"]
         row = run_and_measure(over, out / f"tune-s{seed}-eta{eta}-lr{lr:g}", warmup_s)
