@@ -27,7 +27,10 @@ FILE_RELATIVE = {
     "reward/code.py": "the sandbox harness sandbox.py, a module of the package itself",
     "data/gsm8k.py": "default_data_dir: $ASYNCRL_DATA_DIR first, ../shared/data of a checkout only as a fallback",
     "sim/profile.py": "the shipped cost profiles, package data (pyproject: asyncrl.sim profiles/*.json)",
-    "controller/rundir.py": "code_version: a git checkout's commit only when the package sits in src/ of a repository with .git; None otherwise (an installed wheel)",
+    "controller/rundir.py": (
+        "code_version: a git checkout's commit only when the package sits in src/ of a repository with .git; "
+        "None otherwise (an installed wheel)"
+    ),
     "sim/calibrate.py": "--results-dir first, a checkout's docs/results only when it exists, else ./docs/results",
 }
 
