@@ -6,7 +6,8 @@ lands in generation, training, weight sync or a checkpoint save), then ``asyncrl
 finishes it. The ledger alone must then show: every prompt of the stream admitted once in order
 (no gap in the data position), every admitted prompt with exactly one fate, no sample trained
 twice, every step trained once with a full batch, and no trained sample past the staleness
-bound (the checks live in ``asyncrl.controller.ledger_checks``: the chaos soak,
+bound; a kill before the first checkpoint leaves nothing to resume from, and there the resume must
+refuse in one line and change nothing (the checks live in ``asyncrl.controller.ledger_checks``: the chaos soak,
 ``scripts/chaos_soak.py``, runs the same ones after each of its many kills). A second test stops
 a run with SIGTERM (graceful: checkpoint, exit status 143) and resumes it.
 """
@@ -107,16 +108,34 @@ def test_sigkill_at_a_random_moment_then_resume(tiny_policy_dir: Path, tmp_path:
                 proc.kill()
     killed_at = len(read_jsonl(run_dir / "metrics.jsonl"))
     ckpts = list_checkpoints(run_dir)
+    if not ckpts:
+        # killed before the first checkpoint: the trained steps' weights are gone, and starting over would
+        # replace their metrics, so the resume refuses in one line and changes nothing
+        _resume_refused_before_the_first_checkpoint(run_dir, tmp_path / "resume.log", seed, killed_at)
+        return
     summary = _resume(run_dir, tmp_path / "resume.log")
     counts = check_ledger(run_dir)
     note = f"seed={seed} killed after {killed_at} steps, checkpoints {[p.name for p in ckpts]}, {counts}"
     assert summary["steps"] == STEPS and summary["max_staleness_seen"] <= ETA, note
-    assert summary["resumes"] == (1 if ckpts else 0), note
+    assert summary["resumes"] == 1, note
     if ckpts and ckpts[-1].name != f"step-{STEPS:08d}":
         # prompts in flight (or waiting) at a mid-run checkpoint were admitted again; a kill that lands after the
         # last step's checkpoint (during the final evaluation) leaves nothing to train, so nothing is readmitted
         assert counts["readmitted"] > 0, note
     assert summary["accuracy_after"] is not None
+
+
+def _resume_refused_before_the_first_checkpoint(run_dir: Path, log: Path, seed: int, killed_at: int) -> None:
+    metrics_before = (run_dir / "metrics.jsonl").read_bytes()
+    with open(log, "w") as out:
+        rc = subprocess.run(
+            _asyncrl("train", "--resume", str(run_dir)), stdout=out, stderr=subprocess.STDOUT, timeout=HANG_GUARD_S
+        ).returncode
+    text = log.read_text()
+    note = f"seed={seed} killed after {killed_at} steps, no checkpoint: {text[-2000:]}"
+    assert rc == 2 and "it has no checkpoint to resume from" in text, note
+    assert (run_dir / "metrics.jsonl").read_bytes() == metrics_before, note
+    assert not list_checkpoints(run_dir), note
 
 
 def test_sigterm_stops_gracefully_with_a_checkpoint(tiny_policy_dir: Path, tmp_path: Path) -> None:
