@@ -71,11 +71,16 @@ def _wait_for_steps(proc: subprocess.Popen, metrics: Path, steps: int) -> None:
     raise AssertionError(f"no {steps} training steps within {HANG_GUARD_S} s: the run hangs")
 
 
-def _resume(run_dir: Path, log: Path) -> dict:
+def _run_resume(run_dir: Path, log: Path) -> int:
+    """``asyncrl train --resume run_dir``, its output in ``log``; its exit status."""
     with open(log, "w") as out:
-        rc = subprocess.run(
+        return subprocess.run(
             _asyncrl("train", "--resume", str(run_dir)), stdout=out, stderr=subprocess.STDOUT, timeout=HANG_GUARD_S
         ).returncode
+
+
+def _resume(run_dir: Path, log: Path) -> dict:
+    rc = _run_resume(run_dir, log)
     assert rc == 0, log.read_text()[-3000:]
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -118,7 +123,7 @@ def test_sigkill_at_a_random_moment_then_resume(tiny_policy_dir: Path, tmp_path:
     note = f"seed={seed} killed after {killed_at} steps, checkpoints {[p.name for p in ckpts]}, {counts}"
     assert summary["steps"] == STEPS and summary["max_staleness_seen"] <= ETA, note
     assert summary["resumes"] == 1, note
-    if ckpts and ckpts[-1].name != f"step-{STEPS:08d}":
+    if ckpts[-1].name != f"step-{STEPS:08d}":
         # prompts in flight (or waiting) at a mid-run checkpoint were admitted again; a kill that lands after the
         # last step's checkpoint (during the final evaluation) leaves nothing to train, so nothing is readmitted
         assert counts["readmitted"] > 0, note
@@ -127,10 +132,7 @@ def test_sigkill_at_a_random_moment_then_resume(tiny_policy_dir: Path, tmp_path:
 
 def _resume_refused_before_the_first_checkpoint(run_dir: Path, log: Path, seed: int, killed_at: int) -> None:
     metrics_before = (run_dir / "metrics.jsonl").read_bytes()
-    with open(log, "w") as out:
-        rc = subprocess.run(
-            _asyncrl("train", "--resume", str(run_dir)), stdout=out, stderr=subprocess.STDOUT, timeout=HANG_GUARD_S
-        ).returncode
+    rc = _run_resume(run_dir, log)
     text = log.read_text()
     note = f"seed={seed} killed after {killed_at} steps, no checkpoint: {text[-2000:]}"
     assert rc == 2 and "it has no checkpoint to resume from" in text, note
