@@ -54,7 +54,16 @@ from typing import Any, Literal, get_args
 from asyncrl.config import ConfigError, load_config
 from asyncrl.results import write_with_plot
 from benchmarks import options
-from benchmarks.options import add_json, add_out, add_overrides, add_reanalyse, add_seeds, add_steps, parse_list
+from benchmarks.options import (
+    add_json,
+    add_out,
+    add_overrides,
+    add_reanalyse,
+    add_reuse,
+    add_seeds,
+    add_steps,
+    parse_list,
+)
 from benchmarks.runs import print_table, resolve_run_dir, reusable_run, train_or_stop
 from benchmarks.stats import t95 as t_quantile_975  # the one t table (benchmarks/stats.py)
 
@@ -508,11 +517,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a run whose final accuracy is below this x its starting accuracy counts as collapsed (default 0.5)",
     )
     add_out(parser, "runs/bench-ablation")
-    parser.add_argument(
-        "--reuse",
-        metavar="DIR",
-        help="read the finished arms of an interrupted invocation's run directory",
-    )
+    add_reuse(parser)
     add_reanalyse(parser)
 
 

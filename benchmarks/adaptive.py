@@ -36,7 +36,16 @@ from typing import Any
 from asyncrl.config import ConfigError
 from asyncrl.data.workloads import WORKLOAD_ALIASES, WORKLOADS
 from benchmarks import options
-from benchmarks.options import add_json, add_out, add_overrides, add_seeds, add_steps, add_warmup, parse_list
+from benchmarks.options import (
+    add_json,
+    add_out,
+    add_overrides,
+    add_reuse,
+    add_seeds,
+    add_steps,
+    add_warmup,
+    parse_list,
+)
 from benchmarks.stats import mean_ci95
 
 __all__ = ["add_arguments", "analyse", "arms", "run", "run_adaptive_bench", "RunOne", "TARGET_RATIO"]
@@ -212,18 +221,16 @@ def run_adaptive_bench(
 
 def _real_runner(base: list[str], warmup_s: float, out_dir: str, reuse: Path | None) -> tuple[RunOne, Path]:
     from benchmarks.async_bench import workload_overrides
-    from benchmarks.runs import fresh_out, measure_finished_run, reusable_run, run_and_measure
+    from benchmarks.runs import fresh_out, measure_or_reuse
 
     out = fresh_out(out_dir)
 
     def run(workload: str, arm: str, seed: int, arm_overrides: list[str]) -> dict[str, Any]:
         overrides = [*workload_overrides(base, workload), f"run.seed={seed}", *arm_overrides]
         run_dir = out / f"{workload}-s{seed}-{arm.replace('=', '')}"
-        prior = reuse / run_dir.name if reuse is not None else None
-        if prior is not None and reusable_run(overrides, prior):
-            print(f"bench adaptive: reusing the finished run {prior}", flush=True)
-            return {**measure_finished_run(prior, warmup_s), **admission_means(prior, overrides), "reused": True}
-        return {**run_and_measure(overrides, run_dir, warmup_s), **admission_means(run_dir, overrides)}
+        row = measure_or_reuse(overrides, run_dir, warmup_s, reuse, "adaptive")
+        measured = reuse / run_dir.name if row.get("reused") and reuse is not None else run_dir
+        return {**row, **admission_means(measured, overrides)}
 
     return run, out
 
@@ -243,11 +250,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="task,long", help="comma-separated workloads (default task,long)")
     add_warmup(parser)
     add_out(parser, "runs/bench-adaptive")
-    parser.add_argument(
-        "--reuse",
-        metavar="DIR",
-        help="read the finished arms of an interrupted invocation's run directory",
-    )
+    add_reuse(parser)
     parser.add_argument("--profile", help="comma-separated cost profiles to simulate under instead of real runs")
 
 

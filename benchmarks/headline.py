@@ -50,12 +50,13 @@ from benchmarks.options import (
     add_out,
     add_overrides,
     add_reanalyse,
+    add_reuse,
     add_seeds,
     add_steps,
     add_warmup,
     parse_list,
 )
-from benchmarks.runs import resolve_run_dir, run_and_measure
+from benchmarks.runs import measure_or_reuse, resolve_run_dir, run_and_measure
 from benchmarks.stats import accuracy_at, mean_ci95, time_to_target
 
 __all__ = [
@@ -341,11 +342,12 @@ def tune_step_sizes(
     progress: Path,
     done: dict[tuple, dict[str, Any]],
     warmup_s: float,
+    reuse: Path | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[int, float]]:
     """Each arm over the step sizes ``lrs`` on the tuning ``seeds`` (seed-major), at the arms' own budget (steps or
-    RL time) and setting, without snapshots: its final held-out accuracy. Rows in ``done`` are not made again;
-    after every run the rows so far are kept in ``progress``. Returns the rows, the table per (arm, step size) and
-    each arm's best step size (``tuning.best_lrs``)."""
+    RL time) and setting, without snapshots: its final held-out accuracy. Rows in ``done`` are not made again, nor
+    runs finished under ``reuse`` (``measure_or_reuse``); after every run the rows so far are kept in ``progress``.
+    Returns the rows, the table per (arm, step size) and each arm's best step size (``tuning.best_lrs``)."""
     rows: list[dict[str, Any]] = []
     cells = [(eta, lr, seed) for seed in seeds for eta in etas for lr in lrs]
     for i, (eta, lr, seed) in enumerate(cells, 1):
@@ -362,7 +364,7 @@ def tune_step_sizes(
         )
         setting = SYNC_CANDIDATES[sync_setting] if eta == 0 else ASYNC_SETTING
         over = [*_arm_overrides(base, setting, seed, eta, 0.0), f"trainer.lr={lr}"]
-        row = run_and_measure(over, out / f"tune-s{seed}-eta{eta}-lr{lr:g}", warmup_s)
+        row = measure_or_reuse(over, out / f"tune-s{seed}-eta{eta}-lr{lr:g}", warmup_s, reuse, "headline")
         row.pop("snapshots", None)
         rows.append({"max_staleness": eta, "lr": lr, "seed": seed, **row})
         kept = {"bench": "headline", "overrides": base, "sync_setting": sync_setting, "tuning_rows": rows}
@@ -400,6 +402,7 @@ def run_headline_bench(
     lrs: Sequence[float] = (),
     tune_seeds: Sequence[int] = (),
     tuning_from: Sequence[str] = (),
+    reuse: str | None = None,
 ) -> dict[str, Any]:
     """The headline benchmark (see the module docstring). ``sync_setting``: a name of
     ``SYNC_CANDIDATES`` to use without probing; ``probe_steps`` 0 with no ``sync_setting``: the
@@ -409,7 +412,9 @@ def run_headline_bench(
     ``snapshot_samples_per_prompt``: samples per held-out prompt when scoring the snapshots (None:
     the runs' ``eval.samples_per_prompt``, which also scores each run before and after RL).
     ``lrs``: first each arm's step size is tuned over these on ``tune_seeds`` (``tune_step_sizes``; rows of
-    ``tuning_from`` files are not made again), then every arm runs at its own best."""
+    ``tuning_from`` files are not made again), then every arm runs at its own best. ``reuse``: an interrupted
+    invocation's run directory, whose finished runs (tuning runs and arms alike) with the same config are read, not
+    run again (their rows say ``reused``)."""
     workload = WORKLOAD_ALIASES.get(workload, workload)
     base = workload_overrides(list(overrides or []), workload)
     if steps is not None:
@@ -446,7 +451,7 @@ def run_headline_bench(
     if lrs:
         done = tuning_rows_from(tuning_from, base, sync_setting)
         tuning_rows, tuning_table, best = tune_step_sizes(
-            base, etas, lrs, tune_seeds, sync_setting, out, progress, done, warmup_s
+            base, etas, lrs, tune_seeds, sync_setting, out, progress, done, warmup_s, Path(reuse) if reuse else None
         )
         print(f"bench headline: best step sizes {best}", flush=True)
     rows: list[dict[str, Any]] = []
@@ -465,7 +470,8 @@ def run_headline_bench(
                 "overrides": setting,
                 "lr": best.get(eta),
             }
-            row.update(run_and_measure(over, out / f"s{seed}-eta{eta}", warmup_s))
+            run_dir = out / f"s{seed}-eta{eta}"
+            row.update(measure_or_reuse(over, run_dir, warmup_s, Path(reuse) if reuse else None, "headline"))
             rows.append(row)
     print("\n=== bench headline: evaluating the snapshots (after every run) ===", flush=True)
     for row in rows:
@@ -494,6 +500,7 @@ def run_headline_bench(
         "lrs": list(lrs),
         "tune_seeds": list(tune_seeds),
         "tuning_from": list(tuning_from),
+        "reused_from": reuse,
         "tuning_rows": tuning_rows,
         "tuning": tuning_table,
         "best_lrs": {str(eta): lr for eta, lr in best.items()},
@@ -580,7 +587,7 @@ PLOTTED = True
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arms (``--etas``, ``--seeds``, ``--workload``, ``--sync-setting``, ``--probe-steps``), the runs
-    (``--set``, ``--model``, ``--steps``, ``--time-budget-s``, ``--out``), the measure (``--warmup-s``,
+    (``--set``, ``--model``, ``--steps``, ``--time-budget-s``, ``--out``, ``--reuse``), the measure (``--warmup-s``,
     ``--snapshot-every``, ``--target-fraction``, ``--samples-per-prompt``), ``--reanalyse``, ``--reevaluate``."""
     add_json(parser)
     add_overrides(parser, "model directory of every run (default: the workload's own warm start)")
@@ -634,6 +641,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "an interrupted one left) instead of making those runs again",
     )
     add_out(parser, "runs/bench-headline")
+    add_reuse(parser, "runs (tuning runs and arms)")
     add_reanalyse(parser)
     parser.add_argument(
         "--reevaluate",
@@ -691,6 +699,7 @@ def run(args: argparse.Namespace) -> None:
         lrs=lrs,
         tune_seeds=tune_seeds,
         tuning_from=tuning_from,
+        reuse=args.reuse,
     )
 
 

@@ -50,7 +50,7 @@ from asyncrl.config import ConfigError, load_config
 from asyncrl.results import write_text_result
 from benchmarks import options, tuning
 from benchmarks.ablation import OBJECTIVES, StalenessMode, arm_overrides, run_arm
-from benchmarks.options import add_json, add_out, add_overrides, add_seeds, add_steps, parse_list
+from benchmarks.options import add_json, add_out, add_overrides, add_reuse, add_seeds, add_steps, parse_list
 from benchmarks.runs import print_table
 from benchmarks.stats import mean_ci95
 
@@ -644,11 +644,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the tables of the --rows-from rows, running nothing (the cells without a row are listed)",
     )
     add_out(parser, "runs/bench-objectives")
-    parser.add_argument(
-        "--reuse",
-        metavar="DIR",
-        help="read the finished runs of an interrupted invocation's run directory (<out>/<timestamp>)",
-    )
+    add_reuse(parser, "runs")
     parser.add_argument(
         "--rows-from",
         metavar="A,B",

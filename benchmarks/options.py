@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from asyncrl.config import ConfigError, load_config
@@ -71,6 +72,23 @@ def add_warmup(parser: argparse.ArgumentParser, default: float = 60.0) -> None:
 def add_out(parser: argparse.ArgumentParser, default: str) -> None:
     """``--out DIR``: where the benchmark's run directories go (a fresh one per invocation)."""
     parser.add_argument("--out", default=default, help=f"where run directories go (default {default})")
+
+
+def _existing_directory(text: str) -> str:
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a directory")
+    return text
+
+
+def add_reuse(parser: argparse.ArgumentParser, what: str = "arms") -> None:
+    """``--reuse DIR``: an interrupted invocation's run directory, whose finished runs are read, not made again."""
+    parser.add_argument(
+        "--reuse",
+        metavar="DIR",
+        type=_existing_directory,
+        help=f"read the finished {what} of an interrupted invocation's run directory (<out>/<timestamp>) instead "
+        "of running them again",
+    )
 
 
 def add_reanalyse(parser: argparse.ArgumentParser) -> None:

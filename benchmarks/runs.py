@@ -102,6 +102,19 @@ def reusable_run(overrides: list[str], run_dir: Path) -> bool:
     return saved == wanted
 
 
+def measure_or_reuse(
+    overrides: list[str], run_dir: Path, warmup_s: float, reuse: Path | None, bench: str
+) -> dict[str, Any]:
+    """``run_and_measure``'s row; with ``reuse`` (an interrupted invocation's directory), a finished run of the same
+    arm there (same name, same config: ``reusable_run``) is measured instead of trained again, its row saying
+    ``reused`` (its ``run_dir`` the earlier one)."""
+    prior = reuse / run_dir.name if reuse is not None else None
+    if prior is not None and reusable_run(overrides, prior):
+        print(f"bench {bench}: reusing the finished run {prior}", flush=True)
+        return {**measure_finished_run(prior, warmup_s), "reused": True}
+    return run_and_measure(overrides, run_dir, warmup_s)
+
+
 def measure_finished_run(run_dir: Path, warmup_s: float = 0.0) -> dict[str, Any]:
     """``run_and_measure``'s row of a run that has already finished (``reusable_run``), read from its directory:
     its wall time the summary's, its load unknown (None)."""

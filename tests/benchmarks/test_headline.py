@@ -9,6 +9,7 @@ import math
 import pytest
 
 from asyncrl.config import ConfigError, load_config
+from benchmarks import runs as run_files
 from benchmarks.headline import SYNC_CANDIDATES, analyse, reanalyse
 
 
@@ -149,7 +150,7 @@ def test_a_time_budget_reaches_every_arm_and_snapshots_are_scored_apart(tmp_path
         scored.append(overrides)
         return [0.2, 0.6][: len(snapshots)]
 
-    monkeypatch.setattr(headline, "run_and_measure", fake_run)
+    monkeypatch.setattr(run_files, "run_and_measure", fake_run)
     monkeypatch.setattr(headline, "evaluate_snapshots", fake_evaluate)
     out = headline.run_headline_bench(
         str(tmp_path / "h.json"),
@@ -217,7 +218,7 @@ def test_each_arm_runs_at_the_step_size_it_was_tuned_to_and_tuning_continues_fro
     )
     result = tmp_path / "h.json"
     runs: list[list[str]] = []
-    monkeypatch.setattr(headline, "run_and_measure", _fake_headline_run(runs, stop_after=4))
+    monkeypatch.setattr(run_files, "run_and_measure", _fake_headline_run(runs, stop_after=4))
     with pytest.raises(KeyboardInterrupt):
         headline.run_headline_bench(str(result), **kwargs)
     progress = tmp_path / "h.progress.json"
@@ -232,7 +233,7 @@ def test_each_arm_runs_at_the_step_size_it_was_tuned_to_and_tuning_continues_fro
         headline.run_headline_bench(str(result), **kwargs)
 
     runs.clear()
-    monkeypatch.setattr(headline, "run_and_measure", _fake_headline_run(runs))
+    monkeypatch.setattr(run_files, "run_and_measure", _fake_headline_run(runs))
     out = headline.run_headline_bench(str(result), tuning_from=[str(progress)], **kwargs)
     assert len(runs) == 2 * 3 * 2 - 4 + 2  # the tuning runs not yet made, then the two arms
     assert out["best_lrs"] == {"0": 1e-4, "4": 2e-4} and len(out["tuning_rows"]) == 12
@@ -242,6 +243,66 @@ def test_each_arm_runs_at_the_step_size_it_was_tuned_to_and_tuning_continues_fro
     assert [r["lr"] for r in out["rows"]] == [1e-4, 2e-4] and not progress.exists()
     table = {(t["max_staleness"], t["lr"]): t for t in out["tuning"]}
     assert table[(4, 2e-4)]["n"] == 2 and table[(4, 2e-4)]["accuracy_after_mean"] == pytest.approx(0.8)
+
+
+def test_an_interrupted_invocations_finished_tuning_runs_and_arms_are_read_again_not_run(tmp_path, monkeypatch) -> None:
+    """``reuse``: a tuning run or an arm whose finished run (same name, same config: ``runs.reusable_run``) lies under
+    the earlier invocation's directory is measured from there and its row says ``reused``; the rest run in the new
+    directory (seams faked: which runs are finished, the two measures, the snapshot scoring)."""
+    from benchmarks import headline
+
+    earlier = tmp_path / "earlier"
+    finished = {"tune-s7-eta0-lr0.0001", "tune-s7-eta4-lr0.0001", "s0-eta0"}
+    runs: list[list[str]] = []
+    measured_again: list[str] = []
+    monkeypatch.setattr(
+        run_files,
+        "reusable_run",
+        lambda overrides, run_dir: run_dir.parent == earlier and run_dir.name in finished,
+    )
+
+    def measure_finished(run_dir, warmup_s: float) -> dict:
+        measured_again.append(run_dir.name)
+        return {
+            "accuracy_after": 0.5,
+            "snapshots": [{"t": 0.0, "version": 0, "path": "v0"}] if run_dir.name.startswith("s") else [],
+            "steady_state_tokens_per_s": 1.0,
+            "trained_tokens_per_s": 1.0,
+            "staleness_mean": 0.0,
+            "run_dir": str(run_dir),
+        }
+
+    monkeypatch.setattr(run_files, "measure_finished_run", measure_finished)
+    monkeypatch.setattr(run_files, "run_and_measure", _fake_headline_run(runs))
+    monkeypatch.setattr(headline, "evaluate_snapshots", lambda overrides, snaps: [0.3] * len(snaps))
+    out = headline.run_headline_bench(
+        None,
+        workload="task",
+        etas=(0, 4),
+        seeds=(0,),
+        steps=20,
+        sync_setting="threads1-trainer-process",
+        out_dir=str(tmp_path / "runs"),
+        lrs=(1e-4, 2e-4),
+        tune_seeds=(7,),
+        reuse=str(earlier),
+    )
+    assert sorted(measured_again) == sorted(finished)
+    assert len(runs) == 4 - 2 + 2 - 1  # two tuning runs and one arm were read back
+    reused = [(r["max_staleness"], r["lr"]) for r in out["tuning_rows"] if r.get("reused")]
+    assert reused == [(0, 1e-4), (4, 1e-4)]
+    arms = {r["max_staleness"]: r for r in out["rows"]}
+    assert arms[0]["reused"] and arms[0]["run_dir"] == str(earlier / "s0-eta0") and "reused" not in arms[4]
+    assert out["reused_from"] == str(earlier)
+
+
+def test_reuse_must_name_a_directory(tmp_path, capsys) -> None:
+    from benchmarks.__main__ import main as bench_main
+
+    with pytest.raises(SystemExit) as stopped:
+        bench_main(["headline", "--reuse", str(tmp_path / "missing")])
+    assert stopped.value.code == 2
+    assert "is not a directory" in capsys.readouterr().err
 
 
 def test_tuning_options_refuse_what_would_flatter_or_conflict() -> None:
