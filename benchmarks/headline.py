@@ -445,13 +445,14 @@ def run_headline_bench(
     elif sync_setting not in SYNC_CANDIDATES:
         raise ValueError(f"sync setting {sync_setting!r}: expected one of {', '.join(SYNC_CANDIDATES)}")
     progress = tuning.progress_path(json_path, out, "headline")
+    reuse_dir = Path(reuse) if reuse else None
     tuning_rows: list[dict[str, Any]] = []
     tuning_table: list[dict[str, Any]] = []
     best: dict[int, float] = {}
     if lrs:
         done = tuning_rows_from(tuning_from, base, sync_setting)
         tuning_rows, tuning_table, best = tune_step_sizes(
-            base, etas, lrs, tune_seeds, sync_setting, out, progress, done, warmup_s, Path(reuse) if reuse else None
+            base, etas, lrs, tune_seeds, sync_setting, out, progress, done, warmup_s, reuse_dir
         )
         print(f"bench headline: best step sizes {best}", flush=True)
     rows: list[dict[str, Any]] = []
@@ -470,8 +471,7 @@ def run_headline_bench(
                 "overrides": setting,
                 "lr": best.get(eta),
             }
-            run_dir = out / f"s{seed}-eta{eta}"
-            row.update(measure_or_reuse(over, run_dir, warmup_s, Path(reuse) if reuse else None, "headline"))
+            row.update(measure_or_reuse(over, out / f"s{seed}-eta{eta}", warmup_s, reuse_dir, "headline"))
             rows.append(row)
     print("\n=== bench headline: evaluating the snapshots (after every run) ===", flush=True)
     for row in rows:
