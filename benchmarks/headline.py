@@ -474,8 +474,13 @@ def run_headline_bench(
             row.update(measure_or_reuse(over, out / f"s{seed}-eta{eta}", warmup_s, reuse_dir, "headline"))
             rows.append(row)
     print("\n=== bench headline: evaluating the snapshots (after every run) ===", flush=True)
-    for row in rows:
+    for i, row in enumerate(rows, 1):
         accuracies = evaluate_snapshots(scoring, row["snapshots"])
+        curve = " ".join(f"{a:.3f}" for a in accuracies)
+        print(
+            f"bench headline (scored {i}/{len(rows)}): seed {row['seed']}, eta {row['max_staleness']}: {curve}",
+            flush=True,
+        )
         row["curve"] = [(s["t"], a) for s, a in zip(row["snapshots"], accuracies, strict=True)]
         row["curve_versions"] = [s["version"] for s in row["snapshots"]]
     from asyncrl.config import load_config

@@ -129,9 +129,10 @@ def test_accuracy_at_equal_wall_time_compares_both_runs_when_the_shorter_ended()
     assert seed["eta4_final_minus_sync_points"] == pytest.approx(100 * (0.55 - 0.6))
 
 
-def test_a_time_budget_reaches_every_arm_and_snapshots_are_scored_apart(tmp_path, monkeypatch) -> None:
+def test_a_time_budget_reaches_every_arm_and_snapshots_are_scored_apart(tmp_path, monkeypatch, capsys) -> None:
     """``time_budget_s`` goes into every arm's config (``controller.max_rl_time_s``, the step count a
-    cap), and ``snapshot_samples_per_prompt`` only into the snapshot scoring, not the runs."""
+    cap), and ``snapshot_samples_per_prompt`` only into the snapshot scoring, not the runs, each run's curve
+    printed as it is scored."""
     from benchmarks import headline
 
     runs: list[list[str]] = []
@@ -167,6 +168,7 @@ def test_a_time_budget_reaches_every_arm_and_snapshots_are_scored_apart(tmp_path
     assert all("controller.max_rl_time_s=90.0" in o and "controller.total_steps=500" in o for o in runs)
     assert not any("eval.samples_per_prompt=8" in o for o in runs)
     assert all(o.count("eval.samples_per_prompt=8") == 1 for o in scored) and len(scored) == 2
+    assert "(scored 2/2): seed 0, eta 4: 0.200 0.600" in capsys.readouterr().out
     assert out["time_budget_s"] == 90.0 and out["eval_samples"] == load_config(None, scored[0]).task.eval_size * 8
     with pytest.raises(ValueError, match="time_budget_s"):
         headline.run_headline_bench(None, workload="task", time_budget_s=-1, out_dir=str(tmp_path / "runs"))
