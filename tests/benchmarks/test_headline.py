@@ -202,22 +202,27 @@ def _fake_headline_run(runs: list[list[str]], stop_after: int | None = None):
     return fake_run
 
 
-def test_each_arm_runs_at_the_step_size_it_was_tuned_to_and_tuning_continues_from_its_progress_file(
-    tmp_path, monkeypatch
-) -> None:
-    from benchmarks import headline
-
-    monkeypatch.setattr(headline, "evaluate_snapshots", lambda overrides, snaps: [0.2, 0.6][: len(snaps)])
-    kwargs = dict(
+def _two_arm_bench(tmp_path, **more) -> dict:
+    """``run_headline_bench``'s keywords for η = 0 and η = 4 on one seed of the default task, 20 steps, the
+    synchronous setting named (no probe), run directories under ``tmp_path``; ``more`` added."""
+    return dict(
         workload="task",
         etas=(0, 4),
         seeds=(0,),
         steps=20,
         sync_setting="threads1-trainer-process",
         out_dir=str(tmp_path / "runs"),
-        lrs=(5e-5, 1e-4, 2e-4),
-        tune_seeds=(7, 8),
+        **more,
     )
+
+
+def test_each_arm_runs_at_the_step_size_it_was_tuned_to_and_tuning_continues_from_its_progress_file(
+    tmp_path, monkeypatch
+) -> None:
+    from benchmarks import headline
+
+    monkeypatch.setattr(headline, "evaluate_snapshots", lambda overrides, snaps: [0.2, 0.6][: len(snaps)])
+    kwargs = _two_arm_bench(tmp_path, lrs=(5e-5, 1e-4, 2e-4), tune_seeds=(7, 8))
     result = tmp_path / "h.json"
     runs: list[list[str]] = []
     monkeypatch.setattr(run_files, "run_and_measure", _fake_headline_run(runs, stop_after=4))
@@ -278,16 +283,7 @@ def test_an_interrupted_invocations_finished_tuning_runs_and_arms_are_read_again
     monkeypatch.setattr(run_files, "run_and_measure", _fake_headline_run(runs))
     monkeypatch.setattr(headline, "evaluate_snapshots", lambda overrides, snaps: [0.3] * len(snaps))
     out = headline.run_headline_bench(
-        None,
-        workload="task",
-        etas=(0, 4),
-        seeds=(0,),
-        steps=20,
-        sync_setting="threads1-trainer-process",
-        out_dir=str(tmp_path / "runs"),
-        lrs=(1e-4, 2e-4),
-        tune_seeds=(7,),
-        reuse=str(earlier),
+        None, **_two_arm_bench(tmp_path, lrs=(1e-4, 2e-4), tune_seeds=(7,), reuse=str(earlier))
     )
     assert sorted(measured_again) == sorted(finished)
     assert len(runs) == 4 - 2 + 2 - 1  # two tuning runs and one arm were read back
